@@ -1,0 +1,1 @@
+"""The truncsens command line (Typer). One module per command; each exposes ``register(app)``."""

@@ -1,0 +1,36 @@
+"""Entry point of the ``truncsens`` console script.
+
+Every command lives in its own module of this package and adds itself with ``register(app)``;
+this file only collects them, so commands stay independent of each other.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+COMMAND_MODULES = (
+    "measure", "show", "train_reference", "fit", "recommend_window", "plot", "compare_policies",
+)
+
+app = typer.Typer(
+    name="truncsens",
+    help="Measure how sensitive a causal LM is to losing its context, and turn it into KV-cache budgets.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for _name in COMMAND_MODULES:
+    try:
+        _module = importlib.import_module(f"truncsens.cli.{_name}")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"truncsens.cli.{_name}":
+            raise
+        continue
+    _module.register(app)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,86 @@
+"""``truncsens measure``: truncation sensitivity of a model on a corpus (re-encode semantics)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from truncsens.cli.errors import user_errors
+
+
+def parse_int_list(text: Optional[str], what: str) -> Optional[list[int]]:
+    """``"1,2,4"`` -> [1, 2, 4]; None stays None. Raises ValueError naming ``what``."""
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated whole numbers, got {text!r}") from None
+    if not values:
+        raise ValueError(f"{what} is empty")
+    return values
+
+
+def measure(
+    model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id, a local checkpoint folder, or synthetic:ALPHA."),
+    domain: str = typer.Option("code", help="code or nl: picks the default corpus of the domain."),
+    corpus: Optional[str] = typer.Option(None, help="Override the corpus: shipped manifest name, .yaml manifest, folder, .txt, .jsonl, or 'synthetic'."),
+    split: str = typer.Option("auto", help="heldout, train, all, or auto (held-out for builtin corpora)."),
+    text_field: str = typer.Option("text", help="Text field of a .jsonl corpus."),
+    reference_context: Optional[int] = typer.Option(None, help="N: tokens of context of the reference distribution (default: model maximum)."),
+    windows: Optional[str] = typer.Option(None, help="Comma-separated windows w (default: powers of two from 1 to N/2)."),
+    sinks: int = typer.Option(0, help="First tokens of the reference context kept in front of every window."),
+    positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or reindexed."),
+    targets_per_doc: int = typer.Option(8, help="Targets drawn per document."),
+    max_docs: Optional[int] = typer.Option(None, help="Use at most this many (long enough) documents."),
+    seed: int = typer.Option(0, help="Seed of the target draw."),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N, mps or auto."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64 (divergences are float32 regardless)."),
+    batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass (default by device; halves on out-of-memory)."),
+    docs_per_shard: int = typer.Option(8, help="Documents per shard file (an interruption loses at most one shard)."),
+    out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>.nc)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its shards."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar with ETA."),
+) -> None:
+    """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
+    from truncsens.engine.measure import MeasureConfig, run_measure
+    from truncsens.summary import format_table, summarize
+    from truncsens import results
+
+    if out is None:
+        stem = "reference" if model == "reference" else Path(model.replace(":", "-")).name
+        out = Path("results") / f"{stem}-{corpus and Path(corpus).stem or domain}.nc"
+    with user_errors():
+        cfg = MeasureConfig(
+            model=model, domain=domain, corpus=corpus, split=split, text_field=text_field,
+            reference_context=reference_context, windows=parse_int_list(windows, "--windows"), n_sink=sinks,
+            positions=positions, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, device=device,
+            dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard, out=str(out), resume=resume,
+            progress=progress, command="truncsens " + " ".join(sys.argv[1:]),
+        )
+        try:
+            summary = run_measure(cfg)
+        except BaseException:
+            _report_kept_shards(out)
+            raise
+        typer.echo(
+            f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} documents "
+            f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
+            f"windows {summary.windows[0]}..{summary.windows[-1]}"
+            + (f", {summary.shards_reused} shards reused" if summary.shards_reused else ""))
+        ds = results.load(summary.path)
+        typer.echo(format_table(summarize(ds, ["tv", "kl"]), "window"))
+
+
+def _report_kept_shards(out: Path) -> None:
+    shard_dir = Path(str(out) + ".shards")
+    kept = sorted(shard_dir.glob("shard-*.nc")) if shard_dir.is_dir() else []
+    if kept:
+        typer.echo(f"note: {len(kept)} finished shard(s) kept in {shard_dir}; rerun the same command with --resume to continue", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("measure")(measure)

@@ -1,0 +1,94 @@
+"""Builtin corpora every Python installation has.
+
+- ``code``: the CPython standard library sources of the running interpreter, one document per
+  ``.py`` file (tests, site-packages and vendored test data excluded).
+- ``nl``: English prose from the same installation: the pydoc topics (one document each) and the
+  module / class / function docstrings of each standard-library module, in source order, one
+  document per module. Docstrings are read with :mod:`ast`, so nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+import sysconfig
+from pathlib import Path
+
+from truncsens.corpora.document import Document
+
+_EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
+_MIN_DOCSTRING_CHARS = 40
+
+
+def stdlib_dir() -> Path:
+    """The standard-library folder of the running interpreter (``sysconfig`` ``stdlib`` path)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _stdlib_files(root: Path) -> list[Path]:
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(part in _EXCLUDED_DIRS or part.startswith("test_") for part in rel.parts[:-1]):
+            continue
+        if rel.name.startswith("test_") or rel.name == "__phello__.foo.py":
+            continue
+        files.append(path)
+    return files
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
+
+
+def code_documents(root: Path | None = None) -> list[Document]:
+    """One document per standard-library source file, id ``code/<relative path>``."""
+    root = root or stdlib_dir()
+    docs = []
+    for path in _stdlib_files(root):
+        text = _read(path)
+        if text and text.strip():
+            docs.append(Document(id=f"code/{path.relative_to(root).as_posix()}", text=text))
+    return docs
+
+
+def _docstrings_in_order(source: str) -> list[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=True)
+            if doc and len(doc) >= _MIN_DOCSTRING_CHARS:
+                found.append((getattr(node, "lineno", 0), doc))
+    found.sort(key=lambda item: item[0])
+    return [doc for _, doc in found]
+
+
+def nl_documents(root: Path | None = None) -> list[Document]:
+    """Pydoc topics (id ``nl/topic/<name>``) and per-module docstrings (id ``nl/module/<path>``)."""
+    docs = []
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # pragma: no cover - every CPython ships pydoc_data
+        topics = {}
+    for name in sorted(topics):
+        text = topics[name].strip()
+        if text:
+            docs.append(Document(id=f"nl/topic/{name}", text=text))
+    root = root or stdlib_dir()
+    for path in _stdlib_files(root):
+        source = _read(path)
+        if not source:
+            continue
+        strings = _docstrings_in_order(source)
+        if strings:
+            docs.append(Document(id=f"nl/module/{path.relative_to(root).as_posix()}", text="\n\n".join(strings)))
+    return docs
+
+
+BUILTIN = {"code": code_documents, "nl": nl_documents}

@@ -1,0 +1,124 @@
+"""Divergences between next-token distributions, as pure torch functions.
+
+All inputs are natural-log probabilities from ``torch.log_softmax`` in float32 or better, shape
+``[..., V]`` (any leading shape, vocabulary last). Every result has the leading shape ``[...]``.
+Log base e everywhere: KL, JS and NLL are in nats.
+
+Definitions (Cover & Thomas, *Elements of Information Theory*, 2nd ed., eqs. 2.26 and 11.137):
+
+- total variation ``tv(p, q) = 1/2 * sum_x |p(x) - q(x)|``, in [0, 1];
+- ``kl(p, q) = sum_x p(x) (log p(x) - log q(x))`` with ``0 log 0 = 0``; ``+inf`` where q = 0 < p;
+- Jensen-Shannon ``js(p, q) = 1/2 KL(p || m) + 1/2 KL(q || m)``, ``m = (p + q) / 2``, in [0, log 2];
+- ``top1_agree``: the argmax tokens are equal;
+- ``nll(p, y) = -log p(y)``.
+
+Rounding can push TV a hair outside [0, 1] and KL / JS a hair below 0; :func:`clamp_rounding`
+clamps those and counts how many it touched, so a run can report them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+_FLOAT_TYPES = (torch.float32, torch.float64)
+
+
+def _check(logp: torch.Tensor, logq: torch.Tensor) -> None:
+    if logp.shape != logq.shape:
+        raise ValueError(f"shape mismatch: {tuple(logp.shape)} vs {tuple(logq.shape)}")
+    if logp.dtype not in _FLOAT_TYPES or logq.dtype not in _FLOAT_TYPES:
+        raise TypeError(f"divergences need float32 or float64 log-probabilities, got {logp.dtype}, {logq.dtype}")
+
+
+def tv(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """Total variation distance 1/2 * sum |p - q| over the last axis. Shapes [..., V] -> [...]."""
+    _check(logp, logq)
+    return 0.5 * (logp.exp() - logq.exp()).abs().sum(-1)
+
+
+def kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) = sum p (log p - log q) in nats, with 0 log 0 = 0. Shapes [..., V] -> [...]."""
+    _check(logp, logq)
+    p = logp.exp()
+    terms = torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
+    return terms.sum(-1)
+
+
+def js(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon divergence in nats (in [0, log 2]). Shapes [..., V] -> [...]."""
+    _check(logp, logq)
+    logm = torch.logaddexp(logp, logq) - math.log(2.0)  # [..., V]
+    return 0.5 * kl(logp, logm) + 0.5 * kl(logq, logm)
+
+
+def top1_agree(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """1 where the most likely tokens of p and q are the same, else 0 (int8). [..., V] -> [...]."""
+    _check(logp, logq)
+    return (logp.argmax(-1) == logq.argmax(-1)).to(torch.int8)
+
+
+def nll(logp: torch.Tensor, token_id: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood -log p(token) in nats. logp [..., V], token_id [...] -> [...]."""
+    if logp.dtype not in _FLOAT_TYPES:
+        raise TypeError(f"nll needs float32 or float64 log-probabilities, got {logp.dtype}")
+    return -logp.gather(-1, token_id.long().unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class Clamped:
+    """A metric after clamping rounding noise, and how many entries were clamped."""
+
+    values: torch.Tensor
+    n_clamped: int
+
+
+def clamp_rounding(values: torch.Tensor, lo: float, hi: float | None = None, tol: float = 1e-4) -> Clamped:
+    """Clamp values that lie outside [lo, hi] by at most ``tol`` (rounding noise) and count them.
+
+    Raises:
+        ValueError: a value lies outside the range by more than ``tol`` (a real bug, not rounding),
+            or is NaN.
+    """
+    if torch.isnan(values).any():
+        raise ValueError("divergence is NaN: the log-probabilities were not finite")
+    too_low = values < lo
+    too_high = values > hi if hi is not None else torch.zeros_like(too_low)
+    if (values < lo - tol).any() or (hi is not None and (values > hi + tol).any()):
+        bad = values[(values < lo - tol) | ((values > hi + tol) if hi is not None else torch.zeros_like(too_low))]
+        raise ValueError(f"divergence outside [{lo}, {hi}] beyond rounding: {bad[:5].tolist()}")
+    n = int(too_low.sum().item() + too_high.sum().item())
+    return Clamped(values.clamp(min=lo, max=hi), n)
+
+
+METRICS = ("tv", "kl", "kl_reverse", "js", "top1_agree", "nll_ref", "nll_kept")
+
+
+def all_metrics(logp_ref: torch.Tensor, logp_kept: torch.Tensor, token_id: torch.Tensor) -> tuple[dict[str, torch.Tensor], int]:
+    """Every metric of design.md for a batch of (reference, kept) distribution pairs.
+
+    Args:
+        logp_ref: [n, V] float32 log-probabilities with the full reference context.
+        logp_kept: [n, V] float32 log-probabilities with the kept context.
+        token_id: [n] the actual next token (for the NLLs).
+
+    Returns:
+        (metrics, n_clamped): ``metrics`` maps each name of :data:`METRICS` to an [n] tensor
+        (float32; ``top1_agree`` int8); ``n_clamped`` counts entries clamped for rounding noise.
+    """
+    t = clamp_rounding(tv(logp_ref, logp_kept), 0.0, 1.0)
+    k = clamp_rounding(kl(logp_ref, logp_kept), 0.0)
+    kr = clamp_rounding(kl(logp_kept, logp_ref), 0.0)
+    j = clamp_rounding(js(logp_ref, logp_kept), 0.0, math.log(2.0))
+    out = {
+        "tv": t.values.float(),
+        "kl": k.values.float(),
+        "kl_reverse": kr.values.float(),
+        "js": j.values.float(),
+        "top1_agree": top1_agree(logp_ref, logp_kept),
+        "nll_ref": nll(logp_ref, token_id).float(),
+        "nll_kept": nll(logp_kept, token_id).float(),
+    }
+    return out, t.n_clamped + k.n_clamped + kr.n_clamped + j.n_clamped

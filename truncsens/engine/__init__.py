@@ -1,0 +1,1 @@
+"""Forward passes: re-encode batches (and, for retention policies, masked passes)."""
