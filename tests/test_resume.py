@@ -1,0 +1,52 @@
+"""An interrupted run resumed with --resume gives the same file as an uninterrupted one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from truncsens import results
+from truncsens.divergences import METRICS
+from truncsens.engine.measure import MeasureConfig, MeasureError, MeasureInterrupted, run_measure
+
+
+def _config(model_dir, corpus_dir, out, resume=False):
+    return MeasureConfig(model=model_dir, corpus=corpus_dir, reference_context=64, windows=[1, 4, 16],
+                         targets_per_doc=3, docs_per_shard=2, out=str(out), resume=resume, progress=False)
+
+
+def test_resume_gives_the_same_file(tiny_llama_dir, corpus_dir, tmp_path):
+    full = run_measure(_config(tiny_llama_dir, corpus_dir, tmp_path / "full.nc"))
+    assert full.n_docs == 6 and full.n_targets == 18
+
+    part = tmp_path / "part.nc"
+    with pytest.raises(MeasureInterrupted):
+        run_measure(_config(tiny_llama_dir, corpus_dir, part), stop_after_shards=1)
+    shard_dir = tmp_path / "part.nc.shards"
+    assert sorted(p.name for p in shard_dir.glob("shard-*.nc")) == ["shard-00000.nc"]
+    assert not part.exists()
+
+    with pytest.raises(MeasureError, match="--resume"):
+        run_measure(_config(tiny_llama_dir, corpus_dir, part))
+    resumed = run_measure(_config(tiny_llama_dir, corpus_dir, part, resume=True))
+    assert resumed.shards_reused == 1
+    assert not shard_dir.exists()
+
+    a, b = results.load(tmp_path / "full.nc"), results.load(part)
+    for name in METRICS:
+        np.testing.assert_array_equal(a[name].values, b[name].values)
+    for coord in ("doc", "position", "token_id", "window"):
+        np.testing.assert_array_equal(a[coord].values, b[coord].values)
+    ignore = {"created", "command"}
+    assert {k: v for k, v in a.attrs.items() if k not in ignore} == {k: v for k, v in b.attrs.items() if k not in ignore}
+
+
+def test_resume_refuses_shards_of_another_configuration(tiny_llama_dir, corpus_dir, tmp_path):
+    out = tmp_path / "r.nc"
+    with pytest.raises(MeasureInterrupted):
+        run_measure(_config(tiny_llama_dir, corpus_dir, out), stop_after_shards=1)
+    other = _config(tiny_llama_dir, corpus_dir, out, resume=True)
+    other.windows = [1, 8]
+    with pytest.raises(MeasureError, match="windows"):
+        run_measure(other)
+    assert (tmp_path / "r.nc.shards" / "shard-00000.nc").is_file()  # nothing already written is lost
