@@ -93,3 +93,16 @@ requires_reference = pytest.mark.skipif(
     not (REFERENCE_DIR / "config.json").is_file(),
     reason="reference model weights not present in truncsens/reference/weights",
 )
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False, help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow (model training or long runs); use --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
