@@ -19,6 +19,8 @@ def user_errors() -> Iterator[None]:
     except typer.Exit:
         raise
     except USER_ERRORS as exc:
-        message = exc.args[0] if exc.args else type(exc).__name__
+        # one-argument exceptions carry their message as args[0] (unquoted, also for KeyError);
+        # OSError(errno, strerror, filename) and the like need str() to read as a sentence
+        message = exc.args[0] if len(exc.args) == 1 else (str(exc) or type(exc).__name__)
         typer.echo(f"error: {message}", err=True)
         raise typer.Exit(code=2) from None

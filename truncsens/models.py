@@ -187,8 +187,8 @@ def _check_hub_or_cache(spec: str, revision: str | None) -> None:
         pass
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false") or not _hub_reachable():
         raise ModelLoadError(
-            f"cannot reach the Hugging Face hub to fetch {spec!r} (no network or HF_HUB_OFFLINE=1) and no cached copy "
-            "was found; download it where the hub is reachable and pass the local folder with --model PATH")
+            f"no local folder {spec!r}, and cannot reach the Hugging Face hub to fetch it (no network or HF_HUB_OFFLINE=1) "
+            "with no cached copy; download it where the hub is reachable and pass the local folder with --model PATH")
 
 
 def _explain_hub_error(name: str, exc: Exception) -> str:

@@ -63,6 +63,11 @@ def read_manifest(path_or_name: str | Path) -> Manifest:
             raise CorpusError(f"manifest {path} lacks the key {key!r}")
     if data["source"] not in SOURCES:
         raise CorpusError(f"manifest {path}: source must be one of {SOURCES}, got {data['source']!r}")
+    required = {"builtin": "builtin", "local": "path", "hf": "dataset"}[data["source"]]
+    if required not in data:
+        raise CorpusError(f"manifest {path} has source {data['source']!r} but lacks the key {required!r}")
+    if data["source"] == "builtin" and data["builtin"] not in ("code", "nl"):
+        raise CorpusError(f"manifest {path}: builtin must be 'code' or 'nl', got {data['builtin']!r}")
     options = {k: v for k, v in data.items() if k not in ("name", "domain", "source")}
     return Manifest(name=data["name"], domain=data["domain"], source=data["source"], options=options, path=path)
 

@@ -53,13 +53,18 @@ def load_corpus(corpus: str | None = None, domain: str = "code", split: str = "a
     spec = corpus or domain
     path = Path(spec).expanduser()
     builtin = False
-    if path.is_dir():
+    # corpus=None means the domain's default manifest, even where the cwd holds a file or folder of that name
+    given = corpus is not None
+    if given and path.is_dir():
         docs, name = folder_documents(path, glob), str(path)
-    elif path.suffix == ".jsonl" and path.is_file():
+    elif given and path.suffix == ".jsonl" and path.is_file():
         docs, name = jsonl_documents(path, text_field), str(path)
-    elif path.suffix == ".txt" and path.is_file():
+    elif given and path.suffix == ".txt" and path.is_file():
         docs, name = text_file_documents(path), str(path)
-    elif path.suffix in (".txt", ".jsonl") or (("/" in spec or path.suffix) and not path.suffix in (".yaml", ".yml")):
+    elif given and path.is_file() and path.suffix not in (".yaml", ".yml"):
+        raise CorpusError(
+            f"corpus file {spec} is neither .txt, .jsonl nor a .yaml manifest; pass a folder, a .txt, a .jsonl or a manifest")
+    elif given and (path.suffix in (".txt", ".jsonl") or (("/" in spec or path.suffix) and not path.suffix in (".yaml", ".yml"))):
         raise CorpusError(f"corpus path {spec} does not exist")
     else:
         m = read_manifest(spec)
@@ -71,6 +76,8 @@ def load_corpus(corpus: str | None = None, domain: str = "code", split: str = "a
         elif m.source == "local":
             base = m.path.parent if m.path else Path(".")
             local = (base / m.options["path"]).resolve()
+            if not local.exists():
+                raise CorpusError(f"manifest {m.path}: local corpus path {local} does not exist")
             if local.is_dir():
                 docs = folder_documents(local, m.options.get("glob", glob))
             elif local.suffix == ".jsonl":

@@ -107,6 +107,21 @@ def check_windows(windows: list[int], reference_context: int, n_sink: int) -> li
     return sorted(set(int(w) for w in windows))
 
 
+def check_counts(cfg: MeasureConfig) -> None:
+    """Counts that must be positive when given.
+
+    Raises:
+        MeasureError: naming the option.
+    """
+    for option, value in (("--docs-per-shard", cfg.docs_per_shard), ("--max-docs", cfg.max_docs),
+                          ("--targets-per-doc", cfg.targets_per_doc), ("--batch-tokens", cfg.max_batch_tokens),
+                          ("--reference-context", cfg.reference_context)):
+        if value is not None and value < 1:
+            raise MeasureError(f"{option} must be at least 1, got {value}")
+    if cfg.n_sink < 0:
+        raise MeasureError(f"--sinks must be >= 0, got {cfg.n_sink}")
+
+
 def tokenize_documents(docs, tokenizer) -> list[TokenDoc]:
     """Token ids of each document (no special tokens added): list of :class:`TokenDoc`."""
     out = []
@@ -234,6 +249,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
         truncsens.engine.batching.OutOfMemoryAtBatchSizeOne, NonFiniteLogitsError: the pass failed
             (shards already written are kept).
     """
+    check_counts(cfg)
     loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
     N = cfg.reference_context or loaded.max_context
     if N > loaded.max_context:
