@@ -1,0 +1,61 @@
+"""``truncsens fit RESULTS [RESULTS...]``: decay laws of D(w) with bootstrap intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from truncsens.cli.errors import user_errors
+
+
+def fit(
+    results_files: List[Path] = typer.Argument(..., metavar="RESULTS...", help="Results file(s) from `truncsens measure`; several are fitted side by side."),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="Metric(s) to fit (default: tv, kl, kl_reverse, js)."),
+    family: Optional[List[str]] = typer.Option(None, "--family", help="Law families (default: power, exponential, power_floor)."),
+    fit_range: Optional[str] = typer.Option(None, "--fit-range", help="Windows LO:HI to fit, inclusive (default: smallest window >= 4 up to N/8)."),
+    holdout_range: Optional[str] = typer.Option(None, "--holdout-range", help="Held-out windows LO:HI for the extrapolation test (default: above the fit range up to N/2)."),
+    bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples over documents (0: no intervals)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
+    level: float = typer.Option(0.95, "--level", help="Confidence level of the percentile intervals."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Fit file (JSON; default: <results>.fit.json next to the first results file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fit JSON instead of the table."),
+    plot: bool = typer.Option(False, "--plot", help="Also draw D(w) with the fitted laws (PNG and PDF next to the fit file)."),
+) -> None:
+    """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""
+    from truncsens.fitting import (DEFAULT_METRICS, FAMILIES, FitConfig, default_fit_path, fit_results,
+                                   format_report, parse_range, write_fit_file)
+
+    with user_errors():
+        if bootstrap < 0:
+            raise ValueError(f"--bootstrap must be >= 0, got {bootstrap}")
+        if not 0 < level < 1:
+            raise ValueError(f"--level must lie in (0, 1), got {level}")
+        cfg = FitConfig(
+            metrics=tuple(metric) if metric else DEFAULT_METRICS,
+            families=tuple(family) if family else FAMILIES,
+            fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
+            holdout_range=parse_range(holdout_range, "--holdout-range") if holdout_range else None,
+            n_boot=bootstrap, seed=seed, level=level,
+        )
+        report = fit_results([str(p) for p in results_files], cfg)
+        doc = report.to_json()
+        path = write_fit_file(doc, out or default_fit_path(results_files))
+        plots = []
+        if plot:
+            from truncsens.plots import plot_report
+
+            prefix = path.with_name(path.name[: -len(".json")] if path.name.endswith(".json") else path.name)
+            plots = plot_report(doc, prefix)
+        if as_json:
+            typer.echo(json.dumps(doc, indent=1))
+            typer.echo(f"wrote {path}" + "".join(f", {p}" for p in plots), err=True)
+        else:
+            typer.echo(format_report(doc))
+            typer.echo(f"wrote {path}" + "".join(f", {p}" for p in plots))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fit")(fit)

@@ -1,0 +1,47 @@
+"""``truncsens recommend-window RESULTS_OR_FIT --eps 0.01``: the window w(eps) with an interval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from truncsens.cli.errors import user_errors
+
+
+def recommend_window(
+    source: Optional[Path] = typer.Argument(None, metavar="RESULTS_OR_FIT", help="A fit file (from `truncsens fit`) or a results file (fitted on the fly)."),
+    eps: List[float] = typer.Option(..., "--eps", help="Distortion target(s) in the metric's units; repeat for several."),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="Metric(s) whose power law is used (default: tv)."),
+    fit_file: Optional[Path] = typer.Option(None, "--fit", help="Fit file (instead of the positional argument)."),
+    fit_range: Optional[str] = typer.Option(None, "--fit-range", help="When fitting a results file: windows LO:HI (default as in `fit`)."),
+    bootstrap: int = typer.Option(1000, "--bootstrap", help="When fitting a results file: bootstrap resamples over documents."),
+    seed: int = typer.Option(0, "--seed", help="When fitting a results file: seed of the bootstrap."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+) -> None:
+    """w(eps) = (C/eps)^(1/alpha) from the fitted power law, beside the measured crossing and the KV memory it implies."""
+    from truncsens.budget import format_recommendations, load_or_fit, recommend
+    from truncsens.fitting import FitConfig, parse_range
+
+    with user_errors():
+        if (source is None) == (fit_file is None):
+            raise ValueError("give either RESULTS_OR_FIT or --fit FILE (exactly one)")
+        metrics = list(metric) if metric else ["tv"]
+        cfg = FitConfig(metrics=tuple(metrics), fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
+                        n_boot=bootstrap, seed=seed)
+        doc = load_or_fit(fit_file or source, metrics, cfg)
+        recs = [r for m in metrics for r in recommend(doc, eps, m)]
+        if as_json:
+            typer.echo(json.dumps({"source": str(fit_file or source), "recommendations": [r.to_json() for r in recs]}, indent=1))
+        else:
+            typer.echo(format_recommendations(recs))
+        for r in recs:
+            for w in r.warnings:
+                if as_json:
+                    typer.echo(f"warning: {r.label} {r.metric} eps={r.eps:g}: {w}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("recommend-window")(recommend_window)

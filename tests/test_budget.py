@@ -1,0 +1,137 @@
+"""Window budgets w(eps) and KV memory (truncsens.budget)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from truncsens.budget import (KVSpec, check_eps, format_recommendations, interval, kv_bytes_per_sequence,
+                              kv_spec_for_model, load_or_fit, measured_window, recommend, window_for_eps,
+                              window_samples)
+from truncsens.fitting import FitConfig, FitError, fit_results, write_fit_file
+from truncsens.results import save
+from truncsens.synthetic import curve_results
+
+POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def test_check_eps():
+    assert check_eps(0.01, "tv") == 0.01
+    assert check_eps(1.0, "tv") == 1.0
+    assert check_eps(3.0, "kl") == 3.0
+    for bad, metric in ((0.0, "tv"), (-1e-3, "kl"), (math.nan, "tv"), (math.inf, "kl"), (1.5, "tv"), (0.7, "js"), ("x", "tv")):
+        with pytest.raises(ValueError, match="eps"):
+            check_eps(bad, metric)
+
+
+def test_window_for_eps_by_hand():
+    assert window_for_eps(0.1, 0.5, 0.01) == pytest.approx(100.0, rel=1e-15)  # (10)^2
+    assert window_for_eps(0.02, 1.0, 0.001) == pytest.approx(20.0, rel=1e-15)
+    for C, a in ((0.1, 0.0), (0.1, -0.3), (0.1, math.nan), (0.0, 0.5)):
+        with pytest.raises(ValueError):
+            window_for_eps(C, a, 0.01)
+    w = window_samples(np.array([0.1, 0.1, 0.1, -1.0]), np.array([0.5, 1.0, -0.2, 0.5]), 0.01)
+    assert w[0] == pytest.approx(100.0) and w[1] == pytest.approx(10.0) and w[2] == math.inf and math.isnan(w[3])
+
+
+def test_interval_handles_infinite_samples():
+    assert interval(np.arange(101.0)) == pytest.approx((2.5, 97.5))
+    lo, hi = interval(np.r_[np.arange(90.0), np.full(10, np.inf)])
+    assert lo == pytest.approx(2.475) and hi == math.inf
+    assert all(math.isnan(v) for v in interval(np.array([np.nan])))
+
+
+def test_measured_window_and_crossing_by_hand():
+    windows, means = [1, 2, 4, 8], [0.1, 0.05, 0.02, 0.01]
+    w, cross = measured_window(windows, means, 0.03)
+    t = (math.log(0.03) - math.log(0.05)) / (math.log(0.02) - math.log(0.05))
+    assert w == 4 and cross == pytest.approx(math.exp(math.log(2) + t * math.log(2)))
+    assert measured_window(windows, means, 0.02) == (4, pytest.approx(4.0))
+    assert measured_window(windows, means, 0.2) == (1, None)
+    assert measured_window(windows, means, 0.001) == (None, None)
+    assert measured_window([4, 1, 2], [0.02, 0.0, 0.05], 0.03)[0] == 4  # unsorted, zero mean skipped
+
+
+def test_kv_bytes_by_hand(tmp_path):
+    assert kv_bytes_per_sequence(2, 2, 16, 4, 100, 4) == 2 * 2 * 2 * 16 * 4 * 104
+    with pytest.raises(ValueError):
+        kv_bytes_per_sequence(0, 2, 16, 4, 10)
+    from transformers import LlamaConfig
+
+    LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3).save_pretrained(tmp_path)
+    spec, note = kv_spec_for_model(str(tmp_path), "bfloat16")
+    assert spec == KVSpec(3, 2, 16, 2, str(tmp_path / "config.json"))
+    assert spec.bytes_for(10, 2) == 2 * 3 * 2 * 16 * 2 * 12
+    assert "3 layers" in note
+    none, note = kv_spec_for_model("synthetic:0.5", "float32")
+    assert none is None and "not available" in note
+
+
+def _fit_doc(tmp_path, model="synthetic-curve", n_sink=0, C=0.02, alpha=0.5, max_context=None):
+    attrs = {"model": model, "n_sink": n_sink}
+    if max_context:
+        attrs["max_context"] = max_context
+    ds = curve_results({"tv": lambda w: C * w**-alpha, "kl": lambda w: 1e-3 * w**-1.0}, POW2, n_docs=30,
+                       doc_noise=0.15, seed=3, attrs=attrs)
+    save(ds, tmp_path / "r.nc")
+    return fit_results([tmp_path / "r.nc"], FitConfig(metrics=("tv", "kl"), n_boot=300)).to_json()
+
+
+def test_recommend_is_the_law_exactly_with_interval_and_warnings(tmp_path):
+    doc = _fit_doc(tmp_path)
+    p = next(f for f in doc["fits"] if f["metric"] == "tv" and f["family"] == "power")["params"]
+    recs = recommend(doc, [0.006, 0.0001], "tv")  # 0.006 lies between D(8) ~ 0.0071 and D(16) ~ 0.005
+    assert [r.eps for r in recs] == [0.006, 0.0001]
+    inside, beyond = recs
+    assert inside.w_law == (p["C"]["value"] / 0.006) ** (1 / p["alpha"]["value"])
+    assert inside.window == math.ceil(inside.w_law)
+    assert inside.w_law_ci95[0] < inside.w_law < inside.w_law_ci95[1]
+    assert inside.measured_window == 16 and 8 < inside.measured_crossing <= 16
+    assert inside.eps_in_measured_range and not inside.warnings
+    assert inside.kv_bytes is None and any("not available" in n for n in inside.notes)
+    assert beyond.w_law == pytest.approx((0.02 / 1e-4) ** 2, rel=0.15)  # ~40000 tokens
+    assert any("beyond the largest measured window" in w for w in beyond.warnings)
+    assert any("exceeds the model's context of 1024" in w for w in beyond.warnings)
+    assert not beyond.eps_in_measured_range and beyond.measured_window is None
+    text = format_recommendations(recs)
+    assert "warning:" in text and "0.006" in text
+    assert recs[0].to_json()["w_law"] == inside.w_law
+
+
+def test_recommend_errors(tmp_path):
+    doc = _fit_doc(tmp_path)
+    with pytest.raises(ValueError, match="eps"):
+        recommend(doc, [1.5], "tv")
+    with pytest.raises(ValueError, match="eps"):
+        recommend(doc, [0.0], "tv")
+    with pytest.raises(FitError, match="js"):
+        recommend(doc, [0.01], "js")
+    rising = _fit_doc(tmp_path, C=0.001, alpha=-0.3)
+    with pytest.raises(ValueError, match="not decreasing"):
+        recommend(rising, [0.01], "tv")
+
+
+def test_recommend_kv_memory_from_a_local_config(tmp_path):
+    from transformers import LlamaConfig
+
+    model_dir = tmp_path / "model"
+    LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3).save_pretrained(model_dir)
+    doc = _fit_doc(tmp_path, model=str(model_dir), n_sink=4)
+    [rec] = recommend(doc, [0.005], "tv")
+    assert rec.kv_bytes == 2 * 3 * 2 * 16 * 4 * (rec.window + 4)  # float32 attr: 4 bytes
+    assert rec.kv_bytes_ci95[0] <= rec.kv_bytes <= rec.kv_bytes_ci95[1]
+
+
+def test_load_or_fit_reads_fits_and_results(tmp_path):
+    doc = _fit_doc(tmp_path)
+    write_fit_file(doc, tmp_path / "f.json")
+    assert load_or_fit(tmp_path / "f.json", ["tv"])["fits"] == doc["fits"]
+    fresh = load_or_fit(tmp_path / "r.nc", ["tv"], FitConfig(n_boot=50))
+    assert {f["metric"] for f in fresh["fits"]} == {"tv"} and fresh["settings"]["bootstrap"] == 50
+    (tmp_path / "junk.txt").write_text("hello")
+    with pytest.raises(ValueError, match="not a NetCDF"):
+        load_or_fit(tmp_path / "junk.txt", ["tv"])
+    with pytest.raises(FileNotFoundError):
+        load_or_fit(tmp_path / "nope.json", ["tv"])

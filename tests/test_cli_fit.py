@@ -1,0 +1,126 @@
+"""`truncsens fit`, `recommend-window` and `plot` through the Typer app: happy paths and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from truncsens.cli.main import app
+from truncsens.results import save
+from truncsens.synthetic import curve_results
+
+runner = CliRunner()
+POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_user_error(result, *fragments: str) -> str:
+    """Exit code 2, one `error: ...` line on stderr, no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, result.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli_fit")
+    a = curve_results({"tv": lambda w: 0.02 * w**-0.5, "kl": lambda w: 1e-3 * w**-1.0, "kl_reverse": lambda w: 1e-3 * w**-1.0,
+                       "js": lambda w: 2.5e-4 * w**-1.0}, POW2, n_docs=20, doc_noise=0.1, seed=1)
+    b = curve_results({"tv": lambda w: 0.03 * np.exp(-w / 200), "kl": lambda w: 1e-3 * np.exp(-w / 100),
+                       "kl_reverse": lambda w: 1e-3 * np.exp(-w / 100), "js": lambda w: 3e-4 * np.exp(-w / 100)},
+                      POW2, n_docs=20, doc_noise=0.1, seed=2)
+    save(a, root / "code.nc")
+    save(b, root / "nl.nc")
+    save(curve_results({"tv": lambda w: 0.02 * w**-0.5}, [8], n_docs=4), root / "one.nc")
+    save(curve_results({}, POW2, n_docs=4), root / "zero.nc")
+    (root / "junk.nc").write_text("this is not NetCDF")
+    return root
+
+
+def test_fit_table_json_and_plot(files, tmp_path):
+    out = tmp_path / "fit.json"
+    r = invoke("fit", files / "code.nc", files / "nl.nc", "--bootstrap", "200", "--seed", "1", "--out", out, "--plot")
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert out.is_file() and (tmp_path / "fit.png").is_file() and (tmp_path / "fit.pdf").is_file()
+    text = r.stdout
+    assert "code" in text and "nl" in text and "alpha_kl / alpha_tv" in text
+    assert "code tv: " in text and "nl tv: exponential wins held-out extrapolation" in text
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["bootstrap"] == 200 and doc["settings"]["metrics"] == ["tv", "kl", "kl_reverse", "js"]
+    code_tv = next(f for f in doc["fits"] if f["label"] == "code" and f["metric"] == "tv" and f["family"] == "power")
+    alpha = code_tv["params"]["alpha"]
+    assert alpha["value"] == pytest.approx(0.5, abs=0.02) and alpha["ci95"][0] < alpha["value"] < alpha["ci95"][1]
+    r = invoke("fit", files / "code.nc", "--metric", "tv", "--fit-range", "2:64", "--holdout-range", "128:512",
+               "--bootstrap", "50", "--json", "--out", tmp_path / "tv.json")
+    assert r.exit_code == 0, (r.output, r.exception)
+    printed = json.loads(r.stdout)
+    assert printed["settings"]["fit_range"] == [2, 64] and {f["metric"] for f in printed["fits"]} == {"tv"}
+    assert printed["fits"][0]["fit_windows"] == [2, 4, 8, 16, 32, 64] and printed["fits"][0]["holdout_windows"] == [128, 256, 512]
+    assert "wrote" in r.stderr
+
+
+def test_fit_default_output_next_to_results(files):
+    r = invoke("fit", files / "code.nc", "--metric", "tv", "--bootstrap", "20")
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert (files / "code.fit.json").is_file()
+
+
+def test_fit_bad_input(files):
+    assert_user_error(invoke("fit", files / "junk.nc"), "not a NetCDF results file")
+    assert_user_error(invoke("fit", files / "missing.nc"), "not found")
+    assert_user_error(invoke("fit", files / "one.nc"), "only one window")
+    assert_user_error(invoke("fit", files / "zero.nc", "--metric", "tv"), "zero")
+    assert_user_error(invoke("fit", files / "code.nc", "--fit-range", "4-128"), "--fit-range")
+    assert_user_error(invoke("fit", files / "code.nc", "--metric", "entropy"), "unknown metric")
+    assert_user_error(invoke("fit", files / "code.nc", "--bootstrap", "-1"), "--bootstrap")
+    (files / "notfit.json").write_text("{}")
+    assert_user_error(invoke("recommend-window", files / "notfit.json", "--eps", "0.01"), "not a truncsens fit file")
+
+
+def test_recommend_window_from_fit_and_results(files, tmp_path):
+    out = tmp_path / "fit.json"
+    assert invoke("fit", files / "code.nc", "--metric", "tv", "--bootstrap", "200", "--out", out).exit_code == 0
+    power = next(f for f in json.loads(out.read_text())["fits"] if f["family"] == "power")
+    C, a = power["params"]["C"]["value"], power["params"]["alpha"]["value"]
+    r = invoke("recommend-window", out, "--eps", "0.01", "--eps", "0.05", "--json")
+    assert r.exit_code == 0, (r.output, r.exception)
+    recs = json.loads(r.stdout)["recommendations"]
+    assert [x["eps"] for x in recs] == [0.01, 0.05]
+    assert recs[0]["w_law"] == (C / 0.01) ** (1 / a)
+    assert recs[0]["w_law_ci95"][0] < recs[0]["w_law"] < recs[0]["w_law_ci95"][1]
+    r = invoke("recommend-window", "--fit", out, "--eps", "0.0001")
+    assert r.exit_code == 0 and "beyond the largest measured window" in r.stdout
+    r = invoke("recommend-window", files / "code.nc", "--eps", "0.01", "--bootstrap", "50", "--metric", "tv", "--metric", "kl")
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert " tv " in r.stdout and " kl " in r.stdout
+
+
+@pytest.mark.parametrize("eps,fragment", [("0", "> 0"), ("-0.1", "> 0"), ("1.5", "(0, 1]"), ("nan", "finite"), ("inf", "finite")])
+def test_recommend_window_bad_eps(files, eps, fragment):
+    assert_user_error(invoke("recommend-window", files / "code.nc", "--eps", eps, "--bootstrap", "10"), fragment)
+
+
+def test_recommend_window_needs_exactly_one_source(files):
+    assert_user_error(invoke("recommend-window", "--eps", "0.01"), "exactly one")
+    assert_user_error(invoke("recommend-window", files / "code.nc", "--fit", files / "code.nc", "--eps", "0.01"), "exactly one")
+
+
+def test_plot_command(files, tmp_path):
+    r = invoke("plot", files / "code.nc", files / "nl.nc", "--out", tmp_path / "p", "--metric", "tv")
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert (tmp_path / "p.png").stat().st_size > 1000 and (tmp_path / "p.pdf").is_file()
+    fit = tmp_path / "f.json"
+    assert invoke("fit", files / "code.nc", "--bootstrap", "0", "--out", fit).exit_code == 0
+    r = invoke("plot", files / "code.nc", "--fit", fit, "--out", tmp_path / "q")
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert_user_error(invoke("plot", files / "nl.nc", "--fit", fit, "--out", tmp_path / "z"), "was not made from")

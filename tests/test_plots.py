@@ -1,0 +1,52 @@
+"""Figures of D(w) with error bars and fitted laws (truncsens.plots)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from truncsens.fitting import FitConfig, curves_of, fit_curve, FitReport
+from truncsens.plots import build_figure, panel_metrics, plot_report
+from truncsens.synthetic import curve_results
+
+
+def _doc(n_curves: int = 1):
+    results = []
+    for i in range(n_curves):
+        ds = curve_results({"tv": lambda w: 0.02 * w**-0.5, "kl": lambda w: 1e-3 * w**-1.0},
+                           [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], n_docs=8, doc_noise=0.1, seed=i)
+        [curve] = curves_of(ds, ["tv", "kl"], f"run{i}.nc")
+        results.append(fit_curve(curve, FitConfig(metrics=("tv", "kl"), n_boot=0)))
+    return FitReport(FitConfig(metrics=("tv", "kl"), n_boot=0), results).to_json()
+
+
+def test_one_panel_per_metric_with_bars_and_laws():
+    doc = _doc(2)
+    fig = build_figure(doc)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title().split(":")[0] for ax in axes] == ["tv", "kl"]
+    for ax in axes:
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        assert len(ax.containers) == 2  # one error-bar series per results file
+        laws = [l for l in ax.get_lines() if l.get_label().split()[-1] in ("w^-α", "exp(-w/τ)", "D∞")]
+        assert len(laws) == 2 * 3  # three families per file
+    tv_ax = axes[0]
+    bars = tv_ax.containers[0]
+    np.testing.assert_allclose(bars.lines[0].get_ydata(), 0.02 * np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512.0]) ** -0.5, rtol=0.2)
+    only_power = build_figure(doc, ["kl"], families=["power"])
+    [ax] = [a for a in only_power.axes if a.get_visible()]
+    assert sum("power:" in l.get_label() for l in ax.get_lines()) == 2
+
+
+def test_plot_report_writes_png_and_pdf(tmp_path):
+    paths = plot_report(_doc(), tmp_path / "sub" / "fig")
+    assert [p.name for p in paths] == ["fig.png", "fig.pdf"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths[1].read_bytes()[:5] == b"%PDF-"
+
+
+def test_unknown_metric_is_an_error():
+    doc = _doc()
+    assert panel_metrics(doc) == ["tv", "kl"]
+    with pytest.raises(ValueError, match="js"):
+        build_figure(doc, ["js"])

@@ -1,0 +1,138 @@
+"""Figures: log-log D(w) with standard-error bars and the fitted laws, one panel per metric.
+
+Everything is drawn from a fit file dict (:meth:`truncsens.fitting.FitReport.to_json`), which holds
+both the measured curves (mean and cluster-robust se per window) and the fitted parameters.
+Figures are built on ``matplotlib.figure.Figure`` (Agg canvas, no pyplot state), so no display is
+needed. Each figure is written as PNG and PDF.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from truncsens.fitting import law_value
+
+FAMILY_STYLE = {"power": "-", "exponential": "--", "power_floor": ":"}
+FAMILY_LABEL = {"power": "C w^-α", "exponential": "C exp(-w/τ)", "power_floor": "C w^-α + D∞"}
+
+
+def _law_params(fit: dict) -> dict[str, float] | None:
+    if fit.get("status") != "ok":
+        return None
+    p = {k: v["value"] for k, v in fit["params"].items()}
+    if any(v is None for v in p.values()):
+        return None
+    return p
+
+
+def panel_metrics(doc: dict, metrics: Sequence[str] | None = None) -> list[str]:
+    """Metrics to draw: ``metrics`` if given (in that order), else every fitted metric of the file.
+
+    Raises:
+        ValueError: a requested metric is not in the fit file.
+    """
+    have = list(dict.fromkeys(m for c in doc["curves"] for m in c["metrics"]))
+    if not metrics:
+        return have
+    missing = [m for m in metrics if m not in have]
+    if missing:
+        raise ValueError(f"metric(s) {', '.join(missing)} not in the fit (it has {', '.join(have)})")
+    return list(metrics)
+
+
+def build_figure(doc: dict, metrics: Sequence[str] | None = None, families: Sequence[str] | None = None):
+    """The matplotlib Figure of :func:`plot_report` (one visible axes per metric), not saved.
+
+    Raises:
+        ValueError: unknown metric, or nothing to draw.
+    """
+    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global figure state, Agg canvas for PNG/PDF
+
+    metrics = panel_metrics(doc, metrics)
+    if not metrics:
+        raise ValueError("nothing to plot: the fit has no curves")
+    n = len(metrics)
+    cols = min(n, 2)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(5.2 * cols, 4.0 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, metric in enumerate(metrics):
+        ax = axes[k // cols][k % cols]
+        measured: list[float] = []
+        for ci, curve in enumerate(doc["curves"]):
+            if metric not in curve["metrics"]:
+                continue
+            color = colors[ci % len(colors)]
+            m = curve["metrics"][metric]
+            w = np.asarray(m["window"], dtype=float)
+            mean = np.asarray([np.nan if v is None else v for v in m["mean"]], dtype=float)
+            se = np.asarray([0.0 if v is None else v for v in m["se"]], dtype=float)
+            ok = np.isfinite(mean) & (mean > 0)
+            measured.extend(mean[ok].tolist())
+            lower = np.minimum(se[ok], mean[ok] * 0.999)  # keep the bar above zero on a log axis
+            ax.errorbar(w[ok], mean[ok], yerr=[lower, se[ok]], fmt="o", ms=4, capsize=2, color=color,
+                        label=f"{curve['label']} (mean ± se)")
+            lo = max(float(w[ok].min()) if ok.any() else 1.0, 1.0)
+            hi = float(w[ok].max()) if ok.any() else 2.0
+            grid = np.geomspace(lo, hi, 200)
+            for fit in doc["fits"]:
+                if fit["curve"] != curve["index"] or fit["metric"] != metric:
+                    continue
+                if families and fit["family"] not in families:
+                    continue
+                params = _law_params(fit)
+                if params is None:
+                    continue
+                with np.errstate(all="ignore"):
+                    yv = law_value(fit["family"], params, grid)
+                good = np.isfinite(yv) & (yv > 0)
+                ax.plot(grid[good], yv[good], FAMILY_STYLE.get(fit["family"], "-"), color=color, lw=1.2,
+                        label=f"{curve['label']} {fit['family']}: {FAMILY_LABEL.get(fit['family'], '')}")
+            fr = curve.get("fit_range")
+            if fr:
+                for x in fr:
+                    ax.axvline(x, color=color, lw=0.6, alpha=0.4, ls="-.")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        if measured:  # keep the data in view even where a law dives far below it
+            ax.set_ylim(min(measured) / 4, max(measured) * 2)
+        ax.set_xlabel(f"{doc['curves'][0].get('sweep', 'window')} w (tokens)")
+        ax.set_ylabel(f"mean {metric}" + (" (nats)" if metric not in ("tv",) else ""))
+        ax.set_title(f"{metric}: D(w) and fitted laws")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=6.5, loc="lower left")
+    for k in range(n, rows * cols):
+        axes[k // cols][k % cols].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_report(doc: dict, out_prefix: str | Path, metrics: Sequence[str] | None = None,
+                families: Sequence[str] | None = None) -> list[Path]:
+    """Draw D(w) per metric (one panel each) with se bars and fitted laws; save PNG and PDF.
+
+    Args:
+        doc: a fit file dict (:meth:`truncsens.fitting.FitReport.to_json`).
+        out_prefix: path without suffix; ``<prefix>.png`` and ``<prefix>.pdf`` are written.
+        metrics: panels to draw (default: all metrics in the file).
+        families: laws to draw (default: every fitted family).
+
+    Returns:
+        [png path, pdf path].
+
+    Raises:
+        ValueError: unknown metric, or nothing to draw.
+    """
+    fig = build_figure(doc, metrics, families)
+    out_prefix = Path(out_prefix)
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out_prefix.with_name(out_prefix.name + ".png"), out_prefix.with_name(out_prefix.name + ".pdf")]
+    fig.savefig(paths[0], dpi=150)
+    fig.savefig(paths[1])
+    return paths
