@@ -25,6 +25,7 @@ def parse_int_list(text: Optional[str], what: str) -> Optional[list[int]]:
 
 
 def measure(
+    ctx: typer.Context,
     model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id, a local checkpoint folder, or synthetic:ALPHA."),
     domain: str = typer.Option("code", help="code or nl: picks the default corpus of the domain."),
     corpus: Optional[str] = typer.Option(None, help="Override the corpus: shipped manifest name, .yaml manifest, folder, .txt, .jsonl, or 'synthetic'."),
@@ -32,7 +33,7 @@ def measure(
     text_field: str = typer.Option("text", help="Text field of a .jsonl corpus."),
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context of the reference distribution (default: model maximum)."),
     windows: Optional[str] = typer.Option(None, help="Comma-separated windows w (default: powers of two from 1 to N/2)."),
-    sinks: int = typer.Option(0, help="First tokens of the reference context kept in front of every window."),
+    sinks: int = typer.Option(0, help="First tokens of the reference context kept in front of every window (with --policy: sinks of sink_recent/poisson, default 4)."),
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or reindexed."),
     targets_per_doc: int = typer.Option(8, help="Targets drawn per document."),
     max_docs: Optional[int] = typer.Option(None, help="Use at most this many (long enough) documents."),
@@ -44,12 +45,21 @@ def measure(
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>.nc)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its shards."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar with ETA."),
+    # -- retention policies (truncsens.engine.retention): sweep budgets instead of windows --
+    policy: Optional[str] = typer.Option(None, help="Comma-separated retention policies (suffix, sink_recent, random, poisson): measure D(k) at budgets instead of windows; several share the reference pass."),
+    budgets: Optional[str] = typer.Option(None, help="With --policy: comma-separated budgets k, kept tokens of the target's query, its own included (default: powers of two from 16 to N/2)."),
+    semantics: Optional[str] = typer.Option(None, help="With --policy: reencode, streaming (default) or prefill_evict."),
+    score: str = typer.Option("attention", help="With --policy poisson: inclusion scores, attention (default) or key_norm."),
+    per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.engine.measure import MeasureConfig, run_measure
     from truncsens.summary import format_table, summarize
     from truncsens import results
 
+    if policy is not None or budgets is not None or semantics is not None:
+        _measure_policies(locals())
+        return
     if out is None:
         stem = "reference" if model == "reference" else Path(model.replace(":", "-")).name
         out = Path("results") / f"{stem}-{corpus and Path(corpus).stem or domain}.nc"
@@ -80,6 +90,54 @@ def _report_kept_shards(out: Path) -> None:
     kept = sorted(shard_dir.glob("shard-*.nc")) if shard_dir.is_dir() else []
     if kept:
         typer.echo(f"note: {len(kept)} finished shard(s) kept in {shard_dir}; rerun the same command with --resume to continue", err=True)
+
+
+# ----------------------------------------------------------------------------- retention policies
+
+
+def _measure_policies(opts: dict) -> None:
+    """``measure --policy ...``: a budget sweep (truncsens.engine.retention.run_retention)."""
+    from truncsens import results
+    from truncsens.engine.retention import DEFAULT_SINKS, RetentionConfig, run_retention
+    from truncsens.policies import parse_policies
+    from truncsens.summary import format_table, summarize
+
+    def given(name: str) -> bool:  # whether an option was on the command line (not its default)
+        source = opts["ctx"].get_parameter_source(name)
+        return source is not None and source.name != "DEFAULT"
+
+    out = opts["out"]
+    with user_errors():
+        if opts["policy"] is None:
+            raise ValueError("--budgets and --semantics need --policy NAME (window sweeps are re-encode; "
+                             "for a suffix window under another semantics use --policy suffix)")
+        names = parse_policies(opts["policy"])
+        if out is None:
+            stem = "reference" if opts["model"] == "reference" else Path(opts["model"].replace(":", "-")).name
+            out = Path("results") / f"{stem}-{opts['corpus'] and Path(opts['corpus']).stem or opts['domain']}-policies.nc"
+        cfg = RetentionConfig(
+            model=opts["model"], domain=opts["domain"], corpus=opts["corpus"], split=opts["split"],
+            text_field=opts["text_field"], reference_context=opts["reference_context"],
+            windows=parse_int_list(opts["windows"], "--windows"), n_sink=opts["sinks"] if given("sinks") else DEFAULT_SINKS,
+            positions=opts["positions"], targets_per_doc=opts["targets_per_doc"], max_docs=opts["max_docs"],
+            seed=opts["seed"], device=opts["device"], dtype=opts["dtype"], max_batch_tokens=opts["batch_tokens"],
+            docs_per_shard=opts["docs_per_shard"], out=str(out), resume=opts["resume"], progress=opts["progress"],
+            command="truncsens " + " ".join(sys.argv[1:]), policies=names,
+            budgets=parse_int_list(opts["budgets"], "--budgets"), semantics=opts["semantics"] or "streaming",
+            score=opts["score"], per_query=opts["per_query"],
+        )
+        try:
+            summary = run_retention(cfg)
+        except BaseException:
+            _report_kept_shards(Path(out))
+            raise
+        typer.echo(
+            f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} documents "
+            f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
+            f"policies {', '.join(names)}, semantics {cfg.semantics}, budgets {summary.windows[0]}..{summary.windows[-1]}"
+            + (f", {summary.shards_reused} shards reused" if summary.shards_reused else ""))
+        ds = results.load(summary.path)
+        typer.echo(format_table(summarize(ds, ["tv", "kl"]), "budget"))
 
 
 def register(app: typer.Typer) -> None:

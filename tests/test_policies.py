@@ -1,0 +1,183 @@
+"""Retention policies: kept sets against explicit constructions, draws, the Poisson design, errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from truncsens.policies import (
+    POLICIES, PoissonPolicy, PolicyError, RandomPolicy, SinkRecentPolicy, SuffixPolicy, make_policy, parse_policies,
+)
+
+T = 20
+QUERIES = torch.arange(T)
+
+
+def as_sets(keep: torch.Tensor) -> list[set[int]]:
+    """[Q, T] bool -> list of kept key sets."""
+    return [set(torch.nonzero(row).flatten().tolist()) for row in keep]
+
+
+def test_registry_finds_every_policy_by_name():
+    assert set(POLICIES) == {"suffix", "sink_recent", "random", "poisson"}
+    for name, cls in POLICIES.items():
+        assert isinstance(make_policy(name), cls)
+        assert cls.__doc__ and cls.__module__.endswith(name)
+    with pytest.raises(PolicyError, match="unknown policy 'lru'.*suffix, sink_recent, random, poisson"):
+        make_policy("lru")
+    assert parse_policies("sink_recent, random") == ["sink_recent", "random"]
+    with pytest.raises(PolicyError, match="twice"):
+        parse_policies("random,random")
+    with pytest.raises(PolicyError, match="unknown policy"):
+        parse_policies("sink_recent,fifo")
+
+
+@pytest.mark.parametrize("k", [1, 3, 7, 20])
+def test_suffix_keeps_the_last_k(k):
+    kept = SuffixPolicy().keep(T, k, QUERIES, seeds=[0, 1])
+    for b in range(2):
+        for q, s in enumerate(as_sets(kept.keep[b])):
+            assert s == set(range(max(0, q - k + 1), q + 1))
+    assert not kept.has_offsets()
+
+
+@pytest.mark.parametrize("s,k", [(0, 5), (2, 5), (4, 9), (4, 5)])
+def test_sink_recent_keeps_sinks_and_the_last_k_minus_s(s, k):
+    kept = SinkRecentPolicy(n_sink=s).keep(T, k, QUERIES, seeds=[0])
+    for q, got in enumerate(as_sets(kept.keep[0])):
+        want = {j for j in range(q + 1) if j < s or j > q - (k - s)}
+        assert got == want
+        assert len(got) == min(k, q + 1)
+
+
+def test_budget_and_sink_errors():
+    with pytest.raises(PolicyError, match="larger than the available context of 20 tokens"):
+        SuffixPolicy().keep(T, 21, QUERIES, [0])
+    with pytest.raises(PolicyError, match="below its minimum of 5"):
+        SinkRecentPolicy(n_sink=4).keep(T, 4, QUERIES, [0])
+    with pytest.raises(PolicyError, match="sinks must be >= 0"):
+        SinkRecentPolicy(n_sink=-1)
+
+
+@pytest.mark.parametrize("per_query", [False, True])
+def test_random_counts_self_and_causality(per_query):
+    k = 6
+    kept = RandomPolicy(per_query=per_query).keep(T, k, QUERIES, seeds=[3, 4, 5])
+    assert kept.keep.shape == (3, T, T)
+    assert torch.equal(kept.counts, torch.clamp(QUERIES + 1, max=k).expand(3, T))
+    assert kept.keep[:, QUERIES, QUERIES].all()  # own token kept
+    assert not (kept.keep & ~torch.ones(T, T, dtype=torch.bool).tril()).any()  # never a later key
+    assert not kept.has_offsets()
+
+
+def test_random_is_seeded_and_per_sequence_draws_are_nested():
+    k = 5
+    a = RandomPolicy().keep(T, k, QUERIES, seeds=[11, 12])
+    b = RandomPolicy().keep(T, k, QUERIES, seeds=[11, 99])
+    assert torch.equal(a.keep[0], b.keep[0]) and not torch.equal(a.keep[1], b.keep[1])
+    sets = as_sets(a.keep[0])
+    for q in range(1, T):  # an evicted key never comes back: a cache a server could run
+        assert sets[q] - {q} <= sets[q - 1]
+    per_query = RandomPolicy(per_query=True).keep(T, k, QUERIES, seeds=list(range(20)))
+    broken = sum(not (as_sets(per_query.keep[b])[q] - {q} <= as_sets(per_query.keep[b])[q - 1])
+                 for b in range(20) for q in range(k, T))
+    assert broken > 0  # independent per-query draws are not nested
+
+
+def test_random_is_uniform_over_earlier_keys():
+    k, n = 5, 4000
+    kept = RandomPolicy().keep(T, k, torch.tensor([T - 1]), seeds=list(range(n)))  # [n, 1, T]
+    freq = kept.keep[:, 0, : T - 1].double().mean(0)  # [T-1]
+    p = (k - 1) / (T - 1)
+    se = math.sqrt(p * (1 - p) / n)
+    assert torch.all((freq - p).abs() < 4.5 * se), freq
+
+
+def scores_for(batch: int, q: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(batch, q.numel(), T, generator=g, dtype=torch.float64) + 0.05
+
+
+def test_poisson_certain_set_and_design():
+    p = PoissonPolicy(n_sink=2, recent_fraction=0.25, top_fraction=0.25)
+    k = 12
+    r, t, m = p.slices(k)
+    assert (r, t, m) == (3, 3, 4)
+    sc = scores_for(3, QUERIES)
+    pi, tail = p.design(k, QUERIES, sc)
+    kept = p.keep(T, k, QUERIES, [1, 2, 3], sc)
+    for b in range(3):
+        for q in range(T):
+            row_pi, row_tail = pi[b, q], tail[b, q]
+            if q + 1 <= k:  # cache not full: everything kept, pi = 1
+                assert as_sets(kept.keep[b])[q] == set(range(q + 1))
+                assert torch.all(row_pi[: q + 1] == 1) and not row_tail.any()
+                continue
+            certain = {j for j in range(q + 1) if row_pi[j] == 1 and not row_tail[j]}
+            rest = [j for j in range(2, q - r + 1)]
+            top = set(sorted(rest, key=lambda j: -float(sc[b, q, j]))[:t])
+            assert certain == set(range(2)) | set(range(q - r + 1, q + 1)) | top
+            assert float(row_pi[row_tail].sum()) == pytest.approx(m, abs=1e-9)  # expected count = budget
+            assert set(torch.nonzero(row_tail).flatten().tolist()) == set(rest) - top
+            kept_set = as_sets(kept.keep[b])[q]
+            assert certain <= kept_set <= set(range(q + 1))
+            for j in kept_set - certain:  # Hájek offset log(1/pi) on kept tail keys only
+                assert float(kept.offset[b, q, j]) == pytest.approx(-math.log(float(row_pi[j])), abs=1e-6)
+            for j in certain:
+                assert float(kept.offset[b, q, j]) == 0.0
+
+
+def test_poisson_expected_count_equals_budget():
+    p = PoissonPolicy(n_sink=1, recent_fraction=0.25, top_fraction=0.0)
+    k, n = 8, 3000
+    q = torch.tensor([T - 1])
+    sc = scores_for(1, q).expand(n, 1, T)
+    counts = p.keep(T, k, q, list(range(n)), sc).counts.double()  # [n, 1]
+    pi, tail = p.design(k, q, sc[:1])
+    var = float((pi[tail] * (1 - pi[tail])).sum())
+    assert float(counts.mean()) == pytest.approx(k, abs=4.5 * math.sqrt(var / n))
+    assert counts.std() > 0  # the count really is random
+
+
+def test_poisson_inclusion_is_proportional_to_score():
+    p = PoissonPolicy(n_sink=0, recent_fraction=0.0, top_fraction=0.0)
+    q = torch.tensor([T - 1])
+    sc = torch.linspace(0.1, 2.0, T, dtype=torch.float64).view(1, 1, T)
+    pi, tail = p.design(6, q, sc)
+    row = pi[0, 0, : T - 1]
+    assert torch.allclose(row / row[0], sc[0, 0, : T - 1] / sc[0, 0, 0])  # none saturated here
+    n = 4000
+    freq = p.keep(T, 6, q, list(range(n)), sc.expand(n, 1, T)).keep[:, 0, : T - 1].double().mean(0)
+    assert torch.all((freq - row).abs() < 4.5 * torch.sqrt(row * (1 - row) / n) + 1e-9)
+
+
+def test_poisson_budget_covering_the_context_keeps_everything():
+    p = PoissonPolicy()
+    sc = scores_for(2, QUERIES)
+    kept = p.keep(T, T, QUERIES, [0, 1], sc)
+    assert torch.equal(kept.keep, torch.ones(T, T, dtype=torch.bool).tril().expand(2, T, T))
+    assert not kept.has_offsets()
+
+
+def test_poisson_errors():
+    p = PoissonPolicy(n_sink=1, recent_fraction=0.25, top_fraction=0.0)
+    q = torch.tensor([T - 1])
+    with pytest.raises(PolicyError, match="scores are all zero"):
+        p.keep(T, 8, q, [0], torch.zeros(1, 1, T))
+    with pytest.raises(PolicyError, match="needs scores"):
+        p.keep(T, 8, q, [0], None)
+    with pytest.raises(PolicyError, match="non-negative"):
+        p.keep(T, 8, q, [0], -torch.ones(1, 1, T))
+    with pytest.raises(PolicyError, match="cannot be run with semantics reencode"):
+        p.check_semantics("reencode")
+    with pytest.raises(PolicyError, match="unknown semantics"):
+        SuffixPolicy().check_semantics("sliding")
+    with pytest.raises(PolicyError, match="unknown poisson score"):
+        PoissonPolicy(score="entropy")
+    for name in ("suffix", "sink_recent", "random"):
+        for sem in ("reencode", "streaming", "prefill_evict"):
+            make_policy(name).check_semantics(sem)  # every deterministic/uniform policy runs everywhere
+    np.testing.assert_equal(PoissonPolicy.semantics, ("streaming", "prefill_evict"))

@@ -1,0 +1,70 @@
+"""Plumbing for transformers key/value caches: create, read, select, truncate.
+
+Written against transformers 5.x (``DynamicCache(config=...)`` with ``cache.layers[l].keys`` of
+shape [B, H_kv, T, d]); the forward keyword is ``cache`` in 5.x and ``past_key_values`` before.
+Keys are stored after the rotary embedding, so a selected key keeps its original position.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def cache_keyword(model) -> str:
+    """The forward keyword that takes a cache: "cache" (transformers 5.x) or "past_key_values"."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def new_cache(model):
+    """An empty ``DynamicCache`` for ``model``."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys, values) of one layer, each [B, H_kv, T, d]."""
+    if hasattr(cache, "layers"):
+        return cache.layers[layer].keys, cache.layers[layer].values
+    return cache.key_cache[layer], cache.value_cache[layer]  # transformers 4.x
+
+
+def n_layers(cache) -> int:
+    """Number of layers held by the cache."""
+    return len(cache.layers) if hasattr(cache, "layers") else len(cache.key_cache)
+
+
+def cache_from(model, keys: list[torch.Tensor], values: list[torch.Tensor]):
+    """A new cache holding the given per-layer keys and values ([B, H_kv, T, d] each)."""
+    cache = new_cache(model)
+    for layer, (k, v) in enumerate(zip(keys, values)):
+        cache.update(k, v, layer)
+    return cache
+
+
+def truncate(cache, length: int) -> None:
+    """Keep the first ``length`` positions of every layer, in place."""
+    for layer in range(n_layers(cache)):
+        k, v = layer_kv(cache, layer)
+        if hasattr(cache, "layers"):
+            cache.layers[layer].keys = k[..., :length, :]
+            cache.layers[layer].values = v[..., :length, :]
+        else:  # transformers 4.x
+            cache.key_cache[layer] = k[..., :length, :]
+            cache.value_cache[layer] = v[..., :length, :]
+
+
+def select(model, cache, index: torch.Tensor):
+    """A new cache with positions ``index`` ([k] int64, on the cache device) of every layer (cache surgery)."""
+    keys, values = [], []
+    for layer in range(n_layers(cache)):
+        k, v = layer_kv(cache, layer)  # [B, H_kv, T, d]
+        keys.append(k.index_select(2, index))  # [B, H_kv, k, d]
+        values.append(v.index_select(2, index))
+    return cache_from(model, keys, values)

@@ -1,0 +1,171 @@
+"""The full-context reference pass, with attention statistics and a reusable prefix cache.
+
+One pass over the reference context ``x[0..T-1]`` gives (a) the reference next-token
+log-probabilities at the last position, (b) optionally the attention probabilities averaged over
+layers and heads, (c) optionally the mean key norms, and (d) optionally the key/value cache of the
+first ``T - 1`` tokens, from which prefill-evict decodes the last token against an evicted cache.
+
+The pass runs as a prefill of ``T - 1`` tokens and a one-token decode. Attention probabilities are
+read from the attention modules (``*.self_attn`` and similar) with forward hooks while the model temporarily uses the
+``eager`` attention implementation (the only one that returns them); the previous implementation
+is restored afterwards. Only the decode step needs eager unless the full matrix is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from truncsens.engine import kvcache
+from truncsens.engine.reencode import NonFiniteLogitsError
+
+
+@dataclass
+class ReferencePass:
+    """What the reference pass returns (B sequences of T tokens).
+
+    Attributes:
+        logprobs: [B, V] float32 log-softmax at the last position.
+        last_attention: [B, T] float32 attention probabilities of the last query, mean over layers
+            and heads (rows sum to 1), or None.
+        attention: [B, T, T] float32 attention probabilities, query rows, mean over layers and
+            heads, or None.
+        key_norm: [B, T] float32 L2 norm of each key, mean over layers and key/value heads, or None.
+        cache: key/value cache of the first T - 1 tokens (full context), or None.
+    """
+
+    logprobs: torch.Tensor
+    last_attention: torch.Tensor | None = None
+    attention: torch.Tensor | None = None
+    key_norm: torch.Tensor | None = None
+    cache: object | None = None
+
+
+@contextlib.contextmanager
+def eager_attention(model) -> Iterator[None]:
+    """Run ``model`` with eager attention inside the block, restoring its implementation after.
+
+    Raises:
+        RuntimeError: the model cannot switch its attention implementation.
+    """
+    config = getattr(model, "config", None)
+    current = getattr(config, "_attn_implementation", None)
+    if current == "eager":
+        yield
+        return
+    if not hasattr(model, "set_attn_implementation"):
+        raise RuntimeError("attention statistics need a transformers model that can switch to eager attention")
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(current)
+
+
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")  # Llama/Qwen/Mistral, GPT-2/GPT-Neo, Falcon
+
+
+class AttentionCollector:
+    """Forward hooks on every attention module (``*.self_attn``, ``*.attn``, ...) that sum attention probabilities over heads and layers."""
+
+    def __init__(self, model) -> None:
+        found = {name: m for name, m in model.named_modules()
+                 if name.rsplit(".", 1)[-1] in ATTENTION_NAMES and type(m).__name__.endswith("Attention")}
+        # innermost matches only (GPT-Neo wraps its self-attention in another attention module)
+        self.modules = [m for name, m in found.items() if not any(o.startswith(name + ".") for o in found)]
+        if not self.modules:
+            raise RuntimeError(
+                f"attention statistics: the model has no attention modules named {', '.join(ATTENTION_NAMES)}; "
+                "use --semantics reencode")
+        self.total: torch.Tensor | None = None  # [B, Tq, Tk] sum over layers and heads
+        self.count = 0
+
+    def _hook(self, module, args, output) -> None:
+        weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if weights is None:
+            raise RuntimeError("attention statistics: the attention module returned no weights (not eager?)")
+        s = weights.float().sum(1)  # [B, H, Tq, Tk] -> [B, Tq, Tk]
+        self.total = s if self.total is None else self.total + s
+        self.count += weights.shape[1]
+
+    @contextlib.contextmanager
+    def collect(self) -> Iterator["AttentionCollector"]:
+        """Hooks active inside the block; ``mean()`` afterwards gives the result."""
+        self.total, self.count = None, 0
+        handles = [m.register_forward_hook(self._hook) for m in self.modules]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def mean(self) -> torch.Tensor:
+        """[B, Tq, Tk] attention probabilities, mean over layers and heads."""
+        return self.total / self.count
+
+
+def _ones(b: int, t: int, device) -> torch.Tensor:
+    return torch.ones(b, t, dtype=torch.long, device=device)
+
+
+@torch.no_grad()
+def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False, attention: bool = False,
+                   key_norm: bool = False, keep_cache: bool = False) -> ReferencePass:
+    """Full-context pass over ``input_ids`` with original positions 0..T-1.
+
+    Args:
+        model: transformers causal LM.
+        input_ids: [B, T] int64, T >= 2.
+        last_attention: return the last query's attention row (eager decode step).
+        attention: return the full attention matrix (eager prefill too; memory B·T² floats).
+        key_norm: return the mean key norms.
+        keep_cache: return the cache of the first T - 1 tokens.
+
+    Returns:
+        :class:`ReferencePass`.
+
+    Raises:
+        ValueError: T < 2.
+        NonFiniteLogitsError: NaN or infinite logits.
+    """
+    B, T = input_ids.shape
+    if T < 2:
+        raise ValueError("the reference pass needs at least 2 context tokens")
+    device = input_ids.device
+    pos = torch.arange(T, device=device).expand(B, T)  # [B, T]
+    cache = kvcache.new_cache(model)
+    kw = kvcache.cache_keyword(model)
+    collector = AttentionCollector(model) if (attention or last_attention) else None
+    prefix_rows = None
+    with eager_attention(model) if attention else contextlib.nullcontext():
+        with collector.collect() if attention else contextlib.nullcontext():
+            model(input_ids=input_ids[:, : T - 1], position_ids=pos[:, : T - 1], attention_mask=_ones(B, T - 1, device),
+                  use_cache=True, logits_to_keep=1, **{kw: cache})
+        if attention:
+            prefix_rows = collector.mean()  # [B, T-1, T-1]
+    with eager_attention(model) if collector else contextlib.nullcontext():
+        with collector.collect() if collector else contextlib.nullcontext():
+            out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=_ones(B, T, device),
+                        use_cache=True, logits_to_keep=1, **{kw: cache})
+        last_row = collector.mean()[:, -1, :] if collector else None  # [B, T]
+    logits = out.logits[:, -1, :].float()  # [B, V]
+    if not torch.isfinite(logits).all():
+        raise NonFiniteLogitsError("the model produced non-finite logits (NaN/inf); try --dtype float32, or check the checkpoint")
+    result = ReferencePass(torch.log_softmax(logits, dim=-1))
+    if last_attention or attention:
+        result.last_attention = last_row
+    if attention:
+        full = torch.zeros(B, T, T, dtype=torch.float32, device=device)
+        full[:, : T - 1, : T - 1] = prefix_rows
+        full[:, T - 1, :] = last_row
+        result.attention = full
+    if key_norm:
+        norms = [kvcache.layer_kv(cache, layer)[0].float().norm(dim=-1).mean(1) for layer in range(kvcache.n_layers(cache))]  # [B, T] each
+        result.key_norm = torch.stack(norms).mean(0)  # [B, T]
+    if keep_cache:
+        kvcache.truncate(cache, T - 1)
+        result.cache = cache
+    return result

@@ -1,0 +1,74 @@
+"""Retention policies, one module each, found by name.
+
+>>> from truncsens.policies import make_policy
+>>> make_policy("sink_recent", n_sink=4).name
+'sink_recent'
+
+Each policy is a small dataclass with a ``keep(context_len, budget, queries, seeds, scores)`` method
+returning, per query position, which earlier keys are kept and each kept key's additive logit offset
+(:class:`~truncsens.policies.base.Kept`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from truncsens.policies.base import ALL_SEMANTICS, Kept, Policy, PolicyError
+from truncsens.policies.poisson import SCORES, PoissonPolicy
+from truncsens.policies.random import RandomPolicy
+from truncsens.policies.sink_recent import SinkRecentPolicy
+from truncsens.policies.suffix import SuffixPolicy
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (SuffixPolicy, SinkRecentPolicy, RandomPolicy, PoissonPolicy)
+}
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The policy class registered under ``name``.
+
+    Raises:
+        PolicyError: unknown name (the message lists the known ones).
+    """
+    if name not in POLICIES:
+        raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+def make_policy(name: str, **params) -> Policy:
+    """Build a policy by name; parameters it does not have are ignored (so one set of options,
+    e.g. ``n_sink``, ``per_query``, ``score``, can configure several policies).
+
+    Raises:
+        PolicyError: unknown name or a bad parameter value.
+    """
+    cls = policy_class(name)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in params.items() if k in fields})
+
+
+def parse_policies(text: str) -> list[str]:
+    """Comma-separated policy names -> list, each checked against the registry (order kept, no repeats).
+
+    Raises:
+        PolicyError: empty list, unknown or repeated name.
+    """
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise PolicyError("no policy given; choose from " + ", ".join(POLICIES))
+    for n in names:
+        policy_class(n)
+    if len(set(names)) != len(names):
+        raise PolicyError(f"policy listed twice in {text!r}")
+    return names
+
+
+def policy_params(policy: Policy) -> dict:
+    """The dataclass fields of a policy instance (for provenance attrs)."""
+    return dataclasses.asdict(policy)
+
+
+__all__ = [
+    "ALL_SEMANTICS", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError", "RandomPolicy", "SCORES",
+    "SinkRecentPolicy", "SuffixPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
+]

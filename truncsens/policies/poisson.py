@@ -1,0 +1,136 @@
+"""``poisson``: certainty-plus-Poisson eviction with the Hájek correction.
+
+Source: P. Xie, "Error Certificates for KV-Cache Eviction via Randomized Design" (arXiv 2607.21475),
+research/method.md section B. The certain set is the attention sinks, the most recent tokens and a
+top slice by score; every other (tail) key i is kept independently with probability
+``π_i = min(1, c·score_i)``, ``c`` found by bisection so that the expected kept count equals the
+budget k; each kept tail key gets the logit offset ``log(1/π_i)`` (the Hájek estimator, see
+:mod:`truncsens.certificates`).
+
+[ours] The paper keeps the 32 most recent tokens; budgets here go down to 16 tokens, so the recent
+and top slices are fractions of the budget (defaults 1/4 each), which keeps half of each budget for
+the random tail. Scores are per query: by default the attention each key received in the
+full-context reference pass, accumulated over layers, heads and the queries up to the current one
+(H2O-style, Zhang et al. arXiv 2306.14048); ``key_norm`` uses the key's L2 norm instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+from truncsens.certificates import PoissonDesignError, draw, hajek_offsets, inclusion_probabilities
+from truncsens.policies.base import Kept, Policy, PolicyError, causal, not_full, recent, sinks, smallest_k, uniforms
+
+SCORES = ("attention", "key_norm")
+
+
+@dataclass
+class PoissonPolicy(Policy):
+    """Certainty-plus-Poisson retention.
+
+    Attributes:
+        n_sink: first tokens kept surely (tokens).
+        recent_fraction: share of the budget kept surely as the most recent tokens (at least 1, the
+            query itself).
+        top_fraction: share of the budget kept surely as the highest-scoring remaining keys.
+        score: "attention" (default) or "key_norm"; what ``scores`` passed to :meth:`keep` mean.
+    """
+
+    name: ClassVar[str] = "poisson"
+    semantics: ClassVar[tuple[str, ...]] = ("streaming", "prefill_evict")
+    needs_scores: ClassVar[bool] = True
+    n_sink: int = 4
+    recent_fraction: float = 0.25
+    top_fraction: float = 0.25
+    score: str = "attention"
+
+    def __post_init__(self) -> None:
+        if self.n_sink < 0:
+            raise PolicyError(f"--sinks must be >= 0, got {self.n_sink}")
+        if not (0 <= self.recent_fraction <= 1 and 0 <= self.top_fraction <= 1 and self.recent_fraction + self.top_fraction <= 1):
+            raise PolicyError("poisson recent and top fractions must lie in [0, 1] and sum to at most 1")
+        if self.score not in SCORES:
+            raise PolicyError(f"unknown poisson score {self.score!r}; choose one of {', '.join(SCORES)}")
+
+    def min_budget(self) -> int:
+        """``n_sink + 1``."""
+        return self.n_sink + 1
+
+    def check_semantics(self, semantics: str) -> None:
+        """Poisson needs attention-logit offsets: re-encoding cannot express them."""
+        if semantics == "reencode":
+            raise PolicyError(
+                "policy poisson cannot be run with semantics reencode: its Hájek offsets log(1/π) act on attention "
+                "logits, and a re-encoded context has a random length; use --semantics streaming or prefill_evict")
+        super().check_semantics(semantics)
+
+    def slices(self, budget: int) -> tuple[int, int, int]:
+        """(recent R, top T, tail budget m) for budget k, with ``n_sink + R + T + m = k`` and R >= 1."""
+        free = budget - self.n_sink
+        r = min(free, max(1, int(self.recent_fraction * budget)))
+        t = min(free - r, int(self.top_fraction * budget))
+        return r, t, free - r - t
+
+    def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
+             scores: torch.Tensor | None = None) -> Kept:
+        """Kept keys and Hájek offsets of ``len(seeds)`` sequences.
+
+        Args:
+            context_len: T; budget: k > n_sink; queries: [Q] int64.
+            seeds: one seed per sequence (the Poisson draws).
+            scores: [B, Q, T] non-negative importance of key j for query ``queries[i]`` (entries for
+                j > query are ignored).
+
+        Returns:
+            :class:`Kept`: keep [B, Q, T]; offset [B, Q, T] float32, ``log(1/π_j)`` on kept tail
+            keys and 0 on certain ones. Queries with ``q + 1 <= k`` keep everything (π = 1).
+
+        Raises:
+            PolicyError: budget out of range, scores missing / misshapen / negative, or all zero on a
+                tail that must be drawn from.
+        """
+        self.check(budget, context_len)
+        B, Q, T = len(seeds), queries.numel(), context_len
+        if scores is None or tuple(scores.shape) != (B, Q, T):
+            raise PolicyError(f"policy poisson needs scores of shape {(B, Q, T)}, got "
+                              f"{None if scores is None else tuple(scores.shape)}")
+        pi, tail = self.design(budget, queries, scores)  # [B, Q, T] each
+        drawn = draw(pi, uniforms(seeds, (Q, T), scores.device)) & tail  # [B, Q, T]
+        certain = (pi >= 1) & ~tail  # [B, Q, T]
+        offset = hajek_offsets(pi, drawn).to(torch.float32)  # [B, Q, T]
+        return Kept(certain | drawn, offset, queries)
+
+    def design(self, budget: int, queries: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sampling design behind :meth:`keep` (also for certificates and tests).
+
+        Args:
+            budget: k; queries: [Q] int64; scores: [B, Q, T] non-negative.
+
+        Returns:
+            (pi, tail): pi [B, Q, T] float64, 1 on certain keys, ``min(1, c·score)`` on tail keys
+            (summing to the tail budget m per evicting query), 0 on unavailable keys;
+            tail [B, Q, T] bool, the keys drawn at random.
+
+        Raises:
+            PolicyError: scores negative, not finite, or all zero on a tail that must be drawn from.
+        """
+        B, Q, T = scores.shape
+        r, t, m = self.slices(budget)
+        avail = causal(T, queries)  # [Q, T]
+        full = ~not_full(T, queries, budget)  # [Q] queries that must evict
+        base = (sinks(T, queries, self.n_sink) | recent(T, queries, r) | ~full.unsqueeze(1)) & avail  # [Q, T]
+        base = base.unsqueeze(0).expand(B, Q, T)  # [B, Q, T]
+        avail = avail.unsqueeze(0).expand(B, Q, T)  # [B, Q, T]
+        rest = avail & ~base  # [B, Q, T]
+        top = smallest_k(-scores.to(torch.float64), rest, t) if t > 0 else torch.zeros_like(rest)  # [B, Q, T]
+        tail = rest & ~top  # [B, Q, T]
+        expected = (full.to(torch.float64) * m).unsqueeze(0).expand(B, Q)  # [B, Q]
+        try:
+            pi = inclusion_probabilities(torch.where(avail, scores, torch.zeros_like(scores)), tail, expected)
+        except PoissonDesignError as exc:
+            raise PolicyError(str(exc)) from None
+        pi = torch.where(base | top, torch.ones_like(pi), pi)  # [B, Q, T]
+        return pi, tail

@@ -1,0 +1,60 @@
+"""``random``: keep k uniformly random keys (the query's own token and k − 1 of the earlier ones).
+
+Source: the random-retention baseline of arXiv 2605.25085, which has about two orders of magnitude
+more distortion than recency eviction at equal budget. Keeping the query's own token is [ours]: it is
+the token being processed, so every cache holds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+from truncsens.policies.base import Kept, Policy, causal, smallest_k, uniforms
+
+
+@dataclass
+class RandomPolicy(Policy):
+    """Uniform random retention.
+
+    Attributes:
+        per_query: False (default): one draw per sequence, a random priority ``u_j ~ U(0, 1)`` per
+            key; each query keeps itself and the k − 1 earlier keys of lowest priority. The kept sets
+            are nested over time (an evicted key never returns), so this is a cache that a server
+            could run (evict the lowest-priority key when full), and at each query the k − 1 kept
+            earlier keys are a uniform random subset. True: every query draws its own independent
+            uniform subset (not realizable as one cache; the same marginal law per query).
+    """
+
+    name: ClassVar[str] = "random"
+    per_query: bool = False
+
+    def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
+             scores: torch.Tensor | None = None) -> Kept:
+        """Kept keys of ``len(seeds)`` sequences.
+
+        Args:
+            context_len: T; budget: k >= 1; queries: [Q] int64.
+            seeds: one seed per sequence; the same seed gives the same draw.
+            scores: unused.
+
+        Returns:
+            :class:`Kept` with keep [B, Q, T] (exactly min(k, q + 1) keys per query) and zero offsets.
+
+        Raises:
+            PolicyError: budget out of range.
+        """
+        self.check(budget, context_len)
+        B, Q, T = len(seeds), queries.numel(), context_len
+        device = queries.device
+        if self.per_query:
+            u = uniforms(seeds, (Q, T), device)  # [B, Q, T]
+        else:
+            u = uniforms(seeds, (T,), device).unsqueeze(1).expand(B, Q, T)  # [B, Q, T]
+        earlier = causal(T, queries) & (torch.arange(T, device=device).unsqueeze(0) != queries.unsqueeze(1))  # [Q, T]
+        earlier = earlier.unsqueeze(0).expand(B, Q, T)  # [B, Q, T]
+        keep = smallest_k(u, earlier, budget - 1)  # [B, Q, T] min(q, k - 1) earlier keys per query
+        keep = keep | (torch.arange(T, device=device).unsqueeze(0) == queries.unsqueeze(1)).unsqueeze(0)  # + self
+        return Kept(keep, torch.zeros(keep.shape, dtype=torch.float32, device=device), queries)
