@@ -54,8 +54,6 @@ def measure(
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.engine.measure import MeasureConfig, run_measure
-    from truncsens.summary import format_table, summarize
-    from truncsens import results
 
     if policy is not None or budgets is not None or semantics is not None:
         _measure_policies(locals())
@@ -71,18 +69,25 @@ def measure(
             dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard, out=str(out), resume=resume,
             progress=progress, command="truncsens " + " ".join(sys.argv[1:]),
         )
-        try:
-            summary = run_measure(cfg)
-        except BaseException:
-            _report_kept_shards(out)
-            raise
-        typer.echo(
-            f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} documents "
-            f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
-            f"windows {summary.windows[0]}..{summary.windows[-1]}"
-            + (f", {summary.shards_reused} shards reused" if summary.shards_reused else ""))
-        ds = results.load(summary.path)
-        typer.echo(format_table(summarize(ds, ["tv", "kl"]), "window"))
+        _run_and_report(run_measure, cfg, Path(out), "window", "windows")
+
+
+def _run_and_report(run, cfg, out: Path, sweep: str, what: str) -> None:
+    """Run ``run(cfg)``; on failure say which shards were kept; on success print a summary table."""
+    from truncsens import results
+    from truncsens.summary import format_table, summarize
+
+    try:
+        summary = run(cfg)
+    except BaseException:
+        _report_kept_shards(out)
+        raise
+    typer.echo(
+        f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} documents "
+        f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
+        f"{what} {summary.windows[0]}..{summary.windows[-1]}"
+        + (f", {summary.shards_reused} shards reused" if summary.shards_reused else ""))
+    typer.echo(format_table(summarize(results.load(summary.path), ["tv", "kl"]), sweep))
 
 
 def _report_kept_shards(out: Path) -> None:
@@ -97,10 +102,8 @@ def _report_kept_shards(out: Path) -> None:
 
 def _measure_policies(opts: dict) -> None:
     """``measure --policy ...``: a budget sweep (truncsens.engine.retention.run_retention)."""
-    from truncsens import results
     from truncsens.engine.retention import DEFAULT_SINKS, RetentionConfig, run_retention
     from truncsens.policies import parse_policies
-    from truncsens.summary import format_table, summarize
 
     def given(name: str) -> bool:  # whether an option was on the command line (not its default)
         source = opts["ctx"].get_parameter_source(name)
@@ -126,18 +129,8 @@ def _measure_policies(opts: dict) -> None:
             budgets=parse_int_list(opts["budgets"], "--budgets"), semantics=opts["semantics"] or "streaming",
             score=opts["score"], per_query=opts["per_query"],
         )
-        try:
-            summary = run_retention(cfg)
-        except BaseException:
-            _report_kept_shards(Path(out))
-            raise
-        typer.echo(
-            f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} documents "
-            f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
-            f"policies {', '.join(names)}, semantics {cfg.semantics}, budgets {summary.windows[0]}..{summary.windows[-1]}"
-            + (f", {summary.shards_reused} shards reused" if summary.shards_reused else ""))
-        ds = results.load(summary.path)
-        typer.echo(format_table(summarize(ds, ["tv", "kl"]), "budget"))
+        _run_and_report(run_retention, cfg, Path(out), "budget",
+                        f"policies {', '.join(names)}, semantics {cfg.semantics}, budgets")
 
 
 def register(app: typer.Typer) -> None:

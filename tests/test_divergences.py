@@ -24,7 +24,6 @@ def test_two_point_closed_form():
     expected_kl = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)  # 0.5108256...
     assert dv.kl(p, q).item() == pytest.approx(expected_kl, abs=1e-12)
     assert dv.kl(q, p).item() == pytest.approx(0.9 * math.log(1.8) + 0.1 * math.log(0.2), abs=1e-12)
-    m = [0.7, 0.3]
     expected_js = 0.5 * (0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3)) + 0.5 * (
         0.9 * math.log(0.9 / 0.7) + 0.1 * math.log(0.1 / 0.3))
     assert dv.js(p, q).item() == pytest.approx(expected_js, abs=1e-12)

@@ -234,6 +234,115 @@ def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: i
     return tokenize_documents(corpus.documents, loaded.tokenizer), corpus.name, corpus.domain, corpus.sha256
 
 
+def resolve_reference_context(cfg: MeasureConfig, loaded: LoadedModel) -> int:
+    """N: ``cfg.reference_context`` or the model's maximum context.
+
+    Raises:
+        MeasureError: N beyond the model's position limit, or below 2.
+    """
+    N = cfg.reference_context or loaded.max_context
+    if N > loaded.max_context:
+        raise MeasureError(
+            f"reference context {N} is beyond the model's position limit of {loaded.max_context} tokens; "
+            f"use --reference-context {loaded.max_context} or less")
+    if N < 2:
+        raise MeasureError(f"reference context must be at least 2 tokens, got {N}")
+    return N
+
+
+@dataclass
+class RunDocuments:
+    """Documents of a run: all that were checked, and those used (long enough, capped by max_docs)."""
+
+    checked: list[TokenDoc]
+    used: list[TokenDoc]
+    n_short: int
+    corpus: str
+    domain: str
+    sha256: str
+
+
+def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int) -> RunDocuments:
+    """Tokenized documents long enough for ``N + 1`` tokens, capped at ``cfg.max_docs``.
+
+    Raises:
+        MeasureError: no document is long enough (says how many were checked and the longest).
+    """
+    N = reference_context
+    token_docs, corpus_name, domain, corpus_sha = load_documents(cfg, loaded, N)
+    long_enough = [d for d in token_docs if d.ids.numel() >= N + 1]
+    if not long_enough:
+        longest = max((d.ids.numel() for d in token_docs), default=0)
+        raise MeasureError(
+            f"no document is long enough: checked {len(token_docs)} documents, the longest has {longest} tokens, "
+            f"and a target needs {N + 1}; lower --reference-context or use a corpus with longer documents")
+    used = long_enough[: cfg.max_docs] if cfg.max_docs else long_enough
+    return RunDocuments(token_docs, used, len(token_docs) - len(long_enough), corpus_name, domain, corpus_sha)
+
+
+def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, docs: RunDocuments, semantics: str) -> dict:
+    """The results attrs of design.md (``created`` is filled in at merge time)."""
+    return {
+        "truncsens_version": truncsens.__version__, "model": loaded.name, "model_revision": loaded.revision,
+        "tokenizer": loaded.tokenizer_name, "dtype": loaded.dtype, "device": loaded.device, "semantics": semantics,
+        "positions": cfg.positions, "n_sink": cfg.n_sink, "reference_context": reference_context,
+        "corpus": docs.corpus, "corpus_sha256": docs.sha256, "domain": docs.domain, "seed": cfg.seed, "created": "",
+        "command": cfg.command, "split": cfg.split, "targets_per_doc": cfg.targets_per_doc or 0,
+        "max_context": loaded.max_context, "n_docs_checked": len(docs.checked), "n_docs_skipped_short": docs.n_short,
+    }
+
+
+def run_shards(
+    cfg: MeasureConfig, docs: RunDocuments, reference_context: int, fingerprint: dict,
+    compute_shard: Callable[[TargetSet, Callable[[int], None]], "results.xr.Dataset"],
+    tokens_per_target: int, desc: str, stop_after_shards: int | None = None,
+) -> tuple[Path, int, int]:
+    """Process documents in shards, write each shard file, merge them into ``cfg.out``.
+
+    Args:
+        cfg: run configuration (``out``, ``resume``, ``docs_per_shard``, ``targets_per_doc``, ``seed``).
+        docs: the documents of the run.
+        reference_context: N.
+        fingerprint: what must match for ``--resume`` to reuse shards.
+        compute_shard: ``(targets, on_tokens) -> results Dataset`` of one shard; its attr
+            ``n_clamped`` is summed over shards.
+        tokens_per_target: tokens read per target (progress bar total).
+        desc: progress bar label.
+        stop_after_shards: raise :class:`MeasureInterrupted` after this many new shards (tests).
+
+    Returns:
+        (path of the merged file, shards reused, number of targets).
+    """
+    out = Path(cfg.out)
+    shard_dir = Path(str(out) + ".shards")
+    _prepare_shard_dir(shard_dir, fingerprint, cfg.resume)
+    groups = [docs.used[i : i + cfg.docs_per_shard] for i in range(0, len(docs.used), cfg.docs_per_shard)]
+    plans = [select_targets(g, reference_context, cfg.targets_per_doc, cfg.seed) for g in groups]
+    reused, written = 0, 0
+    from tqdm.auto import tqdm
+
+    total = sum(len(p) for p in plans) * tokens_per_target
+    with tqdm(total=total, unit="tok", unit_scale=True, desc=desc, disable=not cfg.progress) as bar:
+        for i, plan in enumerate(plans):
+            path = shard_dir / f"shard-{i:05d}.nc"
+            if path.is_file():
+                reused += 1
+                bar.update(len(plan) * tokens_per_target)
+                continue
+            results.save(compute_shard(plan, bar.update), path)
+            written += 1
+            if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
+                raise MeasureInterrupted(f"stopped after {written} shards; resume with --resume")
+    parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
+    merged = results.merge(parts)
+    merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
+    merged.attrs["created"] = results.utc_now()
+    merged.attrs["n_docs"] = len(docs.used)
+    results.save(merged, out)
+    shutil.rmtree(shard_dir, ignore_errors=True)
+    return out, reused, int(merged.sizes["target"])
+
+
 def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_after_shards: int | None = None) -> MeasureSummary:
     """Run a measurement and write the results file ``cfg.out``.
 
@@ -251,68 +360,23 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     """
     check_counts(cfg)
     loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
-    N = cfg.reference_context or loaded.max_context
-    if N > loaded.max_context:
-        raise MeasureError(
-            f"reference context {N} is beyond the model's position limit of {loaded.max_context} tokens; "
-            f"use --reference-context {loaded.max_context} or less")
-    if N < 2:
-        raise MeasureError(f"reference context must be at least 2 tokens, got {N}")
+    N = resolve_reference_context(cfg, loaded)
     windows = check_windows(cfg.windows or default_windows(N), N, cfg.n_sink)
     if cfg.positions not in results.POSITIONS:
         raise MeasureError(f"--positions must be one of {results.POSITIONS}, got {cfg.positions!r}")
-    token_docs, corpus_name, domain, corpus_sha = load_documents(cfg, loaded, N)
-    long_enough = [d for d in token_docs if d.ids.numel() >= N + 1]
-    if not long_enough:
-        longest = max((d.ids.numel() for d in token_docs), default=0)
-        raise MeasureError(
-            f"no document is long enough: checked {len(token_docs)} documents, the longest has {longest} tokens, "
-            f"and a target needs {N + 1}; lower --reference-context or use a corpus with longer documents")
-    used = long_enough[: cfg.max_docs] if cfg.max_docs else long_enough
-    device = loaded.device
-    batch_tokens = cfg.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(device).type, 16384)
+    docs = prepare_documents(cfg, loaded, N)
+    batch_tokens = cfg.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(loaded.device).type, 16384)
+    attrs = provenance(cfg, loaded, N, docs, "reencode")
 
-    out = Path(cfg.out)
-    shard_dir = Path(str(out) + ".shards")
-    _prepare_shard_dir(shard_dir, _fingerprint(cfg, N, windows, corpus_sha), cfg.resume)
-    attrs = {
-        "truncsens_version": truncsens.__version__, "model": loaded.name, "model_revision": loaded.revision,
-        "tokenizer": loaded.tokenizer_name, "dtype": loaded.dtype, "device": device, "semantics": "reencode",
-        "positions": cfg.positions, "n_sink": cfg.n_sink, "reference_context": N, "corpus": corpus_name,
-        "corpus_sha256": corpus_sha, "domain": domain, "seed": cfg.seed, "created": "", "command": cfg.command,
-        "split": cfg.split, "targets_per_doc": cfg.targets_per_doc or 0, "max_context": loaded.max_context,
-        "n_docs_checked": len(token_docs), "n_docs_skipped_short": len(token_docs) - len(long_enough),
-    }
-    groups = [used[i : i + cfg.docs_per_shard] for i in range(0, len(used), cfg.docs_per_shard)]
-    plans = [select_targets(g, N, cfg.targets_per_doc, cfg.seed) for g in groups]
-    total_tokens = sum(len(p) * (N + sum(cfg.n_sink + w for w in windows)) for p in plans)
-    reused, written = 0, 0
-    from tqdm.auto import tqdm
+    def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
+        metrics, n_clamped = measure_targets(
+            loaded.model, plan, windows, cfg.n_sink, cfg.positions, loaded.device, batch_tokens, on_tokens)
+        return results.make_results(metrics, "window", windows, plan.doc, plan.position, plan.token_id.numpy(),
+                                    {**attrs, "n_clamped": n_clamped})
 
-    with tqdm(total=total_tokens, unit="tok", unit_scale=True, desc="measure", disable=not cfg.progress) as bar:
-        for i, plan in enumerate(plans):
-            path = shard_dir / f"shard-{i:05d}.nc"
-            shard_tokens = len(plan) * (N + sum(cfg.n_sink + w for w in windows))
-            if path.is_file():
-                reused += 1
-                bar.update(shard_tokens)
-                continue
-            metrics, n_clamped = measure_targets(
-                loaded.model, plan, windows, cfg.n_sink, cfg.positions, device, batch_tokens, bar.update)
-            shard = results.make_results(
-                metrics, "window", windows, plan.doc, plan.position, plan.token_id.numpy(),
-                {**attrs, "n_clamped": n_clamped})
-            results.save(shard, path)
-            written += 1
-            if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
-                raise MeasureInterrupted(f"stopped after {written} shards; resume with --resume")
-    parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
-    merged = results.merge(parts)
-    merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
-    merged.attrs["created"] = results.utc_now()
-    merged.attrs["n_docs"] = len(used)
-    results.save(merged, out)
-    shutil.rmtree(shard_dir, ignore_errors=True)
+    path, reused, n_targets = run_shards(
+        cfg, docs, N, _fingerprint(cfg, N, windows, docs.sha256), compute_shard,
+        N + sum(cfg.n_sink + w for w in windows), "measure", stop_after_shards)
     return MeasureSummary(
-        path=out, n_targets=int(merged.sizes["target"]), n_docs=len(used), n_docs_checked=len(token_docs),
-        n_docs_skipped=len(token_docs) - len(long_enough), windows=windows, reference_context=N, shards_reused=reused)
+        path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
+        n_docs_skipped=docs.n_short, windows=windows, reference_context=N, shards_reused=reused)

@@ -26,21 +26,18 @@ Shards, resume and provenance work as in :mod:`truncsens.engine.measure`, whose 
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-import truncsens
 from truncsens import results
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.measure import (
-    DEFAULT_BATCH_TOKENS, MeasureConfig, MeasureError, MeasureInterrupted, MeasureSummary, _prepare_shard_dir,
-    load_documents,
+    DEFAULT_BATCH_TOKENS, MeasureConfig, MeasureError, MeasureSummary, prepare_documents, provenance,
+    resolve_reference_context, run_shards,
 )
 from truncsens.engine.prefill_evict import prefill_evict_logprobs
 from truncsens.engine.reencode import next_token_logprobs
@@ -48,7 +45,7 @@ from truncsens.engine.reference_pass import reference_pass
 from truncsens.engine.streaming import streaming_logprobs
 from truncsens.models import LoadedModel, load_model
 from truncsens.policies import Policy, PolicyError, make_policy, policy_params
-from truncsens.targets import TargetSet, doc_seed, select_targets
+from truncsens.targets import TargetSet, doc_seed
 
 EXTRA_VARS = ("kept_tokens", "evicted_attention_mass")
 DEFAULT_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
@@ -280,70 +277,29 @@ def run_retention(config: RetentionConfig, loaded: LoadedModel | None = None, st
     policies = build_policies(cfg)  # before loading anything: cheap checks first
     loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
     _check_model(loaded, cfg.semantics)
-    N = cfg.reference_context or loaded.max_context
-    if N > loaded.max_context:
-        raise MeasureError(
-            f"reference context {N} is beyond the model's position limit of {loaded.max_context} tokens; "
-            f"use --reference-context {loaded.max_context} or less")
-    if N < 2:
-        raise MeasureError(f"reference context must be at least 2 tokens, got {N}")
+    N = resolve_reference_context(cfg, loaded)
     budgets = check_budgets(cfg.budgets or default_budgets(N, max(p.min_budget() for p in policies)), policies, N)
-    token_docs, corpus_name, domain, corpus_sha = load_documents(cfg, loaded, N)
-    long_enough = [d for d in token_docs if d.ids.numel() >= N + 1]
-    if not long_enough:
-        longest = max((d.ids.numel() for d in token_docs), default=0)
-        raise MeasureError(
-            f"no document is long enough: checked {len(token_docs)} documents, the longest has {longest} tokens, "
-            f"and a target needs {N + 1}; lower --reference-context or use a corpus with longer documents")
-    used = long_enough[: cfg.max_docs] if cfg.max_docs else long_enough
-    device = loaded.device
-    batch_tokens = cfg.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(device).type, 16384)
+    docs = prepare_documents(cfg, loaded, N)
+    batch_tokens = cfg.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(loaded.device).type, 16384)
     names = [p.name for p in policies]
-
-    out = Path(cfg.out)
-    shard_dir = Path(str(out) + ".shards")
-    _prepare_shard_dir(shard_dir, _fingerprint(cfg, N, budgets, corpus_sha), cfg.resume)
-    attrs = {
-        "truncsens_version": truncsens.__version__, "model": loaded.name, "model_revision": loaded.revision,
-        "tokenizer": loaded.tokenizer_name, "dtype": loaded.dtype, "device": device, "semantics": cfg.semantics,
-        "positions": cfg.positions, "n_sink": cfg.n_sink if any(hasattr(p, "n_sink") for p in policies) else 0,
-        "reference_context": N, "corpus": corpus_name,
-        "corpus_sha256": corpus_sha, "domain": domain, "seed": cfg.seed, "created": "", "command": cfg.command,
-        "split": cfg.split, "targets_per_doc": cfg.targets_per_doc or 0, "max_context": loaded.max_context,
-        "n_docs_checked": len(token_docs), "n_docs_skipped_short": len(token_docs) - len(long_enough),
+    attrs = provenance(cfg, loaded, N, docs, cfg.semantics)
+    attrs.update({
+        "n_sink": cfg.n_sink if any(hasattr(p, "n_sink") for p in policies) else 0,
         "policy": ",".join(names), "policy_params": json.dumps({p.name: policy_params(p) for p in policies}, sort_keys=True),
         "budget_counts": "kept keys of the target's query, its own token included",
-    }
-    groups = [used[i : i + cfg.docs_per_shard] for i in range(0, len(used), cfg.docs_per_shard)]
-    plans = [select_targets(g, N, cfg.targets_per_doc, cfg.seed) for g in groups]
+    })
     per_target = N + len(policies) * sum(N if cfg.semantics == "streaming" else (1 if cfg.semantics == "prefill_evict" else k)
                                          for k in budgets)
-    reused, written = 0, 0
-    from tqdm.auto import tqdm
 
-    with tqdm(total=sum(len(p) for p in plans) * per_target, unit="tok", unit_scale=True, desc=f"measure {cfg.semantics}",
-              disable=not cfg.progress) as bar:
-        for i, plan in enumerate(plans):
-            path = shard_dir / f"shard-{i:05d}.nc"
-            if path.is_file():
-                reused += 1
-                bar.update(len(plan) * per_target)
-                continue
-            metrics, extras, n_clamped = retention_targets(
-                loaded.model, plan, policies, budgets, cfg.semantics, cfg.positions, cfg.seed, device, batch_tokens, bar.update)
-            shard = _results_shard(metrics, extras, plan, budgets, names, {**attrs, "n_clamped": n_clamped})
-            results.save(shard, path)
-            written += 1
-            if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
-                raise MeasureInterrupted(f"stopped after {written} shards; resume with --resume")
-    parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
-    merged = results.merge(parts)
-    merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
-    merged.attrs["created"] = results.utc_now()
-    merged.attrs["n_docs"] = len(used)
-    results.save(merged, out)
-    shutil.rmtree(shard_dir, ignore_errors=True)
+    def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
+        metrics, extras, n_clamped = retention_targets(
+            loaded.model, plan, policies, budgets, cfg.semantics, cfg.positions, cfg.seed, loaded.device, batch_tokens, on_tokens)
+        return _results_shard(metrics, extras, plan, budgets, names, {**attrs, "n_clamped": n_clamped})
+
+    path, reused, n_targets = run_shards(
+        cfg, docs, N, _fingerprint(cfg, N, budgets, docs.sha256), compute_shard, per_target,
+        f"measure {cfg.semantics}", stop_after_shards)
     return MeasureSummary(
-        path=out, n_targets=int(merged.sizes["target"]), n_docs=len(used), n_docs_checked=len(token_docs),
-        n_docs_skipped=len(token_docs) - len(long_enough), windows=budgets, reference_context=N, shards_reused=reused,
+        path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
+        n_docs_skipped=docs.n_short, windows=budgets, reference_context=N, shards_reused=reused,
         extra={"policies": names, "semantics": cfg.semantics})
