@@ -8,7 +8,8 @@ from typing import Iterator
 import typer
 
 # Exceptions whose message is written for the user: print it, exit 2.
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, RuntimeError, KeyError)
+# OSError covers FileNotFoundError and also PermissionError, IsADirectoryError, a full disk, ...
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, RuntimeError, KeyError)
 
 
 @contextlib.contextmanager

@@ -23,13 +23,7 @@ app = typer.Typer(
 )
 
 for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"truncsens.cli.{_name}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"truncsens.cli.{_name}":
-            raise
-        continue
-    _module.register(app)
+    importlib.import_module(f"truncsens.cli.{_name}").register(app)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -24,6 +24,12 @@ def parse_int_list(text: Optional[str], what: str) -> Optional[list[int]]:
     return values
 
 
+def default_out(model: str, corpus: Optional[str], domain: str, suffix: str = "") -> Path:
+    """``results/<model name>-<corpus stem or domain><suffix>.nc`` (``:`` of synthetic specs as ``-``)."""
+    stem = Path(model.replace(":", "-")).name
+    return Path("results") / f"{stem}-{corpus and Path(corpus).stem or domain}{suffix}.nc"
+
+
 def measure(
     ctx: typer.Context,
     model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id, a local checkpoint folder, or synthetic:ALPHA."),
@@ -59,8 +65,7 @@ def measure(
         _measure_policies(locals())
         return
     if out is None:
-        stem = "reference" if model == "reference" else Path(model.replace(":", "-")).name
-        out = Path("results") / f"{stem}-{corpus and Path(corpus).stem or domain}.nc"
+        out = default_out(model, corpus, domain)
     with user_errors():
         cfg = MeasureConfig(
             model=model, domain=domain, corpus=corpus, split=split, text_field=text_field,
@@ -116,8 +121,7 @@ def _measure_policies(opts: dict) -> None:
                              "for a suffix window under another semantics use --policy suffix)")
         names = parse_policies(opts["policy"])
         if out is None:
-            stem = "reference" if opts["model"] == "reference" else Path(opts["model"].replace(":", "-")).name
-            out = Path("results") / f"{stem}-{opts['corpus'] and Path(opts['corpus']).stem or opts['domain']}-policies.nc"
+            out = default_out(opts["model"], opts["corpus"], opts["domain"], "-policies")
         cfg = RetentionConfig(
             model=opts["model"], domain=opts["domain"], corpus=opts["corpus"], split=opts["split"],
             text_field=opts["text_field"], reference_context=opts["reference_context"],

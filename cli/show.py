@@ -18,6 +18,7 @@ def show(
 ) -> None:
     """Print, per window, mean ± standard error, median, p90 and p99 of each metric."""
     from truncsens import results
+    from truncsens.fitting import sanitize
     from truncsens.summary import format_table, summarize
 
     with user_errors():
@@ -25,8 +26,9 @@ def show(
         rows = summarize(ds, metric)
         sweep = results.sweep_dim(ds)
         if as_json:
-            attrs = {k: (v.item() if hasattr(v, "item") else v) for k, v in ds.attrs.items()}
-            typer.echo(json.dumps({"file": str(file), "attrs": attrs, "sweep": sweep, "rows": rows}, indent=2))
+            # sanitize: numpy scalars to Python, NaN (se of one target) and inf (KL of disjoint supports) to null
+            doc = sanitize({"file": str(file), "attrs": dict(ds.attrs), "sweep": sweep, "rows": rows})
+            typer.echo(json.dumps(doc, indent=2, allow_nan=False))
             return
         a = ds.attrs
         typer.echo(

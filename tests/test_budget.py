@@ -135,3 +135,45 @@ def test_load_or_fit_reads_fits_and_results(tmp_path):
         load_or_fit(tmp_path / "junk.txt", ["tv"])
     with pytest.raises(FileNotFoundError):
         load_or_fit(tmp_path / "nope.json", ["tv"])
+
+
+def test_kv_spec_from_a_cached_hub_config(monkeypatch):
+    """A hub id is looked up in the local cache only (local_files_only=True), never fetched."""
+    import transformers
+    from transformers import Qwen2Config
+
+    calls = []
+
+    def cached(name, **kwargs):
+        calls.append((name, kwargs))
+        if name != "Org/Cached-Model":
+            raise OSError("not in the cache")
+        return Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", cached)
+    spec, note = kv_spec_for_model("Org/Cached-Model", "bfloat16")
+    assert spec is not None and (spec.layers, spec.kv_heads, spec.head_dim, spec.bytes_per_element) == (24, 2, 64, 2)
+    assert spec.bytes_for(1000, 4) == 2 * 24 * 2 * 64 * 2 * 1004 and "24 layers" in note
+    assert all(kw.get("local_files_only") for _, kw in calls)
+    none, note = kv_spec_for_model("Org/Not-Cached", "bfloat16")
+    assert none is None and "not available locally" in note
+
+
+def test_budget_sweeps_count_their_sinks_once(tmp_path):
+    """A retention budget k already holds the sinks (design.md): KV bytes use k, not k + n_sink,
+    while a window w with n_sink sinks costs w + n_sink."""
+    from transformers import LlamaConfig
+
+    model_dir = tmp_path / "model"
+    LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3).save_pretrained(model_dir)
+    per_token = 2 * 3 * 2 * 16 * 4  # K and V, 3 layers, 2 kv heads, head dim 16, float32
+    for sweep, extra in (("window", 4), ("budget", 0)):
+        ds = curve_results({"tv": lambda w: 0.02 * w**-0.5}, POW2, n_docs=10, doc_noise=0.1, seed=5,
+                           attrs={"model": str(model_dir), "n_sink": 4})
+        if sweep == "budget":
+            ds = ds.rename({"window": "budget"})
+            ds.attrs["policy"] = "sink_recent"
+        save(ds, tmp_path / f"{sweep}.nc")
+        doc = fit_results([tmp_path / f"{sweep}.nc"], FitConfig(metrics=("tv",), families=("power",), n_boot=50)).to_json()
+        [rec] = recommend(doc, [0.004], "tv")
+        assert rec.n_sink == extra and rec.kv_bytes == per_token * (rec.window + extra), sweep

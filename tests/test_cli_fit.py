@@ -75,6 +75,21 @@ def test_fit_default_output_next_to_results(files):
     assert (files / "code.fit.json").is_file()
 
 
+def test_fit_level_sets_the_intervals_and_their_labels(files, tmp_path):
+    def alpha_ci(level: str):
+        out = tmp_path / f"l{level}.json"
+        r = invoke("fit", files / "code.nc", "--metric", "tv", "--family", "power", "--bootstrap", "200", "--level", level,
+                   "--out", out)
+        assert r.exit_code == 0, (r.output, r.exception)
+        return r.stdout, json.loads(out.read_text())["fits"][0]["params"]["alpha"]["ci95"]
+
+    text90, ci90 = alpha_ci("0.9")
+    text95, ci95 = alpha_ci("0.95")
+    assert "parameters (90% CI)" in text90 and "intervals: 90% percentile" in text90 and "95%" not in text90
+    assert "parameters (95% CI)" in text95
+    assert ci95[0] < ci90[0] < ci90[1] < ci95[1]  # same resamples: the 90% interval lies inside the 95% one
+
+
 def test_fit_bad_input(files):
     assert_user_error(invoke("fit", files / "junk.nc"), "not a NetCDF results file")
     assert_user_error(invoke("fit", files / "missing.nc"), "not found")

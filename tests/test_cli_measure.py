@@ -226,3 +226,52 @@ def test_bad_manifest_through_cli(tiny_llama_dir, tmp_path):
     (tmp_path / "m.yaml").write_text("name: x\ndomain: nl\nsource: local\npath: gone.txt\n")
     r = invoke(*measure_args(tiny_llama_dir, tmp_path / "m.yaml", tmp_path / "o.nc", "--reference-context", "64"))
     assert_user_error(r, "local corpus path", "gone.txt does not exist")
+
+
+def test_show_json_is_valid_json_with_one_target(tmp_path):
+    """The standard error of one target is undefined: --json must print null, not bare NaN."""
+    from truncsens.synthetic import curve_results
+
+    ds = curve_results({"tv": lambda w: 0.1 * w**-0.5}, [1, 2, 4], n_docs=1).isel(target=[0])
+    results.save(ds, tmp_path / "one.nc")
+    r = invoke("show", tmp_path / "one.nc", "--json", "-m", "tv")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert [row["se"] for row in data["rows"]] == [None, None, None]
+    assert [row["mean"] for row in data["rows"]] == pytest.approx([0.1, 0.1 * 2**-0.5, 0.05], rel=1e-6)
+    assert data["attrs"]["reference_context"] == 1024
+
+
+def test_synthetic_corpus_needs_a_synthetic_model(tiny_llama_dir, tmp_path):
+    r = invoke(*measure_args(tiny_llama_dir, "synthetic", tmp_path / "o.nc", "--reference-context", "64"))
+    assert_user_error(r, "--corpus synthetic", "needs --model synthetic:ALPHA")
+    assert not (tmp_path / "o.nc").exists()
+
+
+def test_out_is_a_folder_fails_before_any_work(tiny_llama_dir, corpus_dir, tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    r = invoke(*measure_args(tiny_llama_dir, corpus_dir, folder, "--reference-context", "64", "--windows", "1,4"))
+    assert_user_error(r, f"--out {folder} is a folder")
+    assert not Path(str(folder) + ".shards").exists()  # nothing computed, nothing left behind
+
+
+def test_os_errors_are_user_errors():
+    import typer
+
+    from truncsens.cli.errors import user_errors
+
+    app1 = typer.Typer()
+
+    @app1.command()
+    def go() -> None:
+        with user_errors():
+            raise PermissionError(13, "Permission denied", "/root/x.nc")
+
+    r = runner.invoke(app1, [])
+    assert r.exit_code == 2 and r.stderr == "error: [Errno 13] Permission denied: '/root/x.nc'\n"
+
+
+def test_bad_split_is_refused_even_for_synthetic_sources(tmp_path):
+    r = invoke("measure", "--model", "synthetic:0.5:64", "--split", "validation", "--out", tmp_path / "o.nc", "--no-progress")
+    assert_user_error(r, "--split must be one of auto, train, heldout, all; got 'validation'")

@@ -216,32 +216,19 @@ def test_read_manifest_unknown_lists_shipped():
                                "code, nl, pg19, the-stack-smol-python, wikitext-103")
 
 
-def test_read_manifest_bad_files(tmp_path):
+@pytest.mark.parametrize("text,message", [
+    ("name: x\ndomain: nl\n", "lacks the key 'source'"),
+    ("name: x\ndomain: nl\nsource: ftp\n", "source must be one of"),
+    ("- a\n- b\n", "must be a YAML mapping"),
+    ("name: [unclosed\n", "is not valid YAML"),
+    ("name: x\ndomain: nl\nsource: local\n", "has source 'local' but lacks the key 'path'"),
+    ("name: x\ndomain: nl\nsource: hf\n", "has source 'hf' but lacks the key 'dataset'"),
+    ("name: x\ndomain: nl\nsource: builtin\nbuiltin: poetry\n", "builtin must be 'code' or 'nl', got 'poetry'"),
+])
+def test_read_manifest_bad_files(tmp_path, text, message):
     p = tmp_path / "m.yaml"
-    p.write_text("name: x\ndomain: nl\n")
-    with pytest.raises(CorpusError, match="lacks the key 'source'"):
-        read_manifest(p)
-    p.write_text("name: x\ndomain: nl\nsource: ftp\n")
-    with pytest.raises(CorpusError, match="source must be one of"):
-        read_manifest(p)
-    p.write_text("- a\n- b\n")
-    with pytest.raises(CorpusError, match="must be a YAML mapping"):
-        read_manifest(p)
-    p.write_text("name: [unclosed\n")
-    with pytest.raises(CorpusError, match="is not valid YAML"):
-        read_manifest(p)
-
-
-def test_read_manifest_source_keys(tmp_path):
-    p = tmp_path / "m.yaml"
-    p.write_text("name: x\ndomain: nl\nsource: local\n")
-    with pytest.raises(CorpusError, match="has source 'local' but lacks the key 'path'"):
-        read_manifest(p)
-    p.write_text("name: x\ndomain: nl\nsource: hf\n")
-    with pytest.raises(CorpusError, match="has source 'hf' but lacks the key 'dataset'"):
-        read_manifest(p)
-    p.write_text("name: x\ndomain: nl\nsource: builtin\nbuiltin: poetry\n")
-    with pytest.raises(CorpusError, match="builtin must be 'code' or 'nl', got 'poetry'"):
+    p.write_text(text)
+    with pytest.raises(CorpusError, match=message):
         read_manifest(p)
 
 
@@ -339,6 +326,25 @@ def test_hf_manifest_without_datasets(monkeypatch):
     assert str(info.value) == "corpus 'pg19' needs the `datasets` package: pip install 'truncsens[hf]'"
     with pytest.raises(CorpusError, match=r"pip install 'truncsens\[hf\]'"):
         load_corpus("wikitext-103", domain="nl")
+
+
+def test_hf_manifest_hub_unreachable_or_dataset_unknown(monkeypatch):
+    """With `datasets` installed, a load that fails for want of the hub (or of the dataset) is one
+    CorpusError that says so and keeps the library's own reason."""
+    import types
+
+    def failing(reason):
+        def load_dataset(*args, **kwargs):
+            raise reason
+        return types.SimpleNamespace(load_dataset=load_dataset)
+
+    monkeypatch.setitem(sys.modules, "datasets", failing(ConnectionError("Couldn't reach 'emozilla/pg19' on the Hub")))
+    with pytest.raises(CorpusError, match="the Hugging Face hub is unreachable.*Couldn't reach 'emozilla/pg19'"):
+        load_corpus("pg19")
+    # datasets' DatasetNotFoundError subclasses FileNotFoundError
+    monkeypatch.setitem(sys.modules, "datasets", failing(FileNotFoundError("Dataset 'bigcode/the-stack-smol' is a gated dataset")))
+    with pytest.raises(CorpusError, match="unknown or gated.*is a gated dataset"):
+        load_corpus("the-stack-smol-python")
 
 
 def test_join_articles_wikitext_style():

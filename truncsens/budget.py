@@ -13,6 +13,8 @@ D is <= eps, and the log-log interpolated crossing between that window and the o
 KV memory per sequence (keys and values, all layers)::
 
     bytes = 2 * layers * kv_heads * head_dim * bytes_per_element * (w + n_sink)
+
+(For a retention budget sweep the budget k already counts its sinks: bytes use k alone.)
 """
 
 from __future__ import annotations
@@ -148,35 +150,48 @@ class KVSpec:
 
 
 def kv_spec_for_model(model: str, dtype: str) -> tuple[KVSpec | None, str]:
-    """KV sizes from the model's config when it is known locally ("reference" or a folder).
+    """KV sizes from the model's config when it is known locally: "reference", a checkpoint
+    folder, or a hub id whose config is in the local Hugging Face cache (never fetched).
 
     Returns:
         (spec or None, a note saying where the sizes come from or why they are unknown).
     """
+    from transformers import AutoConfig
+
     from truncsens.models import REFERENCE_DIR
 
+    unknown = f"KV memory not shown: the config of model {model!r} is not available locally"
     if model == "reference":
         path = REFERENCE_DIR
     elif model and Path(model).expanduser().is_dir():
         path = Path(model).expanduser()
+    elif model and not model.startswith("synthetic"):  # a hub id: its cached config, if any
+        try:
+            cfg = AutoConfig.from_pretrained(model, local_files_only=True)
+        except (OSError, ValueError):
+            return None, unknown
+        return _kv_spec(cfg, dtype, f"{model} (cached config)")
     else:
-        return None, f"KV memory not shown: the config of model {model!r} is not available locally"
+        return None, unknown
     if not (path / "config.json").is_file():
         return None, f"KV memory not shown: no config.json in {path}"
-    from transformers import AutoConfig
-
     try:
         cfg = AutoConfig.from_pretrained(str(path))
     except (OSError, ValueError) as exc:
         return None, f"KV memory not shown: cannot read {path / 'config.json'} ({exc})"
+    return _kv_spec(cfg, dtype, str(path / "config.json"))
+
+
+def _kv_spec(cfg, dtype: str, source: str) -> tuple[KVSpec | None, str]:
+    """:class:`KVSpec` from a transformers config (layers, kv heads, head dim) and a dtype name."""
     layers = getattr(cfg, "num_hidden_layers", None)
     heads = getattr(cfg, "num_attention_heads", None)
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or (cfg.hidden_size // heads if heads and getattr(cfg, "hidden_size", None) else None)
     nbytes = BYTES_PER_ELEMENT.get(str(dtype))
     if not (layers and kv_heads and head_dim and nbytes):
-        return None, f"KV memory not shown: {path / 'config.json'} lacks layer/head sizes, or dtype {dtype!r} is unknown"
-    return KVSpec(int(layers), int(kv_heads), int(head_dim), int(nbytes), str(path / "config.json")), (
+        return None, f"KV memory not shown: {source} lacks layer/head sizes, or dtype {dtype!r} is unknown"
+    return KVSpec(int(layers), int(kv_heads), int(head_dim), int(nbytes), source), (
         f"KV bytes = 2 x {layers} layers x {kv_heads} kv heads x {head_dim} head dim x {nbytes} bytes ({dtype}) x (w + sinks)")
 
 
@@ -203,6 +218,7 @@ class Recommendation:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
+        """The recommendation as a JSON-safe dict (its fields; non-finite numbers become null)."""
         from truncsens.fitting import sanitize
 
         return sanitize(dict(self.__dict__))
@@ -249,7 +265,8 @@ def recommend(fit_doc: dict, eps_values: Sequence[float], metric: str = "tv", le
                              "no window reaches eps; check the curve and the fit range")
         samples = f.get("bootstrap_samples")
         prov = curve.get("provenance", {})
-        sinks = int(prov.get("n_sink", 0) or 0)
+        # a window w keeps n_sink sinks besides; a retention budget k already counts them (design.md)
+        sinks = 0 if curve.get("sweep") == "budget" else int(prov.get("n_sink", 0) or 0)
         measured = curve["metrics"][metric]
         valid_w = [w for w, m in zip(measured["window"], measured["mean"]) if m is not None and m > 0]
         valid_m = [m for m in measured["mean"] if m is not None and m > 0]

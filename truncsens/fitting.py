@@ -488,6 +488,7 @@ class Curve:
 
     @property
     def n_docs(self) -> int:
+        """G, the number of documents (the clusters of the bootstrap)."""
         return len(self.docs)
 
     def mean_se(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -839,7 +840,9 @@ def _fmt_ci(ci: list | None, digits: int = 4) -> str:
 def format_report(doc: dict) -> str:
     """A readable table of a fit file dict (:meth:`FitReport.to_json`), several files side by side."""
     lines = []
-    rows = [("curve", "metric", "family", "parameters (95% CI)", "held-out log MAE (95% CI)", "AIC")]
+    s = doc["settings"]
+    pct = f"{100 * s['ci_level']:g}%"  # the --level of the fit (the JSON keys say ci95 whatever it is)
+    rows = [("curve", "metric", "family", f"parameters ({pct} CI)", f"held-out log MAE ({pct} CI)", "AIC")]
     for f in doc["fits"]:
         if f["status"] != "ok":
             params = f"skipped: {f['reason']}"
@@ -884,6 +887,5 @@ def format_report(doc: dict) -> str:
             + (f"; excluded (zero or non-finite mean): {excl}" if excl else ""))
         for n in c.get("notes", []):
             lines.append(f"  note: {n}")
-    s = doc["settings"]
-    lines.append(f"intervals: {int(s['ci_level'] * 100)}% percentile bootstrap over documents, {s['bootstrap']} resamples, seed {s['seed']}")
+    lines.append(f"intervals: {pct} percentile bootstrap over documents, {s['bootstrap']} resamples, seed {s['seed']}")
     return "\n".join(lines)

@@ -102,7 +102,8 @@ def build_figure(doc: dict, metrics: Sequence[str] | None = None, families: Sequ
         ax.set_yscale("log")
         if measured:  # keep the data in view even where a law dives far below it
             ax.set_ylim(min(measured) / 4, max(measured) * 2)
-        ax.set_xlabel(f"{doc['curves'][0].get('sweep', 'window')} w (tokens)")
+        sweep = doc["curves"][0].get("sweep", "window")
+        ax.set_xlabel(f"{sweep} {'k' if sweep == 'budget' else 'w'} (tokens)")  # design.md vocabulary
         ax.set_ylabel(f"mean {metric}" + (" (nats)" if metric not in ("tv",) else ""))
         ax.set_title(f"{metric}: D(w) and fitted laws")
         ax.grid(True, which="both", alpha=0.25)

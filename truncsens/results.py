@@ -135,7 +135,12 @@ def validate(ds: xr.Dataset) -> None:
 
 
 def save(ds: xr.Dataset, path: str | Path) -> Path:
-    """Validate and write ``ds`` to NetCDF at ``path`` (atomically: temp file, then rename)."""
+    """Validate and write ``ds`` to NetCDF at ``path`` (atomically: temp file, then rename).
+
+    Raises:
+        ResultsError: ``ds`` does not fit the schema (nothing is written).
+        OSError: the path cannot be written.
+    """
     validate(ds)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -209,14 +209,27 @@ class SyntheticLM(torch.nn.Module):
 
     @property
     def device(self) -> torch.device:
+        """Where the lag weights live."""
         return self.lam.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the returned logits (computed in float64)."""
         return self.out_dtype
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, logits_to_keep: int = 0, **_: object) -> SyntheticOutput:
+        """Log-probabilities of the next token at the last ``logits_to_keep`` positions.
+
+        Args:
+            input_ids: [B, T] int64 tokens in {0, 1}.
+            attention_mask: [B, T] (0: the token is not shown) or None (all shown).
+            position_ids: [B, T] int64 (None: 0..T-1); lags are differences of position ids.
+            logits_to_keep: T' last positions to return (0: all).
+
+        Returns:
+            :class:`SyntheticOutput` with ``logits`` [B, T', 2] = log p (normalized), in ``dtype``.
+        """
         B, T = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(T, device=input_ids.device).expand(B, T)

@@ -15,7 +15,10 @@ class CorpusError(ValueError):
 def folder_documents(folder: Path, pattern: str = "**/*") -> list[Document]:
     """One document per UTF-8 text file under ``folder`` matching ``pattern`` (sorted by path).
 
-    Files that are not valid UTF-8 are skipped. Raises CorpusError when nothing is readable.
+    Files that are not valid UTF-8 are skipped.
+
+    Raises:
+        CorpusError: no matching file is readable and non-empty.
     """
     docs = []
     for path in sorted(folder.glob(pattern)):
@@ -33,7 +36,11 @@ def folder_documents(folder: Path, pattern: str = "**/*") -> list[Document]:
 
 
 def text_file_documents(path: Path) -> list[Document]:
-    """A ``.txt`` file as one document (id = file name)."""
+    """A ``.txt`` file as one document (id = file name; bytes that are not UTF-8 become U+FFFD).
+
+    Raises:
+        CorpusError: the file holds only whitespace.
+    """
     text = path.read_text(encoding="utf-8", errors="replace")
     if not text.strip():
         raise CorpusError(f"corpus file {path} is empty")

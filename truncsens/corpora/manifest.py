@@ -89,9 +89,12 @@ def hf_documents(m: Manifest) -> list[Document]:
     try:
         ds = datasets.load_dataset(o["dataset"], o.get("config"), **kwargs)
     except (ConnectionError, OSError) as exc:
+        # datasets' DatasetNotFoundError (unknown or gated dataset) is a FileNotFoundError too: say what it said
+        detail = (str(exc).strip().splitlines() or [""])[0]
         raise CorpusError(
-            f"cannot load dataset {o['dataset']!r} for corpus {m.name!r}: the Hugging Face hub is unreachable or the "
-            f"dataset is not cached ({type(exc).__name__}); run where the hub is reachable, or use a local corpus") from exc
+            f"cannot load dataset {o['dataset']!r} for corpus {m.name!r}: the Hugging Face hub is unreachable, the "
+            f"dataset is not cached, or it is unknown or gated ({type(exc).__name__}: {detail}); run where the hub is "
+            "reachable (accepting the dataset's terms if it has any), or use a local corpus") from exc
     except Exception as exc:  # datasets raises many kinds (DatasetNotFoundError, ...)
         raise CorpusError(f"cannot load dataset {o['dataset']!r} for corpus {m.name!r}: {exc}") from exc
     field_name = o.get("text_field", "text")

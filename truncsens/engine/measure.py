@@ -11,6 +11,7 @@ configuration). On completion the shards are merged into ``out`` and the folder 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -24,6 +25,7 @@ import torch
 import truncsens
 from truncsens import results
 from truncsens.corpora import load_corpus
+from truncsens.corpora.document import SPLITS
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.reencode import kept_index, kept_position_ids, next_token_logprobs
@@ -108,11 +110,14 @@ def check_windows(windows: list[int], reference_context: int, n_sink: int) -> li
 
 
 def check_counts(cfg: MeasureConfig) -> None:
-    """Counts that must be positive when given.
+    """Counts that must be positive when given, sinks >= 0, and the split name (checked before
+    anything is loaded; a synthetic corpus has no split but the name is still checked).
 
     Raises:
         MeasureError: naming the option.
     """
+    if cfg.split not in ("auto", *SPLITS):
+        raise MeasureError(f"--split must be one of auto, {', '.join(SPLITS)}; got {cfg.split!r}")
     for option, value in (("--docs-per-shard", cfg.docs_per_shard), ("--max-docs", cfg.max_docs),
                           ("--targets-per-doc", cfg.targets_per_doc), ("--batch-tokens", cfg.max_batch_tokens),
                           ("--reference-context", cfg.reference_context)):
@@ -192,10 +197,19 @@ def measure_targets(
     return out, clamped[0]
 
 
-def _fingerprint(cfg: MeasureConfig, reference_context: int, windows: list[int], corpus_sha: str) -> dict:
+def fingerprint(cfg: MeasureConfig, reference_context: int, corpus_sha: str, **sweep: list[int]) -> dict:
+    """What must match for ``--resume`` to reuse shards: every field of the configuration (of
+    :class:`MeasureConfig` or a subclass) except where and how it runs (out, resume, progress,
+    command, device, batch tokens), plus the resolved N, corpus hash and sweep (``windows=`` or
+    ``budgets=``)."""
     keep = {k: v for k, v in asdict(cfg).items() if k not in ("out", "resume", "progress", "command", "device", "max_batch_tokens")}
-    keep.update(reference_context=reference_context, windows=windows, corpus_sha256=corpus_sha)
+    keep.update(reference_context=reference_context, corpus_sha256=corpus_sha, **sweep)
     return keep
+
+
+def batch_tokens_for(cfg: MeasureConfig, loaded: LoadedModel) -> int:
+    """Token budget of one forward pass: ``--batch-tokens`` or :data:`DEFAULT_BATCH_TOKENS` of the device type."""
+    return cfg.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(loaded.device).type, 16384)
 
 
 def _prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool) -> None:
@@ -215,14 +229,25 @@ def _prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool) -> None
 
 
 def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int):
-    """Token documents and provenance (corpus name, domain, sha256) for a run."""
+    """Token documents and provenance (corpus name, domain, sha256) for a run.
+
+    ``--corpus synthetic`` (the default with a ``synthetic:...`` model) samples ``max_docs`` (64)
+    sequences of 2N tokens from the synthetic process of the model spec.
+
+    Raises:
+        MeasureError: ``--corpus synthetic`` with a model that is not synthetic, or a text corpus
+            with a model that has no tokenizer.
+        truncsens.corpora.CorpusError: the corpus cannot be read.
+    """
     if cfg.corpus == "synthetic" or (cfg.corpus is None and cfg.model.startswith("synthetic")):
         from truncsens.synthetic import synthetic_documents
 
+        if not cfg.model.startswith("synthetic"):
+            raise MeasureError(f"--corpus synthetic is sampled from a synthetic source: it needs --model synthetic:ALPHA "
+                               f"(or synthetic-geometric:RATE), not {cfg.model!r}")
+
         docs = synthetic_documents(cfg.model, n_docs=cfg.max_docs or 64, length=2 * reference_context, seed=cfg.seed)
         token_docs = [TokenDoc(doc_id, ids) for doc_id, ids in docs]
-        import hashlib
-
         h = hashlib.sha256()
         for d in token_docs:
             h.update(d.id.encode())
@@ -312,8 +337,13 @@ def run_shards(
 
     Returns:
         (path of the merged file, shards reused, number of targets).
+
+    Raises:
+        MeasureError: ``cfg.out`` is a folder, or shards of another run / without ``resume``.
     """
     out = Path(cfg.out)
+    if out.is_dir():  # found now, not at the merge after every shard has been computed
+        raise MeasureError(f"--out {out} is a folder; give a results file path such as {out / 'results.nc'}")
     shard_dir = Path(str(out) + ".shards")
     _prepare_shard_dir(shard_dir, fingerprint, cfg.resume)
     groups = [docs.used[i : i + cfg.docs_per_shard] for i in range(0, len(docs.used), cfg.docs_per_shard)]
@@ -365,7 +395,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     if cfg.positions not in results.POSITIONS:
         raise MeasureError(f"--positions must be one of {results.POSITIONS}, got {cfg.positions!r}")
     docs = prepare_documents(cfg, loaded, N)
-    batch_tokens = cfg.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(loaded.device).type, 16384)
+    batch_tokens = batch_tokens_for(cfg, loaded)
     attrs = provenance(cfg, loaded, N, docs, "reencode")
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
@@ -375,7 +405,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
                                     {**attrs, "n_clamped": n_clamped})
 
     path, reused, n_targets = run_shards(
-        cfg, docs, N, _fingerprint(cfg, N, windows, docs.sha256), compute_shard,
+        cfg, docs, N, fingerprint(cfg, N, docs.sha256, windows=windows), compute_shard,
         N + sum(cfg.n_sink + w for w in windows), "measure", stop_after_shards)
     return MeasureSummary(
         path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),

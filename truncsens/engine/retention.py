@@ -26,7 +26,7 @@ Shards, resume and provenance work as in :mod:`truncsens.engine.measure`, whose 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -36,8 +36,8 @@ from truncsens import results
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.measure import (
-    DEFAULT_BATCH_TOKENS, MeasureConfig, MeasureError, MeasureSummary, prepare_documents, provenance,
-    resolve_reference_context, run_shards,
+    MeasureConfig, MeasureError, MeasureSummary, batch_tokens_for, check_counts, fingerprint, prepare_documents,
+    provenance, resolve_reference_context, run_shards,
 )
 from truncsens.engine.prefill_evict import prefill_evict_logprobs
 from truncsens.engine.reencode import next_token_logprobs
@@ -47,7 +47,6 @@ from truncsens.models import LoadedModel, load_model
 from truncsens.policies import Policy, PolicyError, make_policy, policy_params
 from truncsens.targets import TargetSet, doc_seed
 
-EXTRA_VARS = ("kept_tokens", "evicted_attention_mass")
 DEFAULT_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 
 
@@ -226,12 +225,6 @@ def retention_targets(
     return out, extras, clamped[0]
 
 
-def _fingerprint(cfg: RetentionConfig, reference_context: int, budgets: list[int], corpus_sha: str) -> dict:
-    keep = {k: v for k, v in asdict(cfg).items() if k not in ("out", "resume", "progress", "command", "device", "max_batch_tokens")}
-    keep.update(reference_context=reference_context, budgets=budgets, corpus_sha256=corpus_sha)
-    return keep
-
-
 def _check_model(loaded: LoadedModel, semantics: str) -> None:
     if semantics != "reencode" and not hasattr(loaded.model, "set_attn_implementation"):
         raise MeasureError(
@@ -268,19 +261,20 @@ def run_retention(config: RetentionConfig, loaded: LoadedModel | None = None, st
     Raises:
         PolicyError: unknown policy, bad budget (larger than the context, below a policy's
             minimum), a policy the semantics cannot express, poisson scores all zero.
-        MeasureError: bad reference context, corpus too short, shards of another run, a model that
-            cannot run the semantics.
+        MeasureError: a count option below 1 (or negative sinks), bad reference context, corpus too
+            short, shards of another run, a model that cannot run the semantics.
         truncsens.models.ModelLoadError, truncsens.corpora.CorpusError: loading failed.
         Nothing is written before the checks pass; shards already written are kept on failure.
     """
     cfg = config
-    policies = build_policies(cfg)  # before loading anything: cheap checks first
+    check_counts(cfg)  # before loading anything: cheap checks first
+    policies = build_policies(cfg)
     loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
     _check_model(loaded, cfg.semantics)
     N = resolve_reference_context(cfg, loaded)
     budgets = check_budgets(cfg.budgets or default_budgets(N, max(p.min_budget() for p in policies)), policies, N)
     docs = prepare_documents(cfg, loaded, N)
-    batch_tokens = cfg.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(loaded.device).type, 16384)
+    batch_tokens = batch_tokens_for(cfg, loaded)
     names = [p.name for p in policies]
     attrs = provenance(cfg, loaded, N, docs, cfg.semantics)
     attrs.update({
@@ -297,7 +291,7 @@ def run_retention(config: RetentionConfig, loaded: LoadedModel | None = None, st
         return _results_shard(metrics, extras, plan, budgets, names, {**attrs, "n_clamped": n_clamped})
 
     path, reused, n_targets = run_shards(
-        cfg, docs, N, _fingerprint(cfg, N, budgets, docs.sha256), compute_shard, per_target,
+        cfg, docs, N, fingerprint(cfg, N, docs.sha256, budgets=budgets), compute_shard, per_target,
         f"measure {cfg.semantics}", stop_after_shards)
     return MeasureSummary(
         path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
