@@ -63,6 +63,9 @@ def test_summarize_rows():
         ("tv", 1, 4), ("tv", 2, 3), ("top1_agree", 1, 4), ("top1_agree", 2, 4)]
     assert rows[0]["mean"] == pytest.approx(0.25)
     assert rows[0]["median"] == pytest.approx(0.25)
+    # clustered by document: docs a = {0.1, 0.2}, b = {0.3, 0.4}; CR1 se^2 = G/(G-1) * sum_g (S_g - n_g mean)^2 / n^2
+    #   = 2 * ((0.3 - 0.5)^2 + (0.7 - 0.5)^2) / 16 = 0.01  ->  se = 0.1 (the plain s/sqrt(n) would be 0.0645)
+    assert rows[0]["se"] == pytest.approx(0.1)
     assert rows[1]["mean"] == 0.0 and rows[1]["se"] == 0.0
     assert rows[2]["mean"] == 0.25 and rows[3]["mean"] == 1.0
     assert "policy" not in rows[0]
@@ -93,8 +96,8 @@ def test_format_table():
     text = format_table(rows, "window")
     lines = text.splitlines()
     assert lines[0] == "tv"
-    assert lines[1].split() == ["window", "n", "mean", "±", "se", "median", "p90", "p99"]
-    assert lines[2].split() == ["1", "4", "0.25", "0.065", "0.25", "0.37", "0.397"]
+    assert lines[1].split() == ["window", "n", "mean", "±", "se(doc)", "median", "p90", "p99"]
+    assert lines[2].split() == ["1", "4", "0.25", "0.1", "0.25", "0.37", "0.397"]
     assert lines[3].split()[:3] == ["2", "3", "0"]
     assert lines[4] == ""
     assert lines[5] == "kl"
