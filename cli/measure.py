@@ -87,6 +87,8 @@ def _run_and_report(run, cfg, out: Path, sweep: str, what: str) -> None:
     except BaseException:
         _report_kept_shards(out)
         raise
+    if summary.n_targets < 0:  # not rank 0 of a multi-process run: rank 0 reports
+        return
     typer.echo(
         f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} documents "
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "

@@ -28,6 +28,7 @@ from truncsens.corpora import load_corpus
 from truncsens.corpora.document import SPLITS
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
+from truncsens.engine.distributed import current_ranks, process_device
 from truncsens.engine.reencode import kept_index, kept_position_ids, next_token_logprobs
 from truncsens.models import LoadedModel, load_model
 from truncsens.targets import TargetSet, TokenDoc, select_targets
@@ -212,7 +213,13 @@ def batch_tokens_for(cfg: MeasureConfig, loaded: LoadedModel) -> int:
     return cfg.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(loaded.device).type, 16384)
 
 
-def _prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool) -> None:
+def _prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool, write: bool = True) -> None:
+    """Check that ``shard_dir`` holds no shards, or (``resume``) shards of this very configuration;
+    then (``write``) create it and record the configuration in ``run.json``.
+
+    Raises:
+        MeasureError: shards without ``resume``, or shards of another configuration.
+    """
     spec = shard_dir / "run.json"
     if shard_dir.exists() and any(shard_dir.glob("shard-*.nc")):
         if not resume:
@@ -224,8 +231,9 @@ def _prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool) -> None
             raise MeasureError(
                 f"cannot resume: the shards in {shard_dir} come from a different configuration ({', '.join(diff)} differ); "
                 "rerun with the same options or delete the folder")
-    shard_dir.mkdir(parents=True, exist_ok=True)
-    spec.write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
+    if write:
+        shard_dir.mkdir(parents=True, exist_ok=True)
+        spec.write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
 
 
 def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int):
@@ -335,6 +343,9 @@ def run_shards(
         desc: progress bar label.
         stop_after_shards: raise :class:`MeasureInterrupted` after this many new shards (tests).
 
+    Under ``accelerate launch`` with several processes each process computes the shards it owns
+    (round robin) and rank 0 merges; the other ranks return a target count of -1.
+
     Returns:
         (path of the merged file, shards reused, number of targets).
 
@@ -345,15 +356,22 @@ def run_shards(
     if out.is_dir():  # found now, not at the merge after every shard has been computed
         raise MeasureError(f"--out {out} is a folder; give a results file path such as {out / 'results.nc'}")
     shard_dir = Path(str(out) + ".shards")
-    _prepare_shard_dir(shard_dir, fingerprint, cfg.resume)
+    ranks = current_ranks()
+    _prepare_shard_dir(shard_dir, fingerprint, cfg.resume, write=False)
+    ranks.barrier()  # every rank has checked before rank 0 writes
+    if ranks.is_main:
+        _prepare_shard_dir(shard_dir, fingerprint, cfg.resume)
+    ranks.barrier()
     groups = [docs.used[i : i + cfg.docs_per_shard] for i in range(0, len(docs.used), cfg.docs_per_shard)]
     plans = [select_targets(g, reference_context, cfg.targets_per_doc, cfg.seed) for g in groups]
     reused, written = 0, 0
     from tqdm.auto import tqdm
 
-    total = sum(len(p) for p in plans) * tokens_per_target
-    with tqdm(total=total, unit="tok", unit_scale=True, desc=desc, disable=not cfg.progress) as bar:
-        for i, plan in enumerate(plans):
+    mine = [i for i in range(len(plans)) if ranks.owns(i)]
+    total = sum(len(plans[i]) for i in mine) * tokens_per_target
+    with tqdm(total=total, unit="tok", unit_scale=True, desc=desc, disable=not (cfg.progress and ranks.is_main)) as bar:
+        for i in mine:
+            plan = plans[i]
             path = shard_dir / f"shard-{i:05d}.nc"
             if path.is_file():
                 reused += 1
@@ -363,6 +381,9 @@ def run_shards(
             written += 1
             if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
                 raise MeasureInterrupted(f"stopped after {written} shards; resume with --resume")
+    ranks.barrier()
+    if not ranks.is_main:
+        return out, reused, -1
     parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
     merged = results.merge(parts)
     merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
@@ -389,7 +410,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
             (shards already written are kept).
     """
     check_counts(cfg)
-    loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
+    loaded = loaded or load_model(cfg.model, process_device(cfg.device, current_ranks()), cfg.dtype)
     N = resolve_reference_context(cfg, loaded)
     windows = check_windows(cfg.windows or default_windows(N), N, cfg.n_sink)
     if cfg.positions not in results.POSITIONS:

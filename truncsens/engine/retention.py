@@ -35,6 +35,7 @@ import torch
 from truncsens import results
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
+from truncsens.engine.distributed import current_ranks, process_device
 from truncsens.engine.measure import (
     MeasureConfig, MeasureError, MeasureSummary, batch_tokens_for, check_counts, fingerprint, prepare_documents,
     provenance, resolve_reference_context, run_shards,
@@ -269,7 +270,7 @@ def run_retention(config: RetentionConfig, loaded: LoadedModel | None = None, st
     cfg = config
     check_counts(cfg)  # before loading anything: cheap checks first
     policies = build_policies(cfg)
-    loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
+    loaded = loaded or load_model(cfg.model, process_device(cfg.device, current_ranks()), cfg.dtype)
     _check_model(loaded, cfg.semantics)
     N = resolve_reference_context(cfg, loaded)
     budgets = check_budgets(cfg.budgets or default_budgets(N, max(p.min_budget() for p in policies)), policies, N)
