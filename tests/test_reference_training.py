@@ -35,7 +35,7 @@ def test_doc_clustered_mean_se_by_hand():
 def test_write_card(tmp_path):
     evals = [{"domain": "code", "n_docs": 3, "n_targets": 12,
               "nll": {"16": [3.5, 0.1], "64": [3.2, 0.1], "256": [3.0, 0.1], "1024": [2.9, 0.1]},
-              "gain_shortest_to_max": [0.6, 0.05]}]
+              "gain_shortest_to_max": [0.6, 0.05], "gain_to_max": {"16": [0.6, 0.05], "64": [0.3, 0.04], "256": [0.1, 0.02]}}]
     summary = {"parameters": 1234, "steps": 10, "tokens_seen": 5000, "minutes": 2.0,
                "config": {"num_layers": 2, "hidden_size": 8, "num_heads": 2, "intermediate_size": 16,
                           "vocab_size": 64, "context": 1024, "batch_size": 2, "seed": 0}}
@@ -43,6 +43,7 @@ def test_write_card(tmp_path):
     text = path.read_text()
     assert "| NLL | 3.500 ± 0.100 | 3.200 ± 0.100 | 3.000 ± 0.100 | 2.900 ± 0.100 | 0.600 ± 0.050 |" in text
     assert "| parameters | 1,234 |" in text
+    assert "| gain of max over c | 0.600 ± 0.050 | 0.300 ± 0.040 | 0.100 ± 0.020 | 0 | |" in text
     assert json.loads((tmp_path / "eval.json").read_text())["evaluations"][0]["domain"] == "code"
 
 
@@ -64,11 +65,13 @@ def test_train_tiny_reference(tmp_path):
 @requires_reference
 def test_committed_reference_model_uses_long_context():
     """The model card's bar, recomputed on a smaller sample: on held-out code, NLL with the maximum
-    context is at least 0.25 nats below NLL with 16 tokens, and lower than with 256 tokens."""
+    context is at least 0.25 nats below NLL with 16 tokens, and below NLL with 64 tokens. (The
+    card's full sample also has NLL(max) < NLL(256), by 0.017 ± 0.013 nats: too small a margin to
+    assert on a sample this size.)"""
     from truncsens.models import load_model
     from truncsens.reference.card import context_nll
 
-    ev = context_nll(load_model("reference"), "code", [16, 256], targets_per_doc=2, seed=1)
+    ev = context_nll(load_model("reference"), "code", [16, 64], targets_per_doc=2, seed=1)
     nll = {int(k): v[0] for k, v in ev["nll"].items()}
     assert ev["gain_shortest_to_max"][0] >= 0.25
-    assert nll[1024] < nll[256] < nll[16]
+    assert nll[1024] < nll[64] < nll[16]

@@ -52,6 +52,10 @@ def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_p
     out["nll"][str(n_max)] = doc_clustered_mean_se(metrics["nll_ref"][:, 0], targets.doc)
     gain = metrics["nll_kept"][:, 0] - metrics["nll_ref"][:, 0]  # [n], paired per target
     out["gain_shortest_to_max"] = doc_clustered_mean_se(gain, targets.doc)
+    out["gain_to_max"] = {
+        str(c): doc_clustered_mean_se(metrics["nll_kept"][:, j] - metrics["nll_ref"][:, 0], targets.doc)
+        for j, c in enumerate(contexts)
+    }
     return out
 
 
@@ -82,7 +86,8 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict) -> Path:
         "## Held-out NLL by context length",
         "",
         "Mean next-token NLL in nats/token on the held-out split, with the context cut to the last c tokens",
-        "(standard errors over documents). The gain is NLL(16) - NLL(max), paired per target.",
+        "(standard errors over documents). The gain of the maximum context over c tokens is NLL(c) - NLL(max),",
+        "paired per target (same targets, standard error over documents).",
         "",
     ]
     for ev in evaluations:
@@ -94,6 +99,9 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict) -> Path:
         cells = [f"{m:.3f} ± {s:.3f}" for m, s in ev["nll"].values()]
         g = ev["gain_shortest_to_max"]
         lines.append("| NLL | " + " | ".join(cells) + f" | {g[0]:.3f} ± {g[1]:.3f} |")
+        if "gain_to_max" in ev:
+            gains = [f"{m:.3f} ± {s:.3f}" for m, s in ev["gain_to_max"].values()]
+            lines.append("| gain of max over c | " + " | ".join(gains) + " | 0 | |")
         lines.append("")
     lines += ["Training curve: `train_log.csv` beside this card (held-out code NLL by position in 1024-token crops).", ""]
     path = folder / "README.md"
