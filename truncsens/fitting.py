@@ -865,8 +865,12 @@ def format_report(doc: dict) -> str:
             continue
         fac = c["factor"]
         if c["basis"] == "extrapolation":
-            text = (f"{c['label']} {c['metric']}: {c['winner']} wins held-out extrapolation; {c['runner_up']}'s log error is "
-                    f"{_fmt(fac['value'], 3)}x larger{_fmt_ci(fac['ci95'], 3)}")
+            if fac["value"] is not None and fac["value"] < 1.005:  # e.g. power_floor with a zero floor = power
+                text = (f"{c['label']} {c['metric']}: {c['winner']} and {c['runner_up']} tie in held-out extrapolation "
+                        f"(error ratio {_fmt(fac['value'], 3)}{_fmt_ci(fac['ci95'], 3)})")
+            else:
+                text = (f"{c['label']} {c['metric']}: {c['winner']} wins held-out extrapolation; {c['runner_up']}'s log error is "
+                        f"{_fmt(fac['value'], 3)}x larger{_fmt_ci(fac['ci95'], 3)}")
             pve = c.get("power_vs_exponential")
             if pve and {c["winner"], c["runner_up"]} != {"power", "exponential"}:
                 text += f"; exponential/power error ratio {_fmt(pve['value'], 3)}{_fmt_ci(pve['ci95'], 3)}"
