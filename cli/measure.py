@@ -27,6 +27,8 @@ def parse_int_list(text: Optional[str], what: str) -> Optional[list[int]]:
 def default_out(model: str, corpus: Optional[str], domain: str, suffix: str = "") -> Path:
     """``results/<model name>-<corpus stem or domain><suffix>.nc`` (``:`` of synthetic specs as ``-``)."""
     stem = Path(model.replace(":", "-")).name
+    if model.startswith("synthetic") and corpus in (None, "synthetic"):
+        return Path("results") / f"{stem}{suffix}.nc"  # its own corpus: no domain
     return Path("results") / f"{stem}-{corpus and Path(corpus).stem or domain}{suffix}.nc"
 
 

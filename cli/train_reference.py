@@ -18,7 +18,7 @@ def train_reference(
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     install: bool = typer.Option(False, "--install", help="Copy the result into truncsens/reference/weights."),
 ) -> None:
-    """Train the reference model on the builtin corpora's training split (hours on 2 CPU cores)."""
+    """Train the reference model on the builtin corpora's training split (about two hours on 2 CPU cores)."""
     from truncsens.models import REFERENCE_DIR, load_model
     from truncsens.reference.card import context_nll, write_card
     from truncsens.reference.train import TrainConfig, train

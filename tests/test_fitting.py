@@ -361,3 +361,12 @@ def test_window_interval_contains_the_measured_crossing(synthetic_runs):
         assert rec.w_law == pytest.approx((p["C"]["value"] / eps) ** (1 / p["alpha"]["value"]), rel=1e-12)
         assert rec.eps_in_measured_range and rec.measured_crossing is not None
         assert rec.w_law_ci95[0] <= rec.measured_crossing <= rec.w_law_ci95[1], (eps, rec)
+
+
+@pytest.mark.parametrize("family,need", [("power", 3), ("exponential", 3), ("power_floor", 4)])
+def test_a_law_needs_more_windows_than_parameters(family, need):
+
+    x = np.array([4.0, 8.0, 16.0, 32.0])[: need - 1]
+    y = np.log(0.03 * x**-0.5)
+    with pytest.raises(FitError, match=f"{family} needs at least {need} windows"):
+        fit_family(family, x, y, np.ones_like(x))

@@ -306,7 +306,7 @@ def fit_family(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict
     """
     x = np.asarray(x, dtype=np.float64)
     keep = w > 0
-    need = N_LAW_PARAMS[family] + (1 if family == "power_floor" else 0)
+    need = N_LAW_PARAMS[family] + 1  # more windows than parameters: an exact fit says nothing about the law
     if keep.sum() < need:
         raise FitError(f"{family} needs at least {need} windows with a positive mean in the fit range, got {int(keep.sum())}")
     xs, ys, ws = x[keep], y[keep], w[keep]
