@@ -14,8 +14,8 @@ from truncsens.cli.errors import user_errors
 def compare_policies(
     results_file: Path = typer.Argument(..., help="Results file of `truncsens measure --policy ...` (a budget sweep)."),
     metrics: str = typer.Option("kl,tv", help="Comma-separated metrics to summarize and fit."),
-    numerator: str = typer.Option("random", help="Policy on top of the ratio of means."),
-    denominator: str = typer.Option("sink_recent", help="Policy at the bottom of the ratio of means."),
+    numerator: Optional[str] = typer.Option(None, help="Policy on top of the ratio of means (default random)."),
+    denominator: Optional[str] = typer.Option(None, help="Policy at the bottom of the ratio of means (default sink_recent)."),
     bootstrap: int = typer.Option(1000, help="Bootstrap resamples over documents (0: no intervals)."),
     seed: int = typer.Option(0, help="Seed of the resampling."),
     fit_range: Optional[str] = typer.Option(None, help="Budgets LO:HI of the power-law fits (default: as truncsens fit)."),
@@ -33,9 +33,13 @@ def compare_policies(
         names = tuple(m.strip() for m in metrics.split(",") if m.strip())
         if not names:
             raise ValueError("--metrics is empty")
-        cfg = CompareConfig(metrics=names, numerator=numerator, denominator=denominator, n_boot=bootstrap, seed=seed,
-                            fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
         ds = results.load(results_file)
+        in_file = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else [str(ds.attrs.get("policy", ""))]
+        for option, given in (("--numerator", numerator), ("--denominator", denominator)):
+            if given is not None and given not in in_file:  # the defaults may be absent: that is only a note
+                raise ValueError(f"{option} {given!r} is not a policy of {results_file} (it has {', '.join(in_file)})")
+        cfg = CompareConfig(metrics=names, numerator=numerator or "random", denominator=denominator or "sink_recent",
+                            n_boot=bootstrap, seed=seed, fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
         trunc = results.load(truncation) if truncation else None
         cmp = run(ds, cfg, trunc)
         typer.echo(format_comparison(cmp))

@@ -22,6 +22,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+def _version(value: bool) -> None:
+    if value:
+        import truncsens
+
+        typer.echo(f"truncsens {truncsens.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """Measure how sensitive a causal LM is to losing its context, and turn it into KV-cache budgets."""
+
+
 for _name in COMMAND_MODULES:
     importlib.import_module(f"truncsens.cli.{_name}").register(app)
 

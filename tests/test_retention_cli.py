@@ -205,3 +205,16 @@ def test_bad_input_clear_message_and_nothing_lost(tiny_llama_dir, corpus_dir, tm
     assert r.exit_code == 2 and "needs a policy results file" in r.output
     with pytest.raises(PolicyError, match="larger than the available context"):
         run_retention(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "x.nc", policies=["random"], budgets=[65]))
+
+
+def test_compare_policies_refuses_an_explicit_policy_not_in_the_file(tmp_path):
+    from typer.testing import CliRunner
+
+    m = {name: np.full((1, 2, 2), 0.1) for name in METRICS}
+    ds = results.make_results(m, "budget", [16, 32], ["a", "b"], [1, 2], [0, 0],
+                              {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "n_sink": 0,
+                               "reference_context": 64, "seed": 0, "policy": "suffix"}, policies=["suffix"])
+    path = results.save(ds, tmp_path / "p.nc")
+    out = CliRunner().invoke(app, ["compare-policies", str(path), "--numerator", "bogus", "--no-plot", "--bootstrap", "0"])
+    assert out.exit_code == 2
+    assert "error: --numerator 'bogus' is not a policy of" in out.output and "(it has suffix)" in out.output
