@@ -28,10 +28,17 @@ import time
 import numpy as np
 import torch
 
-from truncsens.engine.measure import default_windows, measure_targets
-from truncsens.engine.naive import naive_pair
-from truncsens.engine.reencode import kept_index
-from truncsens.targets import TargetSet
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test oracles
+
+from oracles import naive_pair  # noqa: E402
+from truncsens.engine.kernel import measure_targets  # noqa: E402
+from truncsens.engine.semantics import SEMANTICS  # noqa: E402
+from truncsens.engine.sweep import default_windows  # noqa: E402
+from truncsens.policies import make_policy  # noqa: E402
+from truncsens.targets import TargetSet  # noqa: E402
 
 RANDOM_CONFIGS = {
     # sizes from the public config.json of each model
@@ -76,7 +83,7 @@ def bare_forward(model, targets: TargetSet, windows, device: str, batch_tokens: 
     t0 = time.perf_counter()
     seqs = [(ctx, torch.arange(N, device=device))]
     for w in windows:
-        index = kept_index(N, w, 0).to(device)
+        index = torch.arange(N - w, N, device=device)  # the last w tokens
         seqs.append((ctx[:, index], index))
     for ids, pos in seqs:
         bs = max(1, min(n, batch_tokens // ids.shape[1]))
@@ -111,11 +118,12 @@ def main() -> None:
                         torch.randint(0, vocab, (args.targets,), generator=g))
     tokens = args.targets * (N + sum(windows))
 
-    measure_targets(model, targets.subset(slice(0, 2)), windows[:2], 0, "original", args.device, batch_tokens)  # warm-up
+    suffix, reencode = [make_policy("suffix")], SEMANTICS["reencode"]
+    measure_targets(model, targets.subset(slice(0, 2)), suffix, windows[:2], reencode, "original", 0, args.device, batch_tokens)  # warm-up
     bare_forward(model, targets.subset(slice(0, 2)), windows[:2], args.device, batch_tokens)
     sync(args.device)
     t0 = time.perf_counter()
-    measure_targets(model, targets, windows, 0, "original", args.device, batch_tokens)
+    measure_targets(model, targets, suffix, windows, reencode, "original", 0, args.device, batch_tokens)
     sync(args.device)
     t_engine = time.perf_counter() - t0
     t_bare = bare_forward(model, targets, windows, args.device, batch_tokens)

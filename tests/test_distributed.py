@@ -11,7 +11,8 @@ import numpy as np
 from truncsens import results
 from truncsens.divergences import METRICS
 from truncsens.engine.distributed import Ranks, current_ranks, process_device
-from truncsens.engine.measure import MeasureConfig, run_measure
+from truncsens.engine.config import MeasureConfig
+from truncsens.engine.measure import run_measure
 
 
 def test_ranks_single_process_and_ownership(monkeypatch):

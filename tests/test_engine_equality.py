@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import requires_reference
-from truncsens.engine.measure import measure_targets
-from truncsens.engine.naive import naive_pair
+from engine_calls import window_metrics
+from oracles import naive_pair
 from truncsens.models import load_model
 from truncsens.targets import TargetSet
 
@@ -25,7 +25,7 @@ def random_targets(vocab: int, n: int, reference_context: int, seed: int) -> Tar
 def check_against_naive(model, vocab: int, reference_context: int, n_sink: int, positions: str, pairs: int = 20) -> None:
     targets = random_targets(vocab, 6, reference_context, seed=n_sink)
     # a small token budget forces several batches per window
-    metrics, n_clamped = measure_targets(model, targets, WINDOWS, n_sink, positions, "cpu", max_batch_tokens=150)
+    metrics, n_clamped = window_metrics(model, targets, WINDOWS, n_sink, positions, "cpu", max_batch_tokens=150)
     rng = np.random.default_rng(1)
     picks = [(int(rng.integers(len(targets))), int(rng.integers(len(WINDOWS)))) for _ in range(pairs)]
     assert len(set(picks)) >= 15

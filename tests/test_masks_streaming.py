@@ -8,11 +8,11 @@ import torch
 
 from conftest import requires_reference
 from truncsens.divergences import kl
-from truncsens.engine.masks import additive_mask, causal_keep, prefill_evict_mask, streaming_mask
-from truncsens.engine.prefill_evict import prefill_evict_logprobs
-from truncsens.engine.reencode import next_token_logprobs
+from engine_calls import prefill_evict_logprobs, streaming_logprobs
+from oracles import streaming_loop as streaming_logprobs_loop
+from truncsens.engine.forward import next_token_logprobs
+from truncsens.engine.masks import additive_mask, streaming_mask
 from truncsens.engine.reference_pass import reference_pass
-from truncsens.engine.streaming import streaming_logprobs, streaming_logprobs_loop
 from truncsens.models import load_model
 from truncsens.policies import make_policy
 
@@ -51,10 +51,10 @@ def test_additive_mask_values_and_errors():
         additive_mask(torch.zeros(1, 1, 3, dtype=torch.bool), None, torch.float32)
     with pytest.raises(ValueError, match="not causal"):
         streaming_mask(torch.ones(1, 3, 3, dtype=torch.bool), None, torch.float32)
-    pe = prefill_evict_mask(torch.tensor([[True, False, True]]), None, torch.float32)  # [1, 1, 3, 3]
-    want = torch.tensor([[0, -1, -1], [0, 0, -1], [0, -1, 0]], dtype=torch.float32)
-    assert torch.equal(torch.isinf(pe[0, 0]), want == -1)
-    assert torch.equal(causal_keep(3, 2, "cpu")[1], torch.ones(3, 3, dtype=torch.bool).tril())
+    sm = streaming_mask(torch.tensor([[[True, False, False], [False, True, False], [True, False, True]]]), None,
+                        torch.float32)  # [1, 1, 3, 3]
+    want = torch.tensor([[0, -1, -1], [-1, 0, -1], [0, -1, 0]], dtype=torch.float32)
+    assert torch.equal(torch.isinf(sm[0, 0]), want == -1) and sm[0, 0, 2, 2] == 0
 
 
 def test_mask_reaches_the_model(tiny_llama_dir):
@@ -62,7 +62,7 @@ def test_mask_reaches_the_model(tiny_llama_dir):
     model = load_model(tiny_llama_dir).model
     ids = random_ids(model.config.vocab_size, 2, 40)
     full = next_token_logprobs(model, ids, torch.arange(40).expand(2, 40))
-    same = streaming_logprobs(model, ids, causal_keep(40, 2, "cpu"), None)
+    same = streaming_logprobs(model, ids, torch.ones(40, 40, dtype=torch.bool).tril().expand(2, 40, 40), None)
     assert_same(same, full)
     kept = make_policy("suffix").keep(40, 4, torch.arange(40), [0, 1])
     assert kl(full, streaming_logprobs(model, ids, kept.keep, kept.offset)).min() > 1e-3

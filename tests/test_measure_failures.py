@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from truncsens.engine.batching import OutOfMemoryAtBatchSizeOne
-from truncsens.engine.measure import MeasureConfig, MeasureInterrupted, run_measure
-from truncsens.engine.reencode import NonFiniteLogitsError
+from truncsens.engine.config import MeasureConfig
+from truncsens.engine.forward import NonFiniteLogitsError
+from truncsens.engine.measure import run_measure
+from truncsens.engine.shards import MeasureInterrupted
 from truncsens.models import load_model
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from truncsens.engine.semantics import semantics_for
 from truncsens.policies import (
     POLICIES, PoissonPolicy, PolicyError, RandomPolicy, SinkRecentPolicy, SuffixPolicy, make_policy, parse_policies,
 )
@@ -171,13 +172,16 @@ def test_poisson_errors():
         p.keep(T, 8, q, [0], None)
     with pytest.raises(PolicyError, match="non-negative"):
         p.keep(T, 8, q, [0], -torch.ones(1, 1, T))
-    with pytest.raises(PolicyError, match="cannot be run with semantics reencode"):
-        p.check_semantics("reencode")
-    with pytest.raises(PolicyError, match="unknown semantics"):
-        SuffixPolicy().check_semantics("sliding")
+    with pytest.raises(PolicyError, match="cannot be run with semantics reencode: it needs attention scores, attention-logit offsets on kept keys"):
+        semantics_for("reencode").check_policy(p)
+    with pytest.raises(ValueError, match="unknown semantics 'sliding'"):
+        semantics_for("sliding")
     with pytest.raises(PolicyError, match="unknown poisson score"):
         PoissonPolicy(score="entropy")
     for name in ("suffix", "sink_recent", "random"):
         for sem in ("reencode", "streaming", "prefill_evict"):
-            make_policy(name).check_semantics(sem)  # every deterministic/uniform policy runs everywhere
-    np.testing.assert_equal(PoissonPolicy.semantics, ("streaming", "prefill_evict"))
+            semantics_for(sem).check_policy(make_policy(name))  # every deterministic/uniform policy runs everywhere
+    semantics_for("streaming").check_policy(p)
+    semantics_for("prefill_evict").check_policy(p)
+    assert p.requirements() == {"logit_offsets", "attention_scores"}
+    assert PoissonPolicy(score="key_norm").requirements() == {"logit_offsets", "key_norm_scores"}

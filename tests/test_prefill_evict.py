@@ -10,12 +10,10 @@ import torch
 from conftest import requires_reference
 from truncsens.divergences import kl
 from truncsens.engine import kvcache
-from truncsens.engine.prefill_evict import (
-    prefill_evict_logprobs, prefill_evict_masked_logprobs, prefill_evict_surgery_logprobs,
-)
+from engine_calls import prefill_evict_logprobs, retention_targets, streaming_logprobs
+from oracles import prefill_evict_one_pass as prefill_evict_masked_logprobs
+from oracles import prefill_evict_surgery as prefill_evict_surgery_logprobs
 from truncsens.engine.reference_pass import reference_pass
-from truncsens.engine.retention import retention_targets
-from truncsens.engine.streaming import streaming_logprobs
 from truncsens.models import load_model
 from truncsens.policies import make_policy
 from truncsens.targets import TargetSet

@@ -7,7 +7,9 @@ import pytest
 
 from truncsens import results
 from truncsens.divergences import METRICS
-from truncsens.engine.measure import MeasureConfig, MeasureError, MeasureInterrupted, run_measure
+from truncsens.engine.config import MeasureConfig, MeasureError
+from truncsens.engine.measure import run_measure
+from truncsens.engine.shards import MeasureInterrupted
 
 
 def _config(model_dir, corpus_dir, out, resume=False):

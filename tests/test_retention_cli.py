@@ -15,9 +15,11 @@ from conftest import requires_reference
 from truncsens import results
 from truncsens.cli.main import app
 from truncsens.divergences import METRICS
-from truncsens.engine.measure import MeasureConfig, MeasureError, MeasureInterrupted, run_measure
-from truncsens.engine.reencode import next_token_logprobs
-from truncsens.engine.retention import RetentionConfig, retention_targets, run_retention
+from truncsens.engine.config import MeasureConfig, MeasureError
+from truncsens.engine.measure import run_measure
+from truncsens.engine.shards import MeasureInterrupted
+from engine_calls import retention_targets
+from truncsens.engine.forward import next_token_logprobs
 from truncsens.models import load_model
 from truncsens.policies import PolicyError, make_policy
 from truncsens.targets import TargetSet, doc_seed
@@ -30,8 +32,8 @@ def measure_cfg(model_dir, corpus_dir, out, **kw) -> MeasureConfig:
                             "docs_per_shard": 4, "out": str(out), "progress": False, **kw})
 
 
-def retention_cfg(model_dir, corpus_dir, out, **kw) -> RetentionConfig:
-    return RetentionConfig(**{"model": model_dir, "corpus": corpus_dir, "reference_context": N, "targets_per_doc": 3,
+def retention_cfg(model_dir, corpus_dir, out, **kw) -> MeasureConfig:
+    return MeasureConfig(**{"model": model_dir, "corpus": corpus_dir, "reference_context": N, "targets_per_doc": 3,
                               "docs_per_shard": 4, "out": str(out), "progress": False, **kw})
 
 
@@ -39,7 +41,7 @@ def retention_cfg(model_dir, corpus_dir, out, **kw) -> RetentionConfig:
 def test_reencode_suffix_equals_measure(tiny_llama_dir, corpus_dir, tmp_path, positions):
     windows = [1, 4, 16, 40]
     run_measure(measure_cfg(tiny_llama_dir, corpus_dir, tmp_path / "m.nc", windows=windows, positions=positions))
-    run_retention(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "r.nc", policies=["suffix"], budgets=windows,
+    run_measure(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "r.nc", policies=["suffix"], budgets=windows,
                                 semantics="reencode", positions=positions))
     m, r = results.load(tmp_path / "m.nc"), results.load(tmp_path / "r.nc")
     assert r["kl"].dims == ("target", "budget") and r.attrs["policy"] == "suffix" and r.attrs["semantics"] == "reencode"
@@ -55,7 +57,7 @@ def test_reencode_suffix_equals_measure_reference(tmp_path):
     loaded = load_model("reference")
     common = dict(model="reference", domain="code", reference_context=96, targets_per_doc=2, max_docs=2, progress=False)
     run_measure(MeasureConfig(windows=[4, 16, 64], out=str(tmp_path / "m.nc"), **common), loaded)
-    run_retention(RetentionConfig(policies=["suffix"], budgets=[4, 16, 64], semantics="reencode",
+    run_measure(MeasureConfig(policies=["suffix"], budgets=[4, 16, 64], semantics="reencode",
                                   out=str(tmp_path / "r.nc"), **common), loaded)
     m, r = results.load(tmp_path / "m.nc"), results.load(tmp_path / "r.nc")
     for name in METRICS:
@@ -64,7 +66,7 @@ def test_reencode_suffix_equals_measure_reference(tmp_path):
 
 def test_reencode_sink_recent_equals_measure_with_sinks(tiny_llama_dir, corpus_dir, tmp_path):
     run_measure(measure_cfg(tiny_llama_dir, corpus_dir, tmp_path / "m.nc", windows=[2, 6, 30], n_sink=2))
-    run_retention(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "r.nc", policies=["sink_recent"], n_sink=2,
+    run_measure(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "r.nc", policies=["sink_recent"], n_sink=2,
                                 budgets=[4, 8, 32], semantics="reencode"))
     m, r = results.load(tmp_path / "m.nc"), results.load(tmp_path / "r.nc")
     for name in METRICS:
@@ -144,13 +146,13 @@ def test_cli_policies_then_compare(tiny_llama_dir, corpus_dir, tmp_path):
 
 def test_single_policy_prefill_evict_and_resume(tiny_llama_dir, corpus_dir, tmp_path):
     kw = dict(policies=["poisson"], budgets=[8, 16], semantics="prefill_evict", n_sink=2, docs_per_shard=2)
-    full = run_retention(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "full.nc", **kw))
+    full = run_measure(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "full.nc", **kw))
     part = tmp_path / "part.nc"
     with pytest.raises(MeasureInterrupted):
-        run_retention(retention_cfg(tiny_llama_dir, corpus_dir, part, **kw), stop_after_shards=1)
+        run_measure(retention_cfg(tiny_llama_dir, corpus_dir, part, **kw), stop_after_shards=1)
     with pytest.raises(MeasureError, match="--resume"):
-        run_retention(retention_cfg(tiny_llama_dir, corpus_dir, part, **kw))
-    resumed = run_retention(retention_cfg(tiny_llama_dir, corpus_dir, part, resume=True, **kw))
+        run_measure(retention_cfg(tiny_llama_dir, corpus_dir, part, **kw))
+    resumed = run_measure(retention_cfg(tiny_llama_dir, corpus_dir, part, resume=True, **kw))
     assert resumed.shards_reused == 1 and full.n_targets == resumed.n_targets == 18
     a, b = results.load(tmp_path / "full.nc"), results.load(part)
     assert a["kl"].dims == ("target", "budget") and a.attrs["policy"] == "poisson"
@@ -174,7 +176,7 @@ def zero_key_model(src: str, dst: Path) -> str:
 
 def test_bad_input_clear_message_and_nothing_lost(tiny_llama_dir, corpus_dir, tmp_path):
     out = tmp_path / "kept.nc"
-    run_retention(retention_cfg(tiny_llama_dir, corpus_dir, out, policies=["suffix"], budgets=[8], semantics="reencode"))
+    run_measure(retention_cfg(tiny_llama_dir, corpus_dir, out, policies=["suffix"], budgets=[8], semantics="reencode"))
     before = out.read_bytes()
     base = ["measure", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", N, "--out", out, "--no-progress"]
     zero = zero_key_model(tiny_llama_dir, tmp_path / "zero_keys")
@@ -204,7 +206,7 @@ def test_bad_input_clear_message_and_nothing_lost(tiny_llama_dir, corpus_dir, tm
     r = cli("compare-policies", trunc)
     assert r.exit_code == 2 and "needs a policy results file" in r.output
     with pytest.raises(PolicyError, match="larger than the available context"):
-        run_retention(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "x.nc", policies=["random"], budgets=[65]))
+        run_measure(retention_cfg(tiny_llama_dir, corpus_dir, tmp_path / "x.nc", policies=["random"], budgets=[65]))
 
 
 def test_compare_policies_refuses_an_explicit_policy_not_in_the_file(tmp_path):

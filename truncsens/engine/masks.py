@@ -1,4 +1,4 @@
-"""4D float attention masks from policy decisions.
+"""4D float attention masks from policy decisions (streaming and prefill-evict semantics).
 
 transformers (>= 4.48, checked on 5.x) passes a 4D ``attention_mask`` of shape
 ``[B, 1, Tq, Tk]`` through unchanged (``masking_utils._preprocess_mask_arguments`` treats it as
@@ -34,11 +34,6 @@ def additive_mask(keep: torch.Tensor, offset: torch.Tensor | None, dtype: torch.
     return mask.unsqueeze(1)  # [B, 1, Tq, Tk]
 
 
-def causal_keep(length: int, batch: int, device: torch.device | str) -> torch.Tensor:
-    """[B, T, T] bool lower-triangular: every query keeps its full causal past."""
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril().unsqueeze(0).expand(batch, length, length)
-
-
 def streaming_mask(keep: torch.Tensor, offset: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """Streaming semantics: every query row reads its own policy-kept keys.
 
@@ -55,29 +50,4 @@ def streaming_mask(keep: torch.Tensor, offset: torch.Tensor | None, dtype: torch
     T = keep.shape[-1]
     if (keep & ~torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()).any():
         raise ValueError("streaming mask is not causal: a query keeps a later key")
-    return additive_mask(keep, offset, dtype)
-
-
-def prefill_evict_mask(keep_last: torch.Tensor, offset_last: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """Prefill-evict semantics in one forward: every row full causal except the last (the target's
-    query), which reads only its kept keys.
-
-    With this mask the hidden states of all earlier tokens are exactly the full-context ones (their
-    rows are unmasked), so the keys and values the last query reads are the full-prefill keys and
-    values of the kept tokens: one forward equals "prefill everything, evict, then decode".
-
-    Args:
-        keep_last: [B, T] bool, keys kept for the last query (its own key included).
-        offset_last: [B, T] float or None.
-
-    Returns:
-        [B, 1, T, T] additive mask.
-    """
-    B, T = keep_last.shape
-    keep = causal_keep(T, B, keep_last.device).clone()  # [B, T, T]
-    keep[:, -1, :] = keep_last
-    offset = None
-    if offset_last is not None:
-        offset = torch.zeros(B, T, T, dtype=offset_last.dtype, device=offset_last.device)
-        offset[:, -1, :] = offset_last
     return additive_mask(keep, offset, dtype)

@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from truncsens.engine import kvcache
-from truncsens.engine.reencode import NonFiniteLogitsError
+from truncsens.engine.forward import last_logprobs
 
 
 @dataclass
@@ -151,10 +151,7 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
             out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=_ones(B, T, device),
                         use_cache=True, logits_to_keep=1, **{kw: cache})
         last_row = collector.mean()[:, -1, :] if collector else None  # [B, T]
-    logits = out.logits[:, -1, :].float()  # [B, V]
-    if not torch.isfinite(logits).all():
-        raise NonFiniteLogitsError("the model produced non-finite logits (NaN/inf); try --dtype float32, or check the checkpoint")
-    result = ReferencePass(torch.log_softmax(logits, dim=-1))
+    result = ReferencePass(last_logprobs(out.logits[:, -1, :]))  # [B, V]
     if last_attention or attention:
         result.last_attention = last_row
     if attention:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from truncsens.policies.base import ALL_SEMANTICS, Kept, Policy, PolicyError
+from truncsens.policies.base import CAPABILITIES, Kept, Policy, PolicyError
 from truncsens.policies.poisson import SCORES, PoissonPolicy
 from truncsens.policies.random import RandomPolicy
 from truncsens.policies.sink_recent import SinkRecentPolicy
@@ -69,6 +69,6 @@ def policy_params(policy: Policy) -> dict:
 
 
 __all__ = [
-    "ALL_SEMANTICS", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError", "RandomPolicy", "SCORES",
+    "CAPABILITIES", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError", "RandomPolicy", "SCORES",
     "SinkRecentPolicy", "SuffixPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
 ]

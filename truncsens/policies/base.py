@@ -20,7 +20,12 @@ from typing import ClassVar, Sequence
 
 import torch
 
-ALL_SEMANTICS = ("reencode", "streaming", "prefill_evict")
+# What a policy may need from the semantics it runs under (see truncsens.engine.semantics, whose
+# semantics each declare which of these they provide).
+LOGIT_OFFSETS = "logit_offsets"  # additive attention-logit offsets on kept keys (the Hájek correction)
+ATTENTION_SCORES = "attention_scores"  # attention each key received, from the attention weights of a pass
+KEY_NORM_SCORES = "key_norm_scores"  # L2 norms of the cached keys
+CAPABILITIES = (LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES)
 
 
 class PolicyError(ValueError):
@@ -55,15 +60,27 @@ class Policy:
     """Base of the retention policies: subclasses are dataclasses that set ``name`` and implement
     :meth:`keep`.
 
+    A policy never names a semantics: it declares what it needs (:meth:`requirements`, from
+    :data:`CAPABILITIES`), and each semantics says what it provides.
+
     Class attributes:
         name: registry name (``--policy NAME``).
-        semantics: the semantics (see research/method.md section C) the policy can be run under.
-        needs_scores: whether :meth:`keep` needs ``scores``.
     """
 
     name: ClassVar[str] = ""
-    semantics: ClassVar[tuple[str, ...]] = ALL_SEMANTICS
-    needs_scores: ClassVar[bool] = False
+
+    def score_kind(self) -> str | None:
+        """Which ``scores`` :meth:`keep` needs: None, "attention" or "key_norm"."""
+        return None
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether :meth:`keep` needs ``scores``."""
+        return self.score_kind() is not None
+
+    def requirements(self) -> frozenset[str]:
+        """Capabilities (of :data:`CAPABILITIES`) the semantics must provide for this policy."""
+        return frozenset({f"{self.score_kind()}_scores"} if self.needs_scores else ())
 
     def min_budget(self) -> int:
         """Smallest budget the policy accepts (tokens)."""
@@ -77,14 +94,6 @@ class Policy:
             raise PolicyError(
                 f"budget {budget} is larger than the available context of {context_len} tokens; "
                 f"use budgets up to {context_len} (or a longer --reference-context)")
-
-    def check_semantics(self, semantics: str) -> None:
-        """Raise :class:`PolicyError` when the policy cannot be expressed under ``semantics``."""
-        if semantics not in ALL_SEMANTICS:
-            raise PolicyError(f"unknown semantics {semantics!r}; choose one of {', '.join(ALL_SEMANTICS)}")
-        if semantics not in self.semantics:
-            raise PolicyError(
-                f"policy {self.name} cannot be run with semantics {semantics}: it supports {', '.join(self.semantics)}")
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:  # pragma: no cover - abstract

@@ -22,7 +22,9 @@ from typing import ClassVar, Sequence
 import torch
 
 from truncsens.certificates import PoissonDesignError, draw, hajek_offsets, inclusion_probabilities
-from truncsens.policies.base import Kept, Policy, PolicyError, causal, not_full, recent, sinks, smallest_k, uniforms
+from truncsens.policies.base import (
+    LOGIT_OFFSETS, Kept, Policy, PolicyError, causal, not_full, recent, sinks, smallest_k, uniforms,
+)
 
 SCORES = ("attention", "key_norm")
 
@@ -40,8 +42,6 @@ class PoissonPolicy(Policy):
     """
 
     name: ClassVar[str] = "poisson"
-    semantics: ClassVar[tuple[str, ...]] = ("streaming", "prefill_evict")
-    needs_scores: ClassVar[bool] = True
     n_sink: int = 4
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
@@ -59,13 +59,14 @@ class PoissonPolicy(Policy):
         """``n_sink + 1``."""
         return self.n_sink + 1
 
-    def check_semantics(self, semantics: str) -> None:
-        """Poisson needs attention-logit offsets: re-encoding cannot express them."""
-        if semantics == "reencode":
-            raise PolicyError(
-                "policy poisson cannot be run with semantics reencode: its Hájek offsets log(1/π) act on attention "
-                "logits, and a re-encoded context has a random length; use --semantics streaming or prefill_evict")
-        super().check_semantics(semantics)
+    def score_kind(self) -> str:
+        """The configured score: "attention" or "key_norm"."""
+        return self.score
+
+    def requirements(self) -> frozenset[str]:
+        """Scores of its kind, and logit offsets: the Hájek offsets log(1/π) act on attention logits
+        (a re-encoded context cannot carry them)."""
+        return super().requirements() | {LOGIT_OFFSETS}
 
     def slices(self, budget: int) -> tuple[int, int, int]:
         """(recent R, top T, tail budget m) for budget k, with ``n_sink + R + T + m = k`` and R >= 1."""

@@ -1,0 +1,172 @@
+"""Test oracles: the ground truth the engine is held to, written as plainly as possible.
+
+They share no code with :mod:`truncsens.engine` (no batching, masks, cache helpers or kept-set
+geometry of the engine): each runs the model one sequence at a time and reads the last row of the
+full logits. The benchmarks time the engine against them too.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from truncsens.divergences import all_metrics
+
+
+def _cache_keyword(model) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older transformers
+        return DynamicCache()
+
+
+def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if hasattr(cache, "layers"):
+        return cache.layers[layer].keys, cache.layers[layer].values
+    return cache.key_cache[layer], cache.value_cache[layer]
+
+
+def _n_layers(cache) -> int:
+    return len(cache.layers) if hasattr(cache, "layers") else len(cache.key_cache)
+
+
+def _mask_row(offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[k] offsets of the kept keys -> [1, 1, 1, k] additive mask."""
+    return offsets.to(dtype).view(1, 1, 1, -1)
+
+
+def _logprobs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@torch.no_grad()
+def last_logprobs(model, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Float32 log-probabilities after the last token of one sequence. ids, position_ids: [T] -> [V]."""
+    out = model(input_ids=ids[None, :], position_ids=position_ids[None, :], attention_mask=torch.ones_like(ids)[None, :])
+    return _logprobs(out.logits[0, -1])
+
+
+@torch.no_grad()
+def naive_pair(model, context: torch.Tensor, token_id: int, window: int, n_sink: int, positions: str) -> dict[str, float]:
+    """All metrics for one target and one window (re-encode), from scratch at batch size 1.
+
+    The kept context is the first ``n_sink`` tokens followed by the last ``window`` tokens of
+    ``context`` [N]; ``positions`` "original" keeps their positions, "reindexed" numbers them 0..
+
+    Returns:
+        metric name -> float.
+    """
+    n = context.numel()
+    ref = last_logprobs(model, context, torch.arange(n))  # [V]
+    index = list(range(n_sink)) + list(range(n - window, n))
+    pos = torch.tensor(index) if positions == "original" else torch.arange(len(index))
+    lp = last_logprobs(model, context[index], pos)  # [V]
+    metrics, _ = all_metrics(ref[None], lp[None], torch.tensor([token_id]))
+    return {k: float(v[0]) for k, v in metrics.items()}
+
+
+@torch.no_grad()
+def streaming_loop(model, input_ids: torch.Tensor, keep: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """Streaming semantics token by token, rebuilding the cache at every step.
+
+    For each sequence and each step q: a fresh cache is built from the stored keys/values (of every
+    layer) of the tokens kept for q, token q is run alone against it with position id q (and the
+    offsets of its kept keys as a [1, 1, 1, k] mask), and its new keys/values are stored.
+
+    Args:
+        input_ids: [B, T]; keep: [B, T, T] bool (row q = keys kept for query q); offset: [B, T, T] or None.
+
+    Returns:
+        [B, V] float32 log-probabilities after the last token.
+    """
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    rows = []
+    for b in range(B):
+        keys: list[torch.Tensor] = []  # per layer [1, H_kv, T, d]: row q holds token q's key once processed
+        values: list[torch.Tensor] = []
+        logits = None
+        for q in range(T):
+            earlier = keep[b, q, :q].nonzero().flatten()  # [k-1] kept earlier keys
+            cache = _new_cache(model)
+            if earlier.numel():
+                for layer in range(len(keys)):
+                    cache.update(keys[layer].index_select(2, earlier), values[layer].index_select(2, earlier), layer)
+            cols = torch.cat([earlier, torch.tensor([q])])  # [k]
+            off = offset[b, q, cols] if offset is not None else torch.zeros(cols.numel())
+            out = model(input_ids=input_ids[b : b + 1, q : q + 1], position_ids=torch.tensor([[q]]),
+                        attention_mask=_mask_row(off, dtype), use_cache=True, logits_to_keep=1, **{kw: cache})
+            for layer in range(_n_layers(cache)):
+                k_new, v_new = _layer_kv(cache, layer)  # [1, H_kv, k, d], the new token last
+                if len(keys) <= layer:
+                    keys.append(k_new.new_zeros(1, k_new.shape[1], T, k_new.shape[3]))
+                    values.append(v_new.new_zeros(1, v_new.shape[1], T, v_new.shape[3]))
+                keys[layer][:, :, q] = k_new[:, :, -1]
+                values[layer][:, :, q] = v_new[:, :, -1]
+            logits = out.logits[:, -1, :]
+        rows.append(_logprobs(logits))
+    return torch.cat(rows)  # [B, V]
+
+
+@torch.no_grad()
+def prefill_evict_surgery(model, input_ids: torch.Tensor, keep_last: torch.Tensor,
+                          offset_last: torch.Tensor | None) -> torch.Tensor:
+    """Prefill-evict by cache surgery: per sequence, full prefill of T - 1 tokens, keep only the kept
+    keys/values of every layer (index_select into a new cache), then run the last token against it.
+
+    Args:
+        input_ids: [B, T]; keep_last: [B, T] bool keys kept for the last query; offset_last: [B, T] or None.
+
+    Returns:
+        [B, V] float32 log-probabilities after the last token.
+    """
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    rows = []
+    for b in range(B):
+        full = _new_cache(model)
+        ids = input_ids[b : b + 1]  # [1, T]
+        model(input_ids=ids[:, : T - 1], position_ids=torch.arange(T - 1).unsqueeze(0),
+              attention_mask=torch.ones_like(ids[:, : T - 1]), use_cache=True, logits_to_keep=1, **{kw: full})
+        earlier = keep_last[b, : T - 1].nonzero().flatten()  # [k-1]
+        pruned = _new_cache(model)
+        for layer in range(_n_layers(full)):
+            k, v = _layer_kv(full, layer)  # [1, H_kv, T-1, d]
+            pruned.update(k.index_select(2, earlier), v.index_select(2, earlier), layer)
+        cols = torch.cat([earlier, torch.tensor([T - 1])])  # [k]
+        off = offset_last[b, cols] if offset_last is not None else torch.zeros(cols.numel())
+        out = model(input_ids=ids[:, T - 1 :], position_ids=torch.tensor([[T - 1]]), attention_mask=_mask_row(off, dtype),
+                    use_cache=True, logits_to_keep=1, **{kw: pruned})
+        rows.append(_logprobs(out.logits[:, -1, :]))
+    return torch.cat(rows)
+
+
+@torch.no_grad()
+def prefill_evict_one_pass(model, input_ids: torch.Tensor, keep_last: torch.Tensor,
+                           offset_last: torch.Tensor | None) -> torch.Tensor:
+    """Prefill-evict in one forward with a 4D mask: every row full causal except the last, which reads
+    only its kept keys (earlier hidden states are then exactly the full-context ones).
+
+    Args/Returns: as :func:`prefill_evict_surgery`.
+    """
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    keep = torch.ones(T, T, dtype=torch.bool).tril().repeat(B, 1, 1)  # [B, T, T]
+    keep[:, -1, :] = keep_last
+    mask = torch.zeros(B, T, T, dtype=dtype)
+    if offset_last is not None:
+        mask[:, -1, :] = offset_last.to(dtype)
+    mask = mask.masked_fill(~keep, float("-inf")).unsqueeze(1)  # [B, 1, T, T]
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=torch.arange(T).expand(B, T), use_cache=False,
+                logits_to_keep=1)
+    return _logprobs(out.logits[:, -1, :])

@@ -1,0 +1,160 @@
+"""The configuration of one ``truncsens measure`` run, which validates itself once.
+
+A run sweeps either **windows** (suffix truncation, re-encode semantics: the kept context is
+``n_sink`` first tokens plus the last w tokens; arXiv 2605.25085) or **budgets** of one or more
+retention **policies** under a chosen semantics. Both are the same computation: a window w with S
+sinks is the ``sink_recent`` policy (``suffix`` when S = 0) at budget S + w under ``reencode``
+(:mod:`truncsens.engine.sweep`).
+
+Everything that can be checked without loading a model or a corpus is checked in
+:meth:`MeasureConfig.__post_init__`, and defaults that depend on other options are resolved there
+(sinks, semantics, output path), so the command line only parses and the engine only runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from truncsens.corpora.document import SPLITS
+from truncsens.engine.semantics import semantics_for
+from truncsens.policies import PolicyError, make_policy, policy_class
+
+DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
+DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
+# fields that say where and how a run executes, not what it measures (free to change on --resume)
+RUN_ONLY_FIELDS = ("out", "resume", "progress", "command", "device", "max_batch_tokens")
+
+
+class MeasureError(ValueError):
+    """A measurement cannot run as configured; the message names the problem and the fix."""
+
+
+def default_out(model: str, corpus: str | None, domain: str, policies: bool) -> Path:
+    """``results/<model name>-<corpus stem or domain>[-policies].nc`` (``:`` of synthetic specs as ``-``;
+    a synthetic source with its own corpus has no domain in the name)."""
+    stem = Path(model.replace(":", "-")).name
+    suffix = "-policies" if policies else ""
+    if model.startswith("synthetic") and corpus in (None, "synthetic"):
+        return Path("results") / f"{stem}{suffix}.nc"
+    return Path("results") / f"{stem}-{corpus and Path(corpus).stem or domain}{suffix}.nc"
+
+
+@dataclass
+class MeasureConfig:
+    """Configuration of one run (token counts in tokens).
+
+    Attributes:
+        model: "reference", a Hugging Face id, a local checkpoint folder, or ``synthetic:ALPHA``.
+        domain, corpus, split, text_field: the documents (:func:`truncsens.corpora.load_corpus`).
+        reference_context: N, tokens of context of the reference distribution (None: the model's maximum).
+        windows: window sweep (None with no ``policies``: powers of two from 1 to N/2).
+        policies: policy names (:data:`truncsens.policies.POLICIES`) for a budget sweep; they share
+            the reference pass. None: a window sweep.
+        budgets: kept keys of the target's query, its own included (None: powers of two from 16 to N/2).
+        semantics: "reencode", "streaming" or "prefill_evict" (None: reencode for windows,
+            streaming for policies).
+        n_sink: first tokens kept (None: 0 for windows, 4 for policies).
+        positions: "original" (kept tokens keep their position ids) or "reindexed".
+        score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
+        targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
+        device, dtype, max_batch_tokens: where and how the model runs.
+        docs_per_shard, out, resume, progress, command: shards, results file, progress bar,
+            the command line recorded in the results (None ``out``: see :func:`default_out`).
+
+    Raises:
+        MeasureError: a count below 1, negative sinks, an unknown split or position mode, windows
+            together with policies, budgets or semantics without policies.
+        PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
+            cannot run.
+        truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
+    """
+
+    model: str = "reference"
+    domain: str = "code"
+    corpus: str | None = None
+    split: str = "auto"
+    text_field: str = "text"
+    reference_context: int | None = None
+    windows: list[int] | None = None
+    policies: list[str] | None = None
+    budgets: list[int] | None = None
+    semantics: str | None = None
+    n_sink: int | None = None
+    positions: str = "original"
+    score: str = "attention"
+    per_query: bool = False
+    recent_fraction: float = 0.25
+    top_fraction: float = 0.25
+    targets_per_doc: int | None = 8
+    max_docs: int | None = None
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch_tokens: int | None = None
+    docs_per_shard: int = 8
+    out: str | None = None
+    resume: bool = False
+    progress: bool = True
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        if self.split not in ("auto", *SPLITS):
+            raise MeasureError(f"--split must be one of auto, {', '.join(SPLITS)}; got {self.split!r}")
+        for option, value in (("--docs-per-shard", self.docs_per_shard), ("--max-docs", self.max_docs),
+                              ("--targets-per-doc", self.targets_per_doc), ("--batch-tokens", self.max_batch_tokens),
+                              ("--reference-context", self.reference_context)):
+            if value is not None and value < 1:
+                raise MeasureError(f"{option} must be at least 1, got {value}")
+        if self.n_sink is not None and self.n_sink < 0:
+            raise MeasureError(f"--sinks must be >= 0, got {self.n_sink}")
+        if self.policies is None:
+            if self.budgets is not None or self.semantics is not None:
+                raise MeasureError("--budgets and --semantics need --policy NAME (window sweeps are re-encode; "
+                                   "for a suffix window under another semantics use --policy suffix)")
+            self.semantics = "reencode"
+            self.n_sink = 0 if self.n_sink is None else self.n_sink
+        else:
+            if self.windows:
+                raise MeasureError("--windows is for suffix truncation; with --policy give --budgets instead")
+            if not self.policies:
+                raise PolicyError("no policy given")
+            for name in self.policies:
+                policy_class(name)
+            if len(set(self.policies)) != len(self.policies):
+                raise PolicyError(f"a policy is listed twice: {', '.join(self.policies)}")
+            self.semantics = self.semantics or "streaming"
+            self.n_sink = DEFAULT_POLICY_SINKS if self.n_sink is None else self.n_sink
+        semantics = semantics_for(self.semantics)
+        semantics.check_positions(self.positions)
+        for policy in self.build_policies():
+            semantics.check_policy(policy)
+        if self.out is None:
+            self.out = str(default_out(self.model, self.corpus, self.domain, self.policies is not None))
+
+    @property
+    def sweep_dim(self) -> str:
+        """"window" for a window sweep, "budget" for a policy sweep."""
+        return "window" if self.policies is None else "budget"
+
+    def policy_params(self) -> dict:
+        """The options that configure policies (each policy takes those it has)."""
+        return dict(n_sink=self.n_sink, score=self.score, per_query=self.per_query,
+                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction)
+
+    def build_policies(self) -> list:
+        """The configured policies (none for a window sweep, whose policy follows from the sinks)."""
+        return [make_policy(name, **self.policy_params()) for name in self.policies or ()]
+
+    def batch_tokens(self, device: str) -> int:
+        """Token budget of one forward pass: ``max_batch_tokens`` or :data:`DEFAULT_BATCH_TOKENS` of the device type."""
+        import torch
+
+        return self.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(device).type, 16384)
+
+    def fingerprint(self, **resolved) -> dict:
+        """What must match for ``--resume`` to reuse shards: every field except :data:`RUN_ONLY_FIELDS`,
+        plus ``resolved`` values (N, corpus hash, the sweep)."""
+        keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
+        keep.update(resolved)
+        return keep

@@ -1,0 +1,61 @@
+"""Forward passes that return the next-token distribution after the last input token.
+
+Shared by every semantics (:mod:`truncsens.engine.semantics`) and by the reference pass: the model
+computes vocabulary logits for the last position only (``logits_to_keep=1``), and the log-softmax is
+taken in float32 or better.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The model produced NaN or infinite logits."""
+
+
+def last_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """Float32 log-softmax of last-position logits.
+
+    Args:
+        logits: [B, V] logits of any float dtype.
+
+    Returns:
+        [B, V] float32 log-probabilities (natural log).
+
+    Raises:
+        NonFiniteLogitsError: NaN or infinite logits.
+    """
+    logits = logits.float()
+    if not torch.isfinite(logits).all():
+        raise NonFiniteLogitsError(
+            "the model produced non-finite logits (NaN/inf); try --dtype float32, or check the checkpoint")
+    return torch.log_softmax(logits, dim=-1)
+
+
+def model_dtype(model) -> torch.dtype:
+    """The dtype of the model's parameters (an additive attention mask must match it)."""
+    return next(model.parameters()).dtype
+
+
+@torch.no_grad()
+def next_token_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of the token after the last input, for each row (no cache, no eviction).
+
+    An explicit all-ones attention mask is always passed, so a jump in ``position_ids`` (sinks kept
+    in front of a window with original positions) is never taken for a packed-sequence boundary.
+
+    Args:
+        model: causal LM (Hugging Face interface with ``logits_to_keep``).
+        input_ids: [B, T] int64 on the model's device.
+        position_ids: [B, T] int64.
+
+    Returns:
+        [B, V] float32 log-softmax of the last position's logits.
+
+    Raises:
+        NonFiniteLogitsError: NaN or infinite logits.
+    """
+    out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), position_ids=position_ids,
+                logits_to_keep=1)
+    return last_logprobs(out.logits[:, -1, :])  # [B, V]

@@ -1,0 +1,230 @@
+"""The three semantics of a kept context, one object each (docs/method.md, "Semantics").
+
+Every result says which one produced it (the ``semantics`` attr), and they are never mixed:
+
+- ``reencode``: the model reads only the kept tokens of the target's query, as a fresh sequence
+  (positions ``original`` or ``reindexed``); a suffix window of w tokens is the ``suffix`` policy at
+  budget w (arXiv 2605.25085).
+- ``streaming``: every token was processed when the cache held only its policy's kept keys. With
+  original positions this is one parallel forward with a 4D float mask (0 keep, -inf drop,
+  ``log(1/π)`` Hájek offset), since row q of every layer reads only the keys row q kept.
+- ``prefill_evict``: keys and values computed with the full context, then evicted before the
+  target's query reads them (the kvpress convention): the last token is decoded against the
+  full-context cache of the first T - 1 tokens with the evicted keys masked out.
+
+A semantics declares what it needs from the model (``needs_transformers``), which position modes it
+supports, what it provides to policies (:data:`truncsens.policies.base.CAPABILITIES`), which query
+rows a policy decides for, its cost in forward tokens, and how it computes the kept next-token
+log-probabilities of a batch. The engine (:mod:`truncsens.engine.kernel`) only calls these.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Sequence
+
+import torch
+
+from truncsens.engine import kvcache
+from truncsens.engine.forward import last_logprobs, model_dtype, next_token_logprobs
+from truncsens.engine.masks import additive_mask, streaming_mask
+from truncsens.engine.reference_pass import ReferencePass, reference_pass
+from truncsens.policies.base import ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, Kept, Policy, PolicyError
+
+POSITIONS = ("original", "reindexed")
+_CAPABILITY_TEXT = {
+    LOGIT_OFFSETS: "attention-logit offsets on kept keys",
+    ATTENTION_SCORES: "attention scores",
+    KEY_NORM_SCORES: "key norms",
+}
+
+
+class SemanticsError(ValueError):
+    """A semantics cannot run as asked (positions, model); the message names the fix."""
+
+
+class Semantics:
+    """Base of the three semantics.
+
+    Class attributes:
+        name: registry name (``--semantics NAME``, the ``semantics`` attr).
+        positions: position modes it supports.
+        provides: capabilities it offers policies.
+        needs_transformers: whether it needs a transformers model (4D masks, caches, attention weights).
+        reference_state: whether the kept passes read state of the reference pass of the same batch
+            (a cache or attention statistics); if not, reference and kept passes are batched apart.
+    """
+
+    name: ClassVar[str] = ""
+    positions: ClassVar[tuple[str, ...]] = ("original",)
+    provides: ClassVar[frozenset[str]] = frozenset()
+    needs_transformers: ClassVar[bool] = True
+    reference_state: ClassVar[bool] = True
+
+    def check_positions(self, positions: str) -> None:
+        """Raise :class:`SemanticsError` for an unknown or unsupported position mode."""
+        if positions not in POSITIONS:
+            raise SemanticsError(f"--positions must be one of {POSITIONS}, got {positions!r}")
+        if positions not in self.positions:
+            raise SemanticsError(
+                f"semantics {self.name} keeps original positions (keys are computed once, at their own position); "
+                "--positions reindexed works only with --semantics reencode")
+
+    def check_policy(self, policy: Policy) -> None:
+        """Raise :class:`~truncsens.policies.PolicyError` when the policy needs what this semantics lacks."""
+        missing = sorted(policy.requirements() - self.provides)
+        if missing:
+            what = ", ".join(_CAPABILITY_TEXT.get(m, m) for m in missing)
+            able = [s.name for s in SEMANTICS.values() if policy.requirements() <= s.provides]
+            raise PolicyError(f"policy {policy.name} cannot be run with semantics {self.name}: it needs {what}, "
+                              f"which {self.name} does not provide; use --semantics {' or '.join(able) or '?'}")
+
+    def check_model(self, model, name: str) -> None:
+        """Raise :class:`SemanticsError` when ``model`` cannot run this semantics."""
+        if self.needs_transformers and not hasattr(model, "set_attn_implementation"):
+            raise SemanticsError(
+                f"semantics {self.name} needs a transformers model (masked attention and attention statistics); "
+                f"{name!r} is not one: use --semantics reencode")
+
+    def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
+        """[Q] int64 query positions a policy decides kept keys for: the target's query (T - 1) only."""
+        return torch.tensor([context_len - 1], device=device)
+
+    def cost(self, context_len: int, budget: int) -> int:
+        """Forward tokens per target of one kept pass at ``budget`` (the reference pass not included)."""
+        raise NotImplementedError
+
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
+        """Full-context pass over ``input_ids`` [B, T] with what ``policies`` and the kept passes need."""
+        kinds = {p.score_kind() for p in policies}
+        return reference_pass(model, input_ids, last_attention=True, attention="attention" in kinds,
+                              key_norm="key_norm" in kinds, keep_cache=False)
+
+    def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor) -> torch.Tensor | None:
+        """[B, Q, T] scores for ``policy`` from the reference pass, or None when it needs none.
+
+        ``attention``: attention each key received, accumulated over layers, heads and the queries
+        up to each query (H2O-style, arXiv 2306.14048); ``key_norm``: mean L2 norm of each key.
+        """
+        kind = policy.score_kind()
+        if kind is None:
+            return None
+        if kind == "attention":
+            return ref.attention.cumsum(1)[:, queries, :]  # [B, Q, T]
+        B, T = ref.key_norm.shape
+        return ref.key_norm.unsqueeze(1).expand(B, queries.numel(), T)  # [B, Q, T]
+
+    def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
+                      positions: str) -> torch.Tensor:  # pragma: no cover - abstract
+        """[B, V] float32 log-probabilities after the last token of ``input_ids`` [B, T] under ``kept``."""
+        raise NotImplementedError
+
+
+class Reencode(Semantics):
+    """The model reads only the kept tokens of the target's query, as a new sequence."""
+
+    name = "reencode"
+    positions = POSITIONS
+    needs_transformers = False
+    reference_state = False
+
+    def cost(self, context_len: int, budget: int) -> int:
+        """``budget`` tokens: the kept tokens are re-encoded."""
+        return budget
+
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
+        """Reference log-probabilities only (positions 0..T-1)."""
+        B, T = input_ids.shape
+        return ReferencePass(next_token_logprobs(model, input_ids, torch.arange(T, device=input_ids.device).expand(B, T)))
+
+    @staticmethod
+    def gather(kept: Kept, budget: int, positions: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kept token indices and their position ids, both [B, k] int64 in increasing order.
+
+        Raises:
+            PolicyError: a row does not keep exactly ``budget`` tokens (re-encoding batches rows of one length).
+        """
+        keep_last = kept.keep[:, -1, :]  # [B, T] the target's query
+        counts = keep_last.sum(-1)
+        if not bool((counts == budget).all()):
+            raise PolicyError(f"re-encoding needs exactly {budget} kept tokens per target, the policy kept {counts.tolist()}")
+        B, T = keep_last.shape
+        order = torch.arange(T, device=keep_last.device).expand(B, T)  # [B, T]
+        index = order[keep_last].view(B, budget)  # [B, k]
+        pos = index if positions == "original" else torch.arange(budget, device=index.device).expand(B, budget)
+        return index, pos
+
+    def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
+                      positions: str) -> torch.Tensor:
+        """Re-encode ``input_ids`` [B, T] gathered at the kept indices (exactly k per row)."""
+        index, pos = self.gather(kept, int(kept.keep[0, -1].sum()), positions)  # [B, k] each
+        return next_token_logprobs(model, input_ids.gather(1, index), pos)
+
+
+class Streaming(Semantics):
+    """Every token was processed with its own policy-kept cache: one forward with a 4D float mask."""
+
+    name = "streaming"
+    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
+
+    def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
+        """Every position 0..T-1: each token was processed under its own kept set."""
+        return torch.arange(context_len, device=device)
+
+    def cost(self, context_len: int, budget: int) -> int:
+        """The whole context: every token is processed again under its kept set."""
+        return context_len
+
+    def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
+                      positions: str) -> torch.Tensor:
+        """One masked forward over ``input_ids`` [B, T], row q reading ``kept.keep[:, q]``."""
+        B, T = input_ids.shape
+        mask = streaming_mask(kept.keep, kept.offset, model_dtype(model))  # [B, 1, T, T]
+        pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
+        return last_logprobs(out.logits[:, -1, :])  # [B, V]
+
+
+class PrefillEvict(Semantics):
+    """Full-context keys and values, evicted before the target's query reads them (kvpress convention)."""
+
+    name = "prefill_evict"
+    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
+
+    def cost(self, context_len: int, budget: int) -> int:
+        """One token: the target's query is decoded against the prefilled cache."""
+        return 1
+
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
+        """The reference pass, keeping the full-context cache of the first T - 1 tokens."""
+        kinds = {p.score_kind() for p in policies}
+        return reference_pass(model, input_ids, last_attention=True, attention="attention" in kinds,
+                              key_norm="key_norm" in kinds, keep_cache=True)
+
+    def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
+                      positions: str) -> torch.Tensor:
+        """Decode token T - 1 against ``ref.cache`` with a [B, 1, 1, T] mask of the kept keys; the
+        cache is truncated back to T - 1 tokens afterwards, so one prefill serves every pass."""
+        B, T = input_ids.shape
+        keep_last, offset_last = kept.keep[:, -1, :], kept.offset[:, -1, :]  # [B, T] each
+        mask = additive_mask(keep_last.unsqueeze(1), offset_last.unsqueeze(1), model_dtype(model))  # [B, 1, 1, T]
+        pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)  # [B, 1]
+        try:
+            out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos, attention_mask=mask, use_cache=True,
+                        logits_to_keep=1, **{kvcache.cache_keyword(model): ref.cache})
+        finally:
+            kvcache.truncate(ref.cache, T - 1)
+        return last_logprobs(out.logits[:, -1, :])  # [B, V]
+
+
+SEMANTICS: dict[str, Semantics] = {s.name: s for s in (Reencode(), Streaming(), PrefillEvict())}
+
+
+def semantics_for(name: str) -> Semantics:
+    """The semantics registered under ``name``.
+
+    Raises:
+        SemanticsError: unknown name (the message lists the known ones).
+    """
+    if name not in SEMANTICS:
+        raise SemanticsError(f"unknown semantics {name!r}; choose one of {', '.join(SEMANTICS)}")
+    return SEMANTICS[name]
