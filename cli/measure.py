@@ -43,6 +43,7 @@ def measure(
     docs_per_shard: int = typer.Option(8, help="Documents per shard file (an interruption loses at most one shard)."),
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>.nc)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its shards."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing results file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar with ETA."),
     # -- retention policies (truncsens.engine.retention): sweep budgets instead of windows --
     policy: Optional[str] = typer.Option(None, help="Comma-separated retention policies (suffix, sink_recent, random, poisson): measure D(k) at budgets instead of windows; several share the reference pass."),
@@ -63,7 +64,7 @@ def measure(
             budgets=parse_int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
             score=score, per_query=per_query, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
-            out=None if out is None else str(out), resume=resume, progress=progress,
+            out=None if out is None else str(out), resume=resume, overwrite=overwrite, progress=progress,
             command="truncsens " + " ".join(sys.argv[1:]),
         )
         _run_and_report(run_measure, cfg)

@@ -23,7 +23,7 @@ from truncsens.policies import PolicyError, make_policy, policy_class
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
-RUN_ONLY_FIELDS = ("out", "resume", "progress", "command", "device", "max_batch_tokens")
+RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
 
 
 class MeasureError(ValueError):
@@ -59,8 +59,9 @@ class MeasureConfig:
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
-        docs_per_shard, out, resume, progress, command: shards, results file, progress bar,
-            the command line recorded in the results (None ``out``: see :func:`default_out`).
+        docs_per_shard, out, resume, overwrite, progress, command: shards, results file (None: see
+            :func:`default_out`; an existing one is replaced only with ``overwrite``), progress
+            reports, the command line recorded in the results.
 
     Raises:
         MeasureError: a count below 1, negative sinks, an unknown split or position mode, windows
@@ -95,6 +96,7 @@ class MeasureConfig:
     docs_per_shard: int = 8
     out: str | None = None
     resume: bool = False
+    overwrite: bool = False
     progress: bool = True
     command: str = ""
 

@@ -26,7 +26,7 @@ from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.distributed import current_ranks, process_device
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import KernelOutput, measure_targets
-from truncsens.engine.shards import run_shards
+from truncsens.engine.shards import check_output, run_shards
 from truncsens.engine.sweep import Sweep, resolve_sweep
 from truncsens.models import LoadedModel, load_model
 from truncsens.policies import policy_params
@@ -121,14 +121,19 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
             this many new shards (to test resuming).
 
     Raises:
-        MeasureError: bad windows / reference context / corpus, shards of another run.
+        MeasureError: ``cfg.out`` exists (without overwrite), bad windows / reference context / corpus,
+            shards of another run.
+        truncsens.engine.output_lock.OutputLockedError: another run is writing ``cfg.out``.
+        truncsens.engine.distributed.LaunchError: the launch environment and the process group disagree.
         PolicyError: a budget a policy cannot take, poisson scores all zero.
         truncsens.engine.semantics.SemanticsError: a model that cannot run the semantics.
         truncsens.models.ModelLoadError, truncsens.corpora.CorpusError: loading failed.
         truncsens.engine.batching.OutOfMemoryAtBatchSizeOne, NonFiniteLogitsError: the pass failed
             (shards already written are kept). Nothing is written before the checks pass.
     """
-    loaded = loaded or load_model(cfg.model, process_device(cfg.device, current_ranks()), cfg.dtype)
+    check_output(cfg.out, cfg.overwrite, cfg.resume)  # before anything is loaded
+    ranks = current_ranks(cfg.device)
+    loaded = loaded or load_model(cfg.model, process_device(cfg.device, ranks), cfg.dtype)
     N = resolve_reference_context(cfg, loaded)
     sweep = resolve_sweep(cfg, N)
     sweep.semantics.check_model(loaded.model, loaded.name)
@@ -146,7 +151,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
     path, reused, n_targets = run_shards(
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, per_target, desc, cfg.progress, stop_after_shards)
+        compute_shard, per_target, desc, cfg.progress, stop_after_shards, ranks)
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
     return MeasureSummary(
         path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),

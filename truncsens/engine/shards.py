@@ -3,20 +3,30 @@ into the results file at the end.
 
 An interrupted run loses at most the shard in flight; ``resume`` skips shards already written after
 checking (``run.json``) that they come from the same configuration. Under a multi-process launch each
-process computes the shards it owns (round robin) and rank 0 merges.
+process computes the shards it owns (round robin) and rank 0 merges. A run owns its output while it
+runs (:class:`OutputLock`), and the merge refuses any shard set that is not exactly the run's:
+every shard carries the run's configuration hash and must hold exactly the targets planned for it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import sys
+import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from truncsens import results
 from truncsens.engine.config import MeasureError
-from truncsens.engine.distributed import current_ranks
+from truncsens.engine.distributed import Ranks
+from truncsens.engine.output_lock import OutputLock
 from truncsens.targets import TargetSet, TokenDoc, select_targets
+
+SHARD_ONLY_ATTRS = ("run_fingerprint", "shard_index")
 
 
 class MeasureInterrupted(RuntimeError):
@@ -32,6 +42,43 @@ def kept_shards(out: str | Path) -> list[Path]:
     """Finished shard files of an unfinished run writing ``out`` (sorted; empty when there are none)."""
     folder = shard_dir_for(out)
     return sorted(folder.glob("shard-*.nc")) if folder.is_dir() else []
+
+
+def fingerprint_hash(fingerprint: dict) -> str:
+    """SHA-256 of the canonical JSON of a run's configuration (recorded in each shard)."""
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+
+
+def check_output(out: str | Path, overwrite: bool, resume: bool) -> None:
+    """Refuse to replace a finished results file unless ``overwrite`` (or ``resume`` continuing a run
+    whose shards are still there).
+
+    Raises:
+        MeasureError: ``out`` exists (naming the options), or is a folder.
+    """
+    out = Path(out)
+    if out.is_dir():
+        raise MeasureError(f"--out {out} is a folder; give a results file path such as {out / 'results.nc'}")
+    if out.exists() and not overwrite and not (resume and kept_shards(out)):
+        raise MeasureError(f"{out} already exists: pass --overwrite to replace it, or choose another --out")
+
+
+def check_shards(parts: list, plans: list[TargetSet], run_hash: str, shard_dir: Path) -> None:
+    """Every shard is of this run and holds exactly its planned targets, in order.
+
+    Raises:
+        MeasureError: a shard of another configuration, or with missing / extra / other targets.
+    """
+    for i, (part, plan) in enumerate(zip(parts, plans)):
+        name = shard_dir / f"shard-{i:05d}.nc"
+        if part.attrs.get("run_fingerprint") != run_hash:
+            raise MeasureError(f"refusing to merge: {name} was written by a run of another configuration "
+                               "(another run wrote into the same output?); delete the folder and rerun")
+        docs = [str(d) for d in part["doc"].values]
+        if docs != list(plan.doc) or not np.array_equal(part["position"].values, plan.position):
+            raise MeasureError(f"refusing to merge: {name} holds {len(docs)} targets of documents "
+                               f"{sorted(set(docs))[:3]}..., not the {len(plan)} targets planned for it; "
+                               "delete the folder and rerun")
 
 
 def prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool, write: bool = True) -> None:
@@ -62,6 +109,7 @@ def run_shards(
     docs_per_shard: int, fingerprint: dict, resume: bool,
     compute_shard: Callable[[TargetSet, Callable[[int], None]], "results.xr.Dataset"],
     tokens_per_target: int, desc: str, progress: bool = True, stop_after_shards: int | None = None,
+    ranks: Ranks | None = None,
 ) -> tuple[Path, int, int]:
     """Process documents in shards, write each shard file, merge them into ``out``.
 
@@ -77,18 +125,25 @@ def run_shards(
         tokens_per_target: forward tokens per target (progress bar total).
         desc: progress bar label; progress: show it.
         stop_after_shards: raise :class:`MeasureInterrupted` after this many new shards (tests).
+        ranks: this process's place in a multi-process run (default: a single process).
 
     Returns:
         (path of the merged file, shards reused, number of targets; -1 on ranks other than 0).
 
     Raises:
-        MeasureError: ``out`` is a folder, or shards of another run / without ``resume``.
+        MeasureError: shards of another run / without ``resume``, or a shard set that is not this run's.
+        OutputLockedError: another run is writing ``out``.
     """
     out = Path(out)
-    if out.is_dir():  # found now, not at the merge after every shard has been computed
-        raise MeasureError(f"--out {out} is a folder; give a results file path such as {out / 'results.nc'}")
     shard_dir = shard_dir_for(out)
-    ranks = current_ranks()
+    ranks = ranks or Ranks()
+    with OutputLock(out, enabled=ranks.is_main):  # held by rank 0 from the first shard to the merge
+        return _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard,
+                           fingerprint, resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards)
+
+
+def _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard, fingerprint,
+                resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards):
     prepare_shard_dir(shard_dir, fingerprint, resume, write=False)
     ranks.barrier()  # every rank has checked before rank 0 writes
     if ranks.is_main:
@@ -96,31 +151,73 @@ def run_shards(
     ranks.barrier()
     groups = [docs[i : i + docs_per_shard] for i in range(0, len(docs), docs_per_shard)]
     plans = [select_targets(g, reference_context, targets_per_doc, seed) for g in groups]
+    run_hash = fingerprint_hash(fingerprint)
     reused, written = 0, 0
-    from tqdm.auto import tqdm
-
     mine = [i for i in range(len(plans)) if ranks.owns(i)]
     total = sum(len(plans[i]) for i in mine) * tokens_per_target
-    with tqdm(total=total, unit="tok", unit_scale=True, desc=desc, disable=not (progress and ranks.is_main)) as bar:
+    with ShardProgress(total, desc, progress and ranks.is_main, len(mine)) as bar:
         for i in mine:
             plan = plans[i]
             path = shard_dir / f"shard-{i:05d}.nc"
             if path.is_file():
                 reused += 1
-                bar.update(len(plan) * tokens_per_target)
+                bar.shard_done(len(plan) * tokens_per_target, reused=True)
                 continue
-            results.save(compute_shard(plan, bar.update), path)
+            ds = compute_shard(plan, bar.update)
+            ds.attrs.update(run_fingerprint=run_hash, shard_index=i)
+            results.save(ds, path)
             written += 1
+            bar.shard_done(0)
             if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
                 raise MeasureInterrupted(f"stopped after {written} shards; resume with --resume")
     ranks.barrier()
     if not ranks.is_main:
         return out, reused, -1
     parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
+    check_shards(parts, plans, run_hash, shard_dir)
     merged = results.merge(parts)
+    for name in SHARD_ONLY_ATTRS:
+        merged.attrs.pop(name, None)
     merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
     merged.attrs["created"] = results.utc_now()
     merged.attrs["n_docs"] = len(docs)
     results.save(merged, out)
     shutil.rmtree(shard_dir, ignore_errors=True)
     return out, reused, int(merged.sizes["target"])
+
+
+class ShardProgress:
+    """Progress of a run: a tqdm bar (tokens, ETA) on a terminal; one line per shard on stderr when
+    stderr is a file or a pipe (no carriage-return frames in logs); nothing when disabled."""
+
+    def __init__(self, total: int, desc: str, enabled: bool, n_shards: int) -> None:
+        self.total, self.desc, self.n_shards = total, desc, n_shards
+        self.enabled, self.interactive = enabled, enabled and sys.stderr.isatty()
+        self.done, self.shards, self.start, self.bar = 0, 0, time.monotonic(), None
+
+    def __enter__(self) -> "ShardProgress":
+        if self.interactive:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, unit="tok", unit_scale=True, desc=self.desc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def update(self, tokens: int) -> None:
+        """``tokens`` more forward tokens processed."""
+        self.done += tokens
+        if self.bar is not None:
+            self.bar.update(tokens)
+
+    def shard_done(self, tokens: int, reused: bool = False) -> None:
+        """A shard finished (``tokens`` not yet counted by :meth:`update`)."""
+        self.update(tokens)
+        self.shards += 1
+        if self.enabled and not self.interactive:
+            elapsed = time.monotonic() - self.start
+            eta = elapsed / self.done * (self.total - self.done) if self.done and not reused else float("nan")
+            print(f"{self.desc}: shard {self.shards}/{self.n_shards} {'reused' if reused else 'done'}, "
+                  f"{self.done}/{self.total} tokens, {elapsed:.0f} s elapsed, ETA {eta:.0f} s", file=sys.stderr, flush=True)
