@@ -25,32 +25,23 @@ def compare_policies(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the comparison as JSON here."),
 ) -> None:
     """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot."""
-    from truncsens import results
+    from truncsens.fitfile import write_json
     from truncsens.fitting import parse_range
-    from truncsens.policy_compare import CompareConfig, compare_policies as run, format_comparison, plot_comparison
+    from truncsens.plots import plot_comparison
+    from truncsens.policy_compare import CompareConfig, compare_policies_file, default_plot_stem
+    from truncsens.reports import format_comparison
 
     with user_errors():
         names = tuple(m.strip() for m in metrics.split(",") if m.strip())
-        if not names:
-            raise ValueError("--metrics is empty")
-        ds = results.load(results_file)
-        in_file = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else [str(ds.attrs.get("policy", ""))]
-        for option, given in (("--numerator", numerator), ("--denominator", denominator)):
-            if given is not None and given not in in_file:  # the defaults may be absent: that is only a note
-                raise ValueError(f"{option} {given!r} is not a policy of {results_file} (it has {', '.join(in_file)})")
-        cfg = CompareConfig(metrics=names, numerator=numerator or "random", denominator=denominator or "sink_recent",
-                            n_boot=bootstrap, seed=seed, fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
-        trunc = results.load(truncation) if truncation else None
-        cmp = run(ds, cfg, trunc)
+        cfg = CompareConfig(metrics=names, numerator=numerator, denominator=denominator, n_boot=bootstrap, seed=seed,
+                            fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
+        cmp = compare_policies_file(results_file, cfg, truncation)
         typer.echo(format_comparison(cmp))
         if not no_plot:
-            stem = plot or results_file.with_name(results_file.stem + "-policies")
-            paths = plot_comparison(cmp, stem, names[0])
+            paths = plot_comparison(cmp, plot or default_plot_stem(results_file), names[0])
             typer.echo("plot: " + ", ".join(str(p) for p in paths))
         if json_out:
-            json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps(cmp.to_json(), indent=1, allow_nan=False))
-            typer.echo(f"wrote {json_out}")
+            typer.echo(f"wrote {write_json(cmp.to_json(), json_out)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -25,14 +25,12 @@ def fit(
     plot: bool = typer.Option(False, "--plot", help="Also draw D(w) with the fitted laws (PNG and PDF next to the fit file)."),
 ) -> None:
     """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""
-    from truncsens.fitting import (DEFAULT_METRICS, FAMILIES, FitConfig, default_fit_path, fit_results,
-                                   format_report, parse_range, write_fit_file)
+    from truncsens.fitting import DEFAULT_METRICS, FitConfig, parse_range
+    from truncsens.laws import FAMILIES
+    from truncsens.pipelines import fit_to_file
+    from truncsens.reports import format_fit_report
 
     with user_errors():
-        if bootstrap < 0:
-            raise ValueError(f"--bootstrap must be >= 0, got {bootstrap}")
-        if not 0 < level < 1:
-            raise ValueError(f"--level must lie in (0, 1), got {level}")
         cfg = FitConfig(
             metrics=tuple(metric) if metric else DEFAULT_METRICS,
             families=tuple(family) if family else FAMILIES,
@@ -40,21 +38,14 @@ def fit(
             holdout_range=parse_range(holdout_range, "--holdout-range") if holdout_range else None,
             n_boot=bootstrap, seed=seed, level=level,
         )
-        report = fit_results([str(p) for p in results_files], cfg)
-        doc = report.to_json()
-        path = write_fit_file(doc, out or default_fit_path(results_files))
-        plots = []
-        if plot:
-            from truncsens.plots import plot_report
-
-            prefix = path.with_name(path.name[: -len(".json")] if path.name.endswith(".json") else path.name)
-            plots = plot_report(doc, prefix)
+        doc, path, plots = fit_to_file(results_files, cfg, out, plot)
+        wrote = f"wrote {path}" + "".join(f", {p}" for p in plots)
         if as_json:
             typer.echo(json.dumps(doc, indent=1))
-            typer.echo(f"wrote {path}" + "".join(f", {p}" for p in plots), err=True)
+            typer.echo(wrote, err=True)
         else:
-            typer.echo(format_report(doc))
-            typer.echo(f"wrote {path}" + "".join(f", {p}" for p in plots))
+            typer.echo(format_fit_report(doc))
+            typer.echo(wrote)
 
 
 def register(app: typer.Typer) -> None:

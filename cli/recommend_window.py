@@ -22,28 +22,24 @@ def recommend_window(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
 ) -> None:
     """w(eps) = (C/eps)^(1/alpha) from the fitted power law, beside the measured crossing and the KV memory it implies."""
-    from truncsens.budget import check_eps, format_recommendations, load_or_fit, recommend
     from truncsens.fitting import FitConfig, parse_range
+    from truncsens.recommend import recommend_windows
+    from truncsens.reports import format_recommendations
 
     with user_errors():
         if (source is None) == (fit_file is None):
             raise ValueError("give either RESULTS_OR_FIT or --fit FILE (exactly one)")
         metrics = list(metric) if metric else ["tv"]
-        for m in metrics:  # before fitting a results file (up to a thousand bootstrap refits)
-            for e in eps:
-                check_eps(e, m)
         cfg = FitConfig(metrics=tuple(metrics), fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
                         n_boot=bootstrap, seed=seed)
-        doc = load_or_fit(fit_file or source, metrics, cfg)
-        recs = [r for m in metrics for r in recommend(doc, eps, m)]
+        recs = recommend_windows(fit_file or source, eps, metrics, cfg)
         if as_json:
             typer.echo(json.dumps({"source": str(fit_file or source), "recommendations": [r.to_json() for r in recs]}, indent=1))
+            for r in recs:
+                for w in r.warnings:
+                    typer.echo(f"warning: {r.label} {r.metric} eps={r.eps:g}: {w}", err=True)
         else:
             typer.echo(format_recommendations(recs))
-        for r in recs:
-            for w in r.warnings:
-                if as_json:
-                    typer.echo(f"warning: {r.label} {r.metric} eps={r.eps:g}: {w}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -17,25 +17,15 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (attrs and rows) instead of a table."),
 ) -> None:
     """Print, per window, mean ± standard error, median, p90 and p99 of each metric."""
-    from truncsens import results
-    from truncsens.fitting import sanitize
-    from truncsens.summary import format_table, summarize
+    from truncsens.reports import format_results_summary
+    from truncsens.summary import summarize_file
 
     with user_errors():
-        ds = results.load(file)
-        rows = summarize(ds, metric)
-        sweep = results.sweep_dim(ds)
+        summary = summarize_file(file, metric)
         if as_json:
-            # sanitize: numpy scalars to Python, NaN (se of one target) and inf (KL of disjoint supports) to null
-            doc = sanitize({"file": str(file), "attrs": dict(ds.attrs), "sweep": sweep, "rows": rows})
-            typer.echo(json.dumps(doc, indent=2, allow_nan=False))
-            return
-        a = ds.attrs
-        typer.echo(
-            f"{file}: model {a['model']}, corpus {a['corpus']} ({a['domain']}), semantics {a['semantics']}, "
-            f"positions {a['positions']}, sinks {a['n_sink']}, reference context {a['reference_context']}, "
-            f"{ds.sizes['target']} targets")
-        typer.echo(format_table(rows, sweep))
+            typer.echo(json.dumps(summary.to_json(), indent=2, allow_nan=False))
+        else:
+            typer.echo(format_results_summary(summary))
 
 
 def register(app: typer.Typer) -> None:

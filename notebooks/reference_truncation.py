@@ -29,19 +29,21 @@ if not nl.exists():
 # ## Mean divergence per window, and the fitted decay laws
 
 # %%
-from truncsens.fitting import FitConfig, fit_results, format_report
+from truncsens.fitting import FitConfig, fit_results
 from truncsens.plots import plot_report
+from truncsens.reports import format_fit_report
 
 report = fit_results([code, nl], FitConfig(metrics=("tv", "kl")))
 doc = report.to_json()
-print(format_report(doc))
+print(format_fit_report(doc))
 print(plot_report(doc, RESULTS / "reference-fit"))
 
 # %% [markdown]
 # ## Window budgets w(ε) = (C/ε)^(1/α)
 
 # %%
-from truncsens.budget import format_recommendations, recommend
+from truncsens.recommend import recommend
+from truncsens.reports import format_recommendations
 
 print(format_recommendations(recommend(doc, [0.01, 0.05], metric="tv")))
 
@@ -52,7 +54,9 @@ print(format_recommendations(recommend(doc, [0.01, 0.05], metric="tv")))
 if policies.exists():
     import xarray as xr
 
-    from truncsens.policy_compare import compare_policies, format_comparison, plot_comparison
+    from truncsens.plots import plot_comparison
+    from truncsens.policy_compare import compare_policies
+    from truncsens.reports import format_comparison
 
     cmp = compare_policies(xr.load_dataset(policies, engine="h5netcdf"))
     print(format_comparison(cmp))

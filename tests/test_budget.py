@@ -1,4 +1,4 @@
-"""Window budgets w(eps) and KV memory (truncsens.budget)."""
+"""Window budgets w(eps) and KV memory (truncsens.windows, truncsens.kv_spec, truncsens.recommend)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.budget import (KVSpec, check_eps, format_recommendations, interval, kv_bytes_per_sequence,
-                              kv_spec_for_model, load_or_fit, measured_window, recommend, window_for_eps,
-                              window_samples)
-from truncsens.fitting import FitConfig, FitError, fit_results, write_fit_file
+from truncsens.fitfile import write_fit_file
+from truncsens.fitting import FitConfig, fit_results
+from truncsens.kv_spec import KVSpec, kv_spec_for_model
+from truncsens.laws import FitError
+from truncsens.recommend import load_or_fit, recommend
+from truncsens.reports import format_recommendations
+from truncsens.stats import percentile_interval
+from truncsens.windows import check_eps, kv_bytes_per_sequence, measured_window, window_for_eps, window_samples
 from truncsens.results import save
 from truncsens.synthetic import curve_results
 
@@ -37,10 +41,10 @@ def test_window_for_eps_by_hand():
 
 
 def test_interval_handles_infinite_samples():
-    assert interval(np.arange(101.0)) == pytest.approx((2.5, 97.5))
-    lo, hi = interval(np.r_[np.arange(90.0), np.full(10, np.inf)])
+    assert percentile_interval(np.arange(101.0), keep_inf=True) == pytest.approx((2.5, 97.5))
+    lo, hi = percentile_interval(np.r_[np.arange(90.0), np.full(10, np.inf)], keep_inf=True)
     assert lo == pytest.approx(2.475) and hi == math.inf
-    assert all(math.isnan(v) for v in interval(np.array([np.nan])))
+    assert all(math.isnan(v) for v in percentile_interval(np.array([np.nan]), keep_inf=True))
 
 
 def test_measured_window_and_crossing_by_hand():
@@ -87,7 +91,7 @@ def test_recommend_is_the_law_exactly_with_interval_and_warnings(tmp_path):
     inside, beyond = recs
     assert inside.w_law == (p["C"]["value"] / 0.006) ** (1 / p["alpha"]["value"])
     assert inside.window == math.ceil(inside.w_law)
-    assert inside.w_law_ci95[0] < inside.w_law < inside.w_law_ci95[1]
+    assert inside.w_law_ci[0] < inside.w_law < inside.w_law_ci[1]
     assert inside.measured_window == 16 and 8 < inside.measured_crossing <= 16
     assert inside.eps_in_measured_range and not inside.warnings
     assert inside.kv_bytes is None and any("not available" in n for n in inside.notes)
@@ -121,7 +125,7 @@ def test_recommend_kv_memory_from_a_local_config(tmp_path):
     doc = _fit_doc(tmp_path, model=str(model_dir), n_sink=4)
     [rec] = recommend(doc, [0.005], "tv")
     assert rec.kv_bytes == 2 * 3 * 2 * 16 * 4 * (rec.window + 4)  # float32 attr: 4 bytes
-    assert rec.kv_bytes_ci95[0] <= rec.kv_bytes <= rec.kv_bytes_ci95[1]
+    assert rec.kv_bytes_ci[0] <= rec.kv_bytes <= rec.kv_bytes_ci[1]
 
 
 def test_load_or_fit_reads_fits_and_results(tmp_path):
@@ -160,7 +164,7 @@ def test_kv_spec_from_a_cached_hub_config(monkeypatch):
 
 
 def test_budget_sweeps_count_their_sinks_once(tmp_path):
-    """A retention budget k already holds the sinks (design.md): KV bytes use k, not k + n_sink,
+    """A retention budget k already holds the sinks: KV bytes use k, not k + n_sink,
     while a window w with n_sink sinks costs w + n_sink."""
     from transformers import LlamaConfig
 

@@ -59,13 +59,13 @@ def test_fit_table_json_and_plot(files, tmp_path):
     assert doc["settings"]["bootstrap"] == 200 and doc["settings"]["metrics"] == ["tv", "kl", "kl_reverse", "js"]
     code_tv = next(f for f in doc["fits"] if f["label"] == "code" and f["metric"] == "tv" and f["family"] == "power")
     alpha = code_tv["params"]["alpha"]
-    assert alpha["value"] == pytest.approx(0.5, abs=0.02) and alpha["ci95"][0] < alpha["value"] < alpha["ci95"][1]
+    assert alpha["value"] == pytest.approx(0.5, abs=0.02) and alpha["ci"][0] < alpha["value"] < alpha["ci"][1]
     r = invoke("fit", files / "code.nc", "--metric", "tv", "--fit-range", "2:64", "--holdout-range", "128:512",
                "--bootstrap", "50", "--json", "--out", tmp_path / "tv.json")
     assert r.exit_code == 0, (r.output, r.exception)
     printed = json.loads(r.stdout)
     assert printed["settings"]["fit_range"] == [2, 64] and {f["metric"] for f in printed["fits"]} == {"tv"}
-    assert printed["fits"][0]["fit_windows"] == [2, 4, 8, 16, 32, 64] and printed["fits"][0]["holdout_windows"] == [128, 256, 512]
+    assert printed["fits"][0]["fit_points"] == [2, 4, 8, 16, 32, 64] and printed["fits"][0]["holdout_points"] == [128, 256, 512]
     assert "wrote" in r.stderr
 
 
@@ -81,7 +81,7 @@ def test_fit_level_sets_the_intervals_and_their_labels(files, tmp_path):
         r = invoke("fit", files / "code.nc", "--metric", "tv", "--family", "power", "--bootstrap", "200", "--level", level,
                    "--out", out)
         assert r.exit_code == 0, (r.output, r.exception)
-        return r.stdout, json.loads(out.read_text())["fits"][0]["params"]["alpha"]["ci95"]
+        return r.stdout, json.loads(out.read_text())["fits"][0]["params"]["alpha"]["ci"]
 
     text90, ci90 = alpha_ci("0.9")
     text95, ci95 = alpha_ci("0.95")
@@ -112,7 +112,7 @@ def test_recommend_window_from_fit_and_results(files, tmp_path):
     recs = json.loads(r.stdout)["recommendations"]
     assert [x["eps"] for x in recs] == [0.01, 0.05]
     assert recs[0]["w_law"] == (C / 0.01) ** (1 / a)
-    assert recs[0]["w_law_ci95"][0] < recs[0]["w_law"] < recs[0]["w_law_ci95"][1]
+    assert recs[0]["w_law_ci"][0] < recs[0]["w_law"] < recs[0]["w_law_ci"][1]
     r = invoke("recommend-window", "--fit", out, "--eps", "0.0001")
     assert r.exit_code == 0 and "beyond the largest measured window" in r.stdout
     r = invoke("recommend-window", files / "code.nc", "--eps", "0.01", "--bootstrap", "50", "--metric", "tv", "--metric", "kl")

@@ -1,4 +1,4 @@
-"""Decay-law fits, bootstrap intervals and the extrapolation comparison (truncsens.fitting)."""
+"""Decay-law fits, bootstrap intervals and the extrapolation comparison (truncsens.laws, truncsens.fitting)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.fitting import (FitConfig, FitError, bootstrap_multiplicities, curves_of, default_fit_path,
-                               default_ranges, doc_sums, extrapolation_mae, fit_curve, fit_family, fit_family_batch,
-                               fit_results, format_report, law_log, law_value, log_weights, parse_range,
-                               percentile_ci, read_fit_file, resampled_mean_se, sanitize, weighted_line, wls_aic,
-                               write_fit_file)
+from truncsens.curves import curves_of
+from truncsens.fitfile import default_fit_path, read_fit_file, sanitize, write_fit_file
+from truncsens.fitting import FitConfig, default_ranges, fit_curve, fit_results, parse_range
+from truncsens.laws import (FitError, extrapolation_mae, fit_family, fit_family_batch, law_log, law_value, log_weights,
+                            weighted_line, wls_aic)
+from truncsens.reports import format_fit_report as format_report
+from truncsens.stats import bootstrap_multiplicities, doc_sums, percentile_interval as percentile_ci, resampled_mean_se
 from truncsens.results import ResultsError, make_results, save
 from truncsens.synthetic import curve_results
 
@@ -121,12 +123,12 @@ def test_exact_power_law_recovered_to_1e6(tmp_path):
     assert p["C"]["value"] == pytest.approx(0.03, rel=1e-6)
     assert p["alpha"]["value"] == pytest.approx(0.45, abs=1e-6)
     # every document mean is exact, so every resample gives the same law: a zero-width interval
-    assert p["alpha"]["ci95"] == pytest.approx([0.45, 0.45], abs=1e-6)
+    assert p["alpha"]["ci"] == pytest.approx([0.45, 0.45], abs=1e-6)
     assert fits[("kl", "power")]["params"]["alpha"]["value"] == pytest.approx(0.9, abs=1e-6)
     ratio = report.to_json()["alpha_ratio_kl_tv"][0]
     assert ratio["value"] == pytest.approx(2.0, abs=1e-5)
-    assert fits[("tv", "power")]["fit_windows"] == [4, 8, 16, 32, 64, 128]
-    assert fits[("tv", "power")]["holdout_windows"] == [256, 512]
+    assert fits[("tv", "power")]["fit_points"] == [4, 8, 16, 32, 64, 128]
+    assert fits[("tv", "power")]["holdout_points"] == [256, 512]
     assert fits[("tv", "power")]["extrapolation_mae"]["value"] == pytest.approx(0.0, abs=1e-6)
 
 
@@ -171,8 +173,8 @@ def test_intervals_shrink_as_documents_grow_and_cover_the_truth():
         [curve] = curves_of(ds, ["tv"])
         cf = fit_curve(curve, FitConfig(metrics=("tv",), families=("power",), n_boot=1000, seed=0))
         a = cf.fits[0]["params"]["alpha"]
-        assert a["ci95"][0] <= 0.5 <= a["ci95"][1]
-        widths.append(a["ci95"][1] - a["ci95"][0])
+        assert a["ci"][0] <= 0.5 <= a["ci"][1]
+        widths.append(a["ci"][1] - a["ci"][0])
     assert widths[1] < widths[0] / 2.5  # ~ 1/sqrt(16) = 1/4 expected
 
 
@@ -181,7 +183,7 @@ def test_percentile_intervals_cover_the_truth_about_95_percent_of_the_time():
     for rep in range(100):
         ds = curve_results({"tv": power(0.02, 0.5)}, POW2, n_docs=20, doc_noise=0.1, seed=1000 + rep)
         [curve] = curves_of(ds, ["tv"])
-        lo, hi = fit_curve(curve, FitConfig(metrics=("tv",), families=("power",), n_boot=200, seed=rep)).fits[0]["params"]["alpha"]["ci95"]
+        lo, hi = fit_curve(curve, FitConfig(metrics=("tv",), families=("power",), n_boot=200, seed=rep)).fits[0]["params"]["alpha"]["ci"]
         hits += lo <= 0.5 <= hi
     assert 88 <= hits <= 100  # binomial(100, 0.95): 88 is ~3 sd below
 
@@ -191,7 +193,7 @@ def test_power_beats_exponential_on_power_data_and_vice_versa():
     [curve] = curves_of(ds, ["tv"])
     comp = fit_curve(curve, FitConfig(metrics=("tv",), n_boot=300)).comparisons[0]
     assert comp["basis"] == "extrapolation"
-    assert comp["power_vs_exponential"]["value"] > 10 and comp["power_vs_exponential"]["ci95"][0] > 1
+    assert comp["power_vs_exponential"]["value"] > 10 and comp["power_vs_exponential"]["ci"][0] > 1
     assert comp["winner"] in ("power", "power_floor")
     ds = curve_results({"tv": lambda w: 0.03 * np.exp(-w / 150)}, POW2, n_docs=40, doc_noise=0.05, seed=2)
     [curve] = curves_of(ds, ["tv"])
@@ -235,9 +237,9 @@ def test_excluded_windows_are_reported():
     ds = curve_results({"tv": lambda w: np.where(w >= 512, 0.0, 0.02 * w**-0.5)}, POW2, n_docs=8, doc_noise=0.1)
     [curve] = curves_of(ds, ["tv"])
     cf = fit_curve(curve, FitConfig(metrics=("tv",), n_boot=100))
-    assert cf.metrics["tv"]["excluded_windows"] == [512]
+    assert cf.metrics["tv"]["excluded_points"] == [512]
     power_fit = cf.fits[0]
-    assert power_fit["holdout_windows"] == [256] and power_fit["excluded_windows"] == [512]
+    assert power_fit["holdout_points"] == [256] and power_fit["excluded_points"] == [512]
     assert "512" in format_report(FitReportLike(cf))
 
 
@@ -259,7 +261,7 @@ def test_bad_inputs_have_clear_errors(tmp_path):
     [curve] = curves_of(ds, ["tv"])
     with pytest.raises(FitError, match="at least 2 documents"):
         fit_curve(curve, FitConfig(metrics=("tv",), n_boot=10))
-    assert fit_curve(curve, FitConfig(metrics=("tv",), n_boot=0)).fits[0]["params"]["alpha"]["ci95"] is None
+    assert fit_curve(curve, FitConfig(metrics=("tv",), n_boot=0)).fits[0]["params"]["alpha"]["ci"] is None
     with pytest.raises(FitError, match="holds 1"):
         fit_curve(curve, FitConfig(metrics=("tv",), n_boot=0, fit_range=(3, 5)))
     with pytest.raises(ResultsError, match="unknown metric"):
@@ -335,11 +337,11 @@ def test_measure_then_fit_recovers_the_synthetic_tv_exponent(synthetic_runs):
     report = fit_results([synthetic_runs["synthetic:0.5"]], FitConfig(metrics=("tv", "kl"))).to_json()
     tv_power = next(f for f in report["fits"] if f["metric"] == "tv" and f["family"] == "power")
     assert tv_power["n_docs"] >= 32 and tv_power["fit_range"] == [4, 128]  # defaults: 64 documents x 8 targets, N = 1024
-    lo, hi = tv_power["params"]["alpha"]["ci95"]
+    lo, hi = tv_power["params"]["alpha"]["ci"]
     assert lo <= 0.5 <= hi, (lo, hi)
     assert hi - lo < 0.2  # narrower than +-0.1
     comp = next(c for c in report["comparisons"] if c["metric"] == "tv")
-    assert comp["power_vs_exponential"]["value"] > 10 and comp["power_vs_exponential"]["ci95"][0] > 1
+    assert comp["power_vs_exponential"]["value"] > 10 and comp["power_vs_exponential"]["ci"][0] > 1
     ratio = report["alpha_ratio_kl_tv"][0]
     assert 1.8 < ratio["value"] < 2.1  # alpha_KL ~ 2 alpha_TV for w << L (the KL curve flattens near L)
 
@@ -347,13 +349,13 @@ def test_measure_then_fit_recovers_the_synthetic_tv_exponent(synthetic_runs):
 def test_measure_then_fit_prefers_exponential_on_geometric_source(synthetic_runs):
     report = fit_results([synthetic_runs["synthetic-geometric:0.01"]], FitConfig(metrics=("tv",))).to_json()
     comp = report["comparisons"][0]
-    assert comp["winner"] == "exponential" and comp["factor"]["ci95"][0] > 1
+    assert comp["winner"] == "exponential" and comp["factor"]["ci"][0] > 1
     tau = next(f for f in report["fits"] if f["family"] == "exponential")["params"]["tau"]
-    assert tau["ci95"][0] <= 100 <= tau["ci95"][1]
+    assert tau["ci"][0] <= 100 <= tau["ci"][1]
 
 
 def test_window_interval_contains_the_measured_crossing(synthetic_runs):
-    from truncsens.budget import recommend
+    from truncsens.recommend import recommend
 
     doc = fit_results([synthetic_runs["synthetic:0.5"]], FitConfig(metrics=("tv",), families=("power",))).to_json()
     p = doc["fits"][0]["params"]
@@ -361,7 +363,7 @@ def test_window_interval_contains_the_measured_crossing(synthetic_runs):
         [rec] = recommend(doc, [eps], "tv")
         assert rec.w_law == pytest.approx((p["C"]["value"] / eps) ** (1 / p["alpha"]["value"]), rel=1e-12)
         assert rec.eps_in_measured_range and rec.measured_crossing is not None
-        assert rec.w_law_ci95[0] <= rec.measured_crossing <= rec.w_law_ci95[1], (eps, rec)
+        assert rec.w_law_ci[0] <= rec.measured_crossing <= rec.w_law_ci[1], (eps, rec)
 
 
 @pytest.mark.parametrize("family,need", [("power", 3), ("exponential", 3), ("power_floor", 4)])

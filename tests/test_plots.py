@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from truncsens.fitting import FitConfig, curves_of, fit_curve, FitReport
+from truncsens.curves import curves_of
+from truncsens.fitting import FitConfig, FitReport, fit_curve
 from truncsens.plots import build_figure, panel_metrics, plot_report
 from truncsens.synthetic import curve_results
 

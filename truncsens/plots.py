@@ -1,7 +1,8 @@
-"""Figures: log-log D(w) with standard-error bars and the fitted laws, one panel per metric.
+"""Figures: log-log D(w) with standard-error bars and the fitted laws, one panel per metric
+(:func:`plot_report`), and retention policies at equal budget (:func:`plot_comparison`).
 
-Everything is drawn from a fit file dict (:meth:`truncsens.fitting.FitReport.to_json`), which holds
-both the measured curves (mean and cluster-robust se per window) and the fitted parameters.
+D(w) is drawn from a fit file dict (:mod:`truncsens.fitfile`), which holds both the measured
+curves (mean and cluster-robust se per sweep point) and the fitted parameters.
 Figures are built on ``matplotlib.figure.Figure`` (Agg canvas, no pyplot state), so no display is
 needed. Each figure is written as PNG and PDF.
 """
@@ -10,11 +11,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from truncsens.fitting import law_value
+from truncsens.laws import law_value
+from truncsens.tables import fmt_level
+
+if TYPE_CHECKING:  # type hints only
+    from truncsens.policy_compare import PolicyComparison
 
 FAMILY_STYLE = {"power": "-", "exponential": "--", "power_floor": ":"}
 FAMILY_LABEL = {"power": "C w^-α", "exponential": "C exp(-w/τ)", "power_floor": "C w^-α + D∞"}
@@ -70,7 +75,7 @@ def build_figure(doc: dict, metrics: Sequence[str] | None = None, families: Sequ
                 continue
             color = colors[ci % len(colors)]
             m = curve["metrics"][metric]
-            w = np.asarray(m["window"], dtype=float)
+            w = np.asarray(m["points"], dtype=float)
             mean = np.asarray([np.nan if v is None else v for v in m["mean"]], dtype=float)
             se = np.asarray([0.0 if v is None else v for v in m["se"]], dtype=float)
             ok = np.isfinite(mean) & (mean > 0)
@@ -103,7 +108,7 @@ def build_figure(doc: dict, metrics: Sequence[str] | None = None, families: Sequ
         if measured:  # keep the data in view even where a law dives far below it
             ax.set_ylim(min(measured) / 4, max(measured) * 2)
         sweep = doc["curves"][0].get("sweep", "window")
-        ax.set_xlabel(f"{sweep} {'k' if sweep == 'budget' else 'w'} (tokens)")  # design.md vocabulary
+        ax.set_xlabel(f"{sweep} {'k' if sweep == 'budget' else 'w'} (tokens)")  # k for budgets, w for windows
         ax.set_ylabel(f"mean {metric}" + (" (nats)" if metric not in ("tv",) else ""))
         ax.set_title(f"{metric}: D(w) and fitted laws")
         ax.grid(True, which="both", alpha=0.25)
@@ -119,7 +124,7 @@ def plot_report(doc: dict, out_prefix: str | Path, metrics: Sequence[str] | None
     """Draw D(w) per metric (one panel each) with se bars and fitted laws; save PNG and PDF.
 
     Args:
-        doc: a fit file dict (:meth:`truncsens.fitting.FitReport.to_json`).
+        doc: a fit file dict (:func:`truncsens.fitfile.fit_document` or :func:`truncsens.fitfile.read_fit_file`).
         out_prefix: path without suffix; ``<prefix>.png`` and ``<prefix>.pdf`` are written.
         metrics: panels to draw (default: all metrics in the file).
         families: laws to draw (default: every fitted family).
@@ -136,4 +141,52 @@ def plot_report(doc: dict, out_prefix: str | Path, metrics: Sequence[str] | None
     paths = [out_prefix.with_name(out_prefix.name + ".png"), out_prefix.with_name(out_prefix.name + ".pdf")]
     fig.savefig(paths[0], dpi=150)
     fig.savefig(paths[1])
+    return paths
+
+
+def plot_comparison(cmp: PolicyComparison, stem: str | Path, metric: str | None = None) -> list[Path]:
+    """Log-log plot of the mean ``metric`` per budget of every policy, with intervals and power fits.
+
+    Args:
+        cmp: the comparison.
+        stem: output path without suffix; ``.png`` and ``.pdf`` are written.
+        metric: which metric (default: the first of the comparison).
+
+    Returns:
+        The two paths written.
+    """
+    from matplotlib.figure import Figure  # no pyplot: no global figure state, Agg canvas for PNG/PDF
+
+    metric = metric or cmp.metrics[0]
+    if metric not in cmp.metrics:
+        raise ValueError(f"metric {metric!r} is not in the comparison (it has {', '.join(cmp.metrics)})")
+    k = np.asarray(cmp.budgets, dtype=float)
+    fig = Figure(figsize=(5.5, 4.0))
+    ax = fig.subplots()
+    for i, p in enumerate(cmp.policies):
+        mean, lo, hi = cmp.mean_curve(p, metric)
+        ok = np.isfinite(mean) & (mean > 0)
+        color = f"C{i}"
+        ax.plot(k[ok], mean[ok], "o-", color=color, label=p, ms=4)
+        band = ok & np.isfinite(lo) & np.isfinite(hi) & (lo > 0)
+        if band.any():
+            ax.fill_between(k[band], lo[band], hi[band], color=color, alpha=0.2, lw=0)
+        fit = next((f for f in cmp.fits if f["policy"] == p and f["metric"] == metric and f["status"] == "ok"), None)
+        if fit and fit["fit_points"]:
+            x = np.geomspace(fit["fit_points"][0], fit["fit_points"][-1], 50)
+            ax.plot(x, fit["C"] * x ** (-fit["alpha"]), "--", color=color, lw=1,
+                    label=f"{p} fit: $\\alpha$={fit['alpha']:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("budget k (kept tokens)")
+    ax.set_ylabel(f"mean {metric} (nats)" if metric in ("kl", "kl_reverse", "js", "nll_ref", "nll_kept") else f"mean {metric}")
+    ax.set_title(f"{metric} at equal budget: mean and {fmt_level(cmp.level)} interval")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")]
+    for path in paths:
+        fig.savefig(path, dpi=150)
     return paths

@@ -4,18 +4,19 @@ For a results file with a ``budget`` sweep (and a ``policy`` dim, or one policy 
 ``policy`` attr):
 
 - per budget, the mean of each metric per policy with a percentile bootstrap interval, resampling
-  **documents** (design.md; :mod:`truncsens.fitting` helpers, the same resamples for every policy,
-  so policies are compared pairwise on the same documents);
+  **documents** (:mod:`truncsens.stats`; the same resamples for every policy, so policies are
+  compared pairwise on the same documents);
 - the ratio of means ``numerator / denominator`` (default ``random / sink_recent``, the comparison
   of arXiv 2605.25085: about two orders of magnitude) per budget, with its paired bootstrap interval;
 - the power-law fit ``D(k) = C·k^-α`` of each policy (:func:`truncsens.fitting.fit_curve`, the
-  ``truncsens fit`` code), optionally beside the α of a truncation (window) results file;
-- a log-log plot of every policy (matplotlib, PNG and PDF).
+  ``truncsens fit`` code), optionally beside the α of a truncation (window) results file.
+
+The log-log figure is :func:`truncsens.plots.plot_comparison`; the text report
+:func:`truncsens.reports.format_comparison`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -23,33 +24,53 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
-from truncsens.fitting import (
-    Curve, FitConfig, FitError, bootstrap_multiplicities, curves_of, fit_curve, percentile_ci, resampled_mean_se,
-    sanitize,
-)
-from truncsens.results import ResultsError, sweep_dim
+from truncsens.curves import Curve, curves_of
+from truncsens.fitfile import sanitize
+from truncsens.fitting import FitConfig, fit_curve
+from truncsens.laws import FitError
+from truncsens.results import ResultsError, load, sweep_dim
+from truncsens.stats import interval_or_none, resample_weights, resampled_mean_se
+
+DEFAULT_NUMERATOR, DEFAULT_DENOMINATOR = "random", "sink_recent"
 
 
 @dataclass(frozen=True)
 class CompareConfig:
-    """What :func:`compare_policies` computes.
+    """What :func:`compare_policies` computes; validated once, on construction.
 
     Attributes:
-        metrics: metric names to summarize and fit.
-        numerator, denominator: the policies of the ratio of means.
+        metrics: metric names to summarize and fit (at least one).
+        numerator, denominator: the policies of the ratio of means; None = ``random`` / ``sink_recent``,
+            skipped with a note when the file lacks them (a policy given explicitly must be in the file).
         n_boot: bootstrap resamples over documents (0: no intervals).
         seed: resampling seed.
-        level: interval level.
+        level: interval level, in (0, 1).
         fit_range: (lo, hi) budgets of the power-law fit, inclusive (None: the ``fit`` default).
+
+    Raises:
+        ValueError: no metric, n_boot < 0 or level outside (0, 1).
     """
 
     metrics: tuple[str, ...] = ("kl", "tv")
-    numerator: str = "random"
-    denominator: str = "sink_recent"
+    numerator: str | None = None
+    denominator: str | None = None
     n_boot: int = 1000
     seed: int = 0
     level: float = 0.95
     fit_range: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.metrics:
+            raise ValueError("--metrics is empty")
+        if self.n_boot < 0:
+            raise ValueError(f"--bootstrap must be >= 0, got {self.n_boot}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"--level must lie in (0, 1), got {self.level}")
+
+    @property
+    def ratio(self) -> tuple[str, str]:
+        """(numerator, denominator) policy names, defaults filled in."""
+        return self.numerator or DEFAULT_NUMERATOR, self.denominator or DEFAULT_DENOMINATOR
 
 
 @dataclass
@@ -61,8 +82,9 @@ class PolicyComparison:
         budgets: [K] budgets in tokens.
         table: rows ``{"policy", "metric", "budget", "mean", "ci": [lo, hi], "n_docs"}``.
         ratios: rows ``{"metric", "budget", "numerator", "denominator", "value", "ci": [lo, hi]}``.
-        fits: rows ``{"policy", "metric", "status", "reason", "alpha", "alpha_ci", "C", "C_ci", "fit_budgets"}``
-            (``policy`` is ``"truncation"`` for the fit of a window results file).
+        fits: rows ``{"policy", "metric", "status", "reason", "alpha", "alpha_ci", "C", "C_ci", "sweep",
+            "fit_points"}`` (``policy`` is ``"truncation"`` for the fit of a window results file, whose
+            ``sweep`` is ``"window"``).
         notes: warnings (e.g. a ratio policy missing).
         metrics: the metrics compared; level: the interval level.
     """
@@ -108,7 +130,8 @@ def policy_curves(ds: xr.Dataset, metrics: Sequence[str]) -> list[tuple[str, Cur
     return [(name, curves[0])]
 
 
-def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), truncation: xr.Dataset | None = None) -> PolicyComparison:
+def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), truncation: xr.Dataset | None = None,
+                     source: str = "the results file") -> PolicyComparison:
     """Per-budget means with intervals, the policy ratio, and power-law fits.
 
     Args:
@@ -116,21 +139,27 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         cfg: the configuration.
         truncation: optionally a window results dataset; its power-law α is fitted with the same
             settings and listed under policy ``"truncation"``.
+        source: how errors name ``ds`` (its path).
 
     Returns:
         :class:`PolicyComparison`.
 
     Raises:
         ResultsError: not a policy results file, or an unknown metric.
+        ValueError: an explicit numerator or denominator that is not a policy of the file.
         FitError: bootstrap asked with fewer than 2 documents.
     """
+    in_file = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else [str(ds.attrs.get("policy", ""))]
+    for option, given in (("--numerator", cfg.numerator), ("--denominator", cfg.denominator)):
+        if given is not None and given not in in_file:  # the defaults may be absent: that is only a note
+            raise ValueError(f"{option} {given!r} is not a policy of {source} (it has {', '.join(in_file)})")
     named = policy_curves(ds, cfg.metrics)
     policies = [n for n, _ in named]
-    budgets = [int(k) for k in named[0][1].windows]
+    budgets = [int(k) for k in named[0][1].points]
     G = named[0][1].n_docs
     if cfg.n_boot > 0 and G < 2:
         raise FitError(f"bootstrap over documents needs at least 2 documents, the file has {G}; pass --bootstrap 0")
-    mult = np.vstack([np.ones((1, G)), bootstrap_multiplicities(G, cfg.n_boot, cfg.seed) if cfg.n_boot else np.zeros((0, G))])
+    mult = resample_weights(G, cfg.n_boot, cfg.seed)  # [1+B, G]
     means: dict[tuple[str, str], np.ndarray] = {}
     table, ratios, fits, notes = [], [], [], []
     for name, curve in named:
@@ -138,19 +167,19 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
             m, _ = resampled_mean_se(mult, curve.sums[metric], curve.counts[metric])  # [1+B, K]
             means[(name, metric)] = m
             for j, k in enumerate(budgets):
-                ci = list(percentile_ci(m[1:, j], cfg.level)) if cfg.n_boot else None
-                table.append({"policy": name, "metric": metric, "budget": k, "mean": float(m[0, j]), "ci": ci, "n_docs": G})
-    if cfg.numerator in policies and cfg.denominator in policies:
+                table.append({"policy": name, "metric": metric, "budget": k, "mean": float(m[0, j]),
+                              "ci": interval_or_none(m[1:, j], cfg.level), "n_docs": G})
+    num, den = cfg.ratio
+    if num in policies and den in policies:
         for metric in cfg.metrics:
             with np.errstate(divide="ignore", invalid="ignore"):
-                r = means[(cfg.numerator, metric)] / means[(cfg.denominator, metric)]  # [1+B, K]
+                r = means[(num, metric)] / means[(den, metric)]  # [1+B, K]
             for j, k in enumerate(budgets):
-                ratios.append({"metric": metric, "budget": k, "numerator": cfg.numerator, "denominator": cfg.denominator,
-                               "value": float(r[0, j]), "ci": list(percentile_ci(r[1:, j], cfg.level)) if cfg.n_boot else None})
+                ratios.append({"metric": metric, "budget": k, "numerator": num, "denominator": den,
+                               "value": float(r[0, j]), "ci": interval_or_none(r[1:, j], cfg.level)})
     else:
-        missing = [p for p in (cfg.numerator, cfg.denominator) if p not in policies]
-        notes.append(f"ratio {cfg.numerator}/{cfg.denominator} skipped: the file has no policy {', '.join(missing)} "
-                     f"(it has {', '.join(policies)})")
+        missing = [p for p in (num, den) if p not in policies]
+        notes.append(f"ratio {num}/{den} skipped: the file has no policy {', '.join(missing)} (it has {', '.join(policies)})")
     fit_cfg = FitConfig(metrics=tuple(cfg.metrics), families=("power",), fit_range=cfg.fit_range, n_boot=cfg.n_boot,
                         seed=cfg.seed, level=cfg.level)
     extra = []
@@ -162,107 +191,36 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
 
 
 def _power_fits(name: str, curve: Curve, cfg: FitConfig) -> list[dict]:
+    """Rows of :attr:`PolicyComparison.fits` for one curve (skipped rows when the fit fails)."""
     try:
         cf = fit_curve(curve, cfg)
     except FitError as exc:
         return [{"policy": name, "metric": m, "status": "skipped", "reason": str(exc), "alpha": None, "alpha_ci": None,
-                 "C": None, "C_ci": None, "fit_budgets": []} for m in cfg.metrics]
+                 "C": None, "C_ci": None, "sweep": curve.sweep, "fit_points": []} for m in cfg.metrics]
     rows = []
     for f in cf.fits:
         ok = f["status"] == "ok"
+        p = f["params"]
         rows.append({"policy": name, "metric": f["metric"], "status": f["status"], "reason": f["reason"],
-                     "alpha": f["params"]["alpha"]["value"] if ok else None,
-                     "alpha_ci": f["params"]["alpha"]["ci95"] if ok else None,
-                     "C": f["params"]["C"]["value"] if ok else None, "C_ci": f["params"]["C"]["ci95"] if ok else None,
-                     "fit_budgets": f["fit_windows"]})
+                     "alpha": p["alpha"]["value"] if ok else None, "alpha_ci": p["alpha"]["ci"] if ok else None,
+                     "C": p["C"]["value"] if ok else None, "C_ci": p["C"]["ci"] if ok else None,
+                     "sweep": curve.sweep, "fit_points": f["fit_points"]})
     return rows
 
 
-def _num(v: float | None, digits: int = 4) -> str:
-    if v is None or not math.isfinite(v):
-        return "-"
-    return f"{v:.{digits}g}"
+def default_plot_stem(results_file: str | Path) -> Path:
+    """Where ``compare-policies`` draws by default: ``<results stem>-policies`` next to the results file."""
+    path = Path(results_file)
+    return path.with_name(path.stem + "-policies")
 
 
-def _ci(ci: list | None) -> str:
-    if not ci or ci[0] is None or not all(math.isfinite(c) for c in ci):
-        return ""
-    return f" [{_num(ci[0], 3)}, {_num(ci[1], 3)}]"
+def compare_policies_file(results_file: str | Path, cfg: CompareConfig = CompareConfig(),
+                          truncation_file: str | Path | None = None) -> PolicyComparison:
+    """:func:`compare_policies` of a results file (and optionally a truncation results file).
 
-
-def format_comparison(cmp: PolicyComparison) -> str:
-    """A readable text report of a :class:`PolicyComparison`."""
-    pct = f"{round(100 * cmp.level)}%"
-    lines = []
-    for metric in cmp.metrics:
-        lines.append(f"{metric}: mean per budget ({pct} bootstrap interval over documents)")
-        lines.append(f"{'budget':>8}  " + "  ".join(f"{p:>30}" for p in cmp.policies))
-        for k in cmp.budgets:
-            cells = []
-            for p in cmp.policies:
-                row = next(r for r in cmp.table if r["policy"] == p and r["metric"] == metric and r["budget"] == k)
-                cells.append(f"{_num(row['mean']) + _ci(row['ci']):>30}")
-            lines.append(f"{k:>8}  " + "  ".join(cells))
-        rs = [r for r in cmp.ratios if r["metric"] == metric]
-        if rs:
-            lines.append(f"ratio {rs[0]['numerator']} / {rs[0]['denominator']} of mean {metric}:")
-            for r in rs:
-                lines.append(f"{r['budget']:>8}  {_num(r['value']) + _ci(r['ci'])}")
-        lines.append("")
-    lines.append(f"power-law fits D(k) = C k^-alpha ({pct} interval)")
-    for f in cmp.fits:
-        if f["status"] == "ok":
-            lines.append(f"  {f['policy']:>20} {f['metric']:>6}  alpha = {_num(f['alpha'])}{_ci(f['alpha_ci'])}"
-                         f"  C = {_num(f['C'])}  (budgets {f['fit_budgets'][0]}..{f['fit_budgets'][-1]})")
-        else:
-            lines.append(f"  {f['policy']:>20} {f['metric']:>6}  skipped: {f['reason']}")
-    lines += [f"note: {n}" for n in cmp.notes]
-    return "\n".join(lines)
-
-
-def plot_comparison(cmp: PolicyComparison, stem: str | Path, metric: str | None = None) -> list[Path]:
-    """Log-log plot of the mean ``metric`` per budget of every policy, with intervals and power fits.
-
-    Args:
-        cmp: the comparison.
-        stem: output path without suffix; ``.png`` and ``.pdf`` are written.
-        metric: which metric (default: the first of the comparison).
-
-    Returns:
-        The two paths written.
+    Raises:
+        FileNotFoundError, ResultsError: a path is missing or not a results file; see :func:`compare_policies`.
     """
-    from matplotlib.figure import Figure  # no pyplot: no global figure state, Agg canvas for PNG/PDF
-
-    metric = metric or cmp.metrics[0]
-    if metric not in cmp.metrics:
-        raise ValueError(f"metric {metric!r} is not in the comparison (it has {', '.join(cmp.metrics)})")
-    k = np.asarray(cmp.budgets, dtype=float)
-    fig = Figure(figsize=(5.5, 4.0))
-    ax = fig.subplots()
-    for i, p in enumerate(cmp.policies):
-        mean, lo, hi = cmp.mean_curve(p, metric)
-        ok = np.isfinite(mean) & (mean > 0)
-        color = f"C{i}"
-        ax.plot(k[ok], mean[ok], "o-", color=color, label=p, ms=4)
-        band = ok & np.isfinite(lo) & np.isfinite(hi) & (lo > 0)
-        if band.any():
-            ax.fill_between(k[band], lo[band], hi[band], color=color, alpha=0.2, lw=0)
-        fit = next((f for f in cmp.fits if f["policy"] == p and f["metric"] == metric and f["status"] == "ok"), None)
-        if fit and fit["fit_budgets"]:
-            x = np.geomspace(fit["fit_budgets"][0], fit["fit_budgets"][-1], 50)
-            ax.plot(x, fit["C"] * x ** (-fit["alpha"]), "--", color=color, lw=1,
-                    label=f"{p} fit: $\\alpha$={fit['alpha']:.2f}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("budget k (kept tokens)")
-    ax.set_ylabel(f"mean {metric} (nats)" if metric in ("kl", "kl_reverse", "js", "nll_ref", "nll_kept") else f"mean {metric}")
-    ax.set_title(f"{metric} at equal budget: mean and {round(100 * cmp.level)}% interval")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")]
-    for path in paths:
-        fig.savefig(path, dpi=150)
-    return paths
+    ds = load(results_file)
+    trunc = load(truncation_file) if truncation_file else None
+    return compare_policies(ds, cfg, trunc, source=str(results_file))

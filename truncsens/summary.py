@@ -1,36 +1,50 @@
 """Per-window (or per-budget) summaries of a results file: mean, standard error, quantiles.
 
-The standard error in :func:`summarize` is clustered by document (targets of one document are
-dependent), the same CR1 estimator :mod:`truncsens.fitting` weights its fits with.
+The standard error is the document-clustered CR1 estimator of :mod:`truncsens.stats` (targets of
+one document are dependent), the same one :mod:`truncsens.fitting` weights its fits with; for
+values with no document ids (:func:`summarize_values`) every value is its own cluster, which is
+the textbook s / sqrt(n).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from truncsens.divergences import METRICS
-from truncsens.results import sweep_dim
+from truncsens.fitfile import sanitize
+from truncsens.reports import format_summary
+from truncsens.results import load, sweep_dim
+from truncsens.stats import cluster_mean_se
 
 STATS = ("mean", "se", "median", "p90", "p99")
 
 
-def summarize_values(values: np.ndarray) -> dict[str, float]:
-    """Mean, standard error of the mean (sample std / sqrt(n)), median, 90th and 99th percentiles.
+def summarize_values(values: np.ndarray, doc: list[str] | None = None) -> dict[str, float]:
+    """Mean, clustered standard error of the mean, median, 90th and 99th percentiles.
 
     Args:
-        values: [n] finite numbers (NaNs are dropped).
+        values: [n] numbers (non-finite ones are dropped).
+        doc: [n] document id of each value (None: every value its own document, se = s / sqrt(n)).
 
     Returns:
-        dict with the keys of :data:`STATS` (NaN where there are no values; se NaN for n < 2).
+        dict with the keys of :data:`STATS` (NaN where there are no values; se NaN for fewer than
+        two documents).
     """
-    v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
+    values = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(values)
+    v = values[finite]
     if v.size == 0:
         return {k: float("nan") for k in STATS}
-    se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else float("nan")
+    if doc is None:
+        _, se = cluster_mean_se(v[:, None], [str(i) for i in range(v.size)])  # [1]
+    else:  # every document counts towards G, also one whose values are all non-finite
+        _, se = cluster_mean_se(values[:, None], doc)  # [1]
     return {
-        "mean": float(v.mean()), "se": se, "median": float(np.median(v)),
+        "mean": float(v.mean()), "se": float(se[0]), "median": float(np.median(v)),
         "p90": float(np.percentile(v, 90)), "p99": float(np.percentile(v, 99)),
     }
 
@@ -38,8 +52,7 @@ def summarize_values(values: np.ndarray) -> dict[str, float]:
 def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
     """One row per (policy,) sweep value and metric: ``{"policy"?, sweep, "metric", "n", stats...}``.
 
-    ``se`` is the document-clustered standard error of the mean
-    (:func:`truncsens.fitting.resampled_mean_se` with every document drawn once).
+    ``se`` is the document-clustered standard error of the mean (:func:`truncsens.stats.cluster_mean_se`).
 
     Raises:
         ValueError: an unknown metric name.
@@ -56,34 +69,42 @@ def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
         sub = ds if policy is None else ds.sel(policy=policy)
         for metric in metrics:
             for value in ds[sweep].values:
-                col = sub[metric].sel({sweep: value}).values  # [target]
-                row = {"metric": metric, sweep: int(value), "n": int(np.isfinite(col.astype(float)).sum())}
+                col = sub[metric].sel({sweep: value}).values.astype(float)  # [target]
+                row = {"metric": metric, sweep: int(value), "n": int(np.isfinite(col).sum())}
                 if policy is not None:
                     row["policy"] = str(policy)
-                row.update(summarize_values(col))
-                row["se"] = _clustered_se(col, docs)
+                row.update(summarize_values(col, docs))
                 rows.append(row)
     return rows
 
 
-def _clustered_se(values: np.ndarray, docs: list[str]) -> float:
-    from truncsens.fitting import doc_sums, resampled_mean_se
-
-    sums, counts, ids = doc_sums(np.asarray(values, dtype=np.float64)[:, None], docs)  # [G, 1] each
-    _, se = resampled_mean_se(np.ones((1, len(ids))), sums, counts)  # [1, 1]
-    return float(se[0, 0])
-
-
 def format_table(rows: list[dict], sweep: str) -> str:
-    """Rows of :func:`summarize` as a plain-text table, one block per (policy, metric)."""
-    lines = []
-    key = None
-    for r in rows:
-        k = (r.get("policy"), r["metric"])
-        if k != key:
-            key = k
-            title = r["metric"] + (f"  (policy {r['policy']})" if r.get("policy") else "")
-            lines += ["", title, f"{sweep:>8} {'n':>6} {'mean':>11} {'± se(doc)':>10} {'median':>11} {'p90':>11} {'p99':>11}"]
-        lines.append(
-            f"{r[sweep]:>8} {r['n']:>6} {r['mean']:>11.5g} {r['se']:>10.2g} {r['median']:>11.5g} {r['p90']:>11.5g} {r['p99']:>11.5g}")
-    return "\n".join(lines).lstrip("\n")
+    """Rows of :func:`summarize` as a plain-text table, one block per (policy, metric)
+    (:func:`truncsens.reports.format_summary`)."""
+    return format_summary(rows, sweep)
+
+
+@dataclass
+class ResultsSummary:
+    """What ``show`` prints: a results file's attrs, number of targets, sweep name and :func:`summarize` rows."""
+
+    file: str
+    attrs: dict
+    n_targets: int
+    sweep: str
+    rows: list[dict]
+
+    def to_json(self) -> dict:
+        """JSON-safe dict ``{"file", "attrs", "sweep", "rows"}``: numpy scalars to Python, NaN (se of one
+        document) and inf (KL of disjoint supports) to null."""
+        return sanitize({"file": self.file, "attrs": self.attrs, "sweep": self.sweep, "rows": self.rows})
+
+
+def summarize_file(path: str | Path, metrics: list[str] | None = None) -> ResultsSummary:
+    """Load a results file and :func:`summarize` it.
+
+    Raises:
+        FileNotFoundError, ResultsError: as :func:`truncsens.results.load`; ValueError: an unknown metric.
+    """
+    ds = load(path)
+    return ResultsSummary(str(path), dict(ds.attrs), int(ds.sizes["target"]), sweep_dim(ds), summarize(ds, metrics))

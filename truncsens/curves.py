@@ -1,0 +1,103 @@
+"""Curves of a results dataset: per-document sums of each metric along the sweep (xarray in, arrays out).
+
+A results file sweeps either suffix windows w (dim ``window``) or retention budgets k (dim
+``budget``, one curve per policy). A :class:`Curve` keeps the sweep's name in ``sweep`` and its
+points in ``points`` (tokens), so budgets are never called windows downstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import xarray as xr
+
+from truncsens.divergences import METRICS
+from truncsens.results import ResultsError, sweep_dim
+from truncsens.stats import doc_sums, resampled_mean_se
+
+
+@dataclass
+class Curve:
+    """One D(x) curve family of a results file: all metrics of one (file, policy).
+
+    Attributes:
+        results_file: path as given.
+        label: short name for tables (file stem, plus ``[policy]``).
+        policy: policy name or None.
+        sweep: the sweep dimension, "window" or "budget".
+        points: [S] int sweep points in tokens (windows or budgets), ascending.
+        sums, counts: metric -> [G, S] per-document sums / counts (see :func:`truncsens.stats.doc_sums`).
+        docs: [G] document ids.
+        n_targets: number of targets.
+        reference_context: N (tokens; 0 when the file states none).
+        attrs: provenance (results attrs, as plain Python values).
+    """
+
+    results_file: str
+    label: str
+    policy: str | None
+    sweep: str
+    points: np.ndarray
+    sums: dict[str, np.ndarray]
+    counts: dict[str, np.ndarray]
+    docs: list[str]
+    n_targets: int
+    reference_context: int
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def n_docs(self) -> int:
+        """G, the number of documents (the clusters of the bootstrap)."""
+        return len(self.docs)
+
+    def mean_se(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and cluster-robust se per sweep point of one metric: ([S], [S])."""
+        mean, se = resampled_mean_se(np.ones((1, self.n_docs)), self.sums[metric], self.counts[metric])
+        return mean[0], se[0]
+
+
+def plain(v: object) -> object:
+    """A numpy scalar or array as a Python value (attrs read from NetCDF), anything else unchanged."""
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return v
+
+
+def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", label: str | None = None) -> list[Curve]:
+    """Split a results dataset into :class:`Curve` objects (one per policy, if any).
+
+    Raises:
+        ResultsError: unknown metric, or fewer than two sweep points.
+    """
+    sweep = sweep_dim(ds)
+    unknown = [m for m in metrics if m not in ds.data_vars]
+    if unknown:
+        raise ResultsError(f"{results_file or 'results'}: unknown metric(s) {', '.join(unknown)}; the file has {', '.join(m for m in METRICS if m in ds.data_vars)}")
+    points = np.asarray(ds[sweep].values, dtype=np.int64)
+    if points.size < 2:
+        raise ResultsError(
+            f"{results_file or 'results'} has only one {sweep} ({points.tolist()}); fitting a decay law needs at least 2 "
+            f"(measure more {sweep}s, e.g. the default powers of two)")
+    order = np.argsort(points)
+    label = label or (Path(results_file).stem if results_file else "results")
+    policies = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else [None]
+    attrs = {k: plain(v) for k, v in ds.attrs.items()}
+    try:
+        n_ref = int(ds.attrs.get("reference_context", 0))
+    except (TypeError, ValueError):
+        n_ref = 0
+    out = []
+    for policy in policies:
+        sub = ds if policy is None else ds.sel(policy=policy)
+        sums, counts, docs = {}, {}, []
+        for m in metrics:
+            values = np.asarray(sub[m].transpose("target", sweep).values, dtype=np.float64)[:, order]  # [n_targets, S]
+            sums[m], counts[m], docs = doc_sums(values, ds["doc"].values)
+        out.append(Curve(results_file, label if policy is None else f"{label}[{policy}]", policy, sweep, points[order],
+                         sums, counts, docs, int(ds.sizes["target"]), n_ref, attrs))
+    return out

@@ -1,0 +1,279 @@
+"""Decay laws of D(w) and their weighted least-squares fits in log space (pure numpy/scipy).
+
+Families (power law and exponent ratio from arXiv 2605.25085):
+
+- ``power``       D = C w^-alpha          log D = log C - alpha log w   (statsmodels WLS)
+- ``exponential`` D = C exp(-w / tau)     log D = log C - w / tau       (statsmodels WLS)
+- ``power_floor`` D = C w^-alpha + D_inf  (scipy.optimize.least_squares on log D, D_inf >= 0)
+
+``w`` is a point of the sweep in tokens (a window w, or a retention budget k). Each law is fitted
+to the mean curve in log space by weighted least squares, weight of a point = 1 / var(log mean)
+~= (mean / se)^2 (delta method). AIC = -2 llf + 2 p with the Gaussian WLS log-likelihood of
+statsmodels (``llf = -n/2 (log(2 pi WRSS/n) + 1) + 1/2 sum log weights``; Akaike, IEEE TAC 19(6),
+1974), p = number of law parameters. Extrapolation error: mean absolute error of log D on held-out
+points. No file or model access here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+FAMILIES = ("power", "exponential", "power_floor")
+PARAM_NAMES = {"power": ("C", "alpha"), "exponential": ("C", "tau", "rate"), "power_floor": ("C", "alpha", "D_inf")}
+N_LAW_PARAMS = {"power": 2, "exponential": 2, "power_floor": 3}
+
+
+class FitError(ValueError):
+    """A curve cannot be fitted as asked; the message says why."""
+
+
+def log_weights(mean: np.ndarray, se: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Log of the mean curve and WLS weights 1/var(log mean) = (mean/se)^2 (delta method).
+
+    Windows with a zero, negative or non-finite mean get weight 0 (and log value 0 as a
+    placeholder). Relative errors that are 0 or NaN are replaced by the smallest positive one of
+    the same row, or 1 if there is none (equal weights).
+
+    Args:
+        mean, se: [..., S].
+
+    Returns:
+        (log mean [..., S], weights [..., S]).
+    """
+    mean = np.asarray(mean, dtype=np.float64)
+    se = np.asarray(se, dtype=np.float64)
+    valid = np.isfinite(mean) & (mean > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = np.where(valid, se / np.where(valid, mean, 1.0), np.nan)
+    good = np.isfinite(rel) & (rel > 0)
+    fill = np.min(np.where(good, rel, np.inf), axis=-1, keepdims=True)
+    fill = np.where(np.isfinite(fill), fill, 1.0)
+    rel = np.where(good, rel, fill)
+    y = np.where(valid, np.log(np.where(valid, mean, 1.0)), 0.0)
+    return y, np.where(valid, 1.0 / rel**2, 0.0)
+
+
+def weighted_line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted least-squares line ``y ~ b0 + b1 x``, vectorized over leading axes.
+
+    Args:
+        x: [S]; y, w: [..., S] (weight 0 drops a point).
+
+    Returns:
+        (b0, b1), each [...]; NaN where fewer than two points have weight, or all x are equal.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    sw = w.sum(-1)
+    sx, sy = (w * x).sum(-1), (w * y).sum(-1)
+    sxx, sxy = (w * x * x).sum(-1), (w * x * y).sum(-1)
+    det = sw * sxx - sx * sx
+    enough = ((w > 0).sum(-1) >= 2) & (det > 1e-12 * np.maximum(sw * sxx, 1e-300))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        b1 = np.where(enough, (sw * sxy - sx * sy) / det, np.nan)
+        b0 = np.where(enough, (sy - b1 * sx) / sw, np.nan)
+    return b0, b1
+
+
+def law_log(family: str, params: dict[str, np.ndarray | float], w: np.ndarray) -> np.ndarray:
+    """log D predicted by a law at windows ``w`` (broadcasting: params [...,1] x w [S]).
+
+    Raises:
+        ValueError: unknown family.
+    """
+    w = np.asarray(w, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if family == "power":
+            return np.log(params["C"]) - params["alpha"] * np.log(w)
+        if family == "exponential":
+            return np.log(params["C"]) - params["rate"] * w
+        if family == "power_floor":
+            return np.log(params["C"] * w ** (-np.asarray(params["alpha"])) + params["D_inf"])
+    raise ValueError(f"unknown law family {family!r}; choose from {', '.join(FAMILIES)}")
+
+
+def law_value(family: str, params: dict[str, float], w: np.ndarray | float) -> np.ndarray:
+    """D predicted by a law at windows ``w`` (``exp`` of :func:`law_log`)."""
+    return np.exp(law_log(family, params, np.asarray(w, dtype=np.float64)))
+
+
+def wls_aic(wrss: float, weights: np.ndarray, n_params: int) -> float:
+    """AIC of a Gaussian WLS fit: ``-2 llf + 2 p``, llf as statsmodels' WLS.
+
+    ``llf = -n/2 (log(2 pi wrss / n) + 1) + 1/2 sum log weights`` (n = number of weighted points).
+    Returns -inf for a perfect fit (wrss = 0).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    w = w[w > 0]
+    n = w.size
+    if wrss <= 0:
+        return -math.inf
+    llf = -n / 2 * (math.log(2 * math.pi * wrss / n) + 1) + 0.5 * float(np.log(w).sum())
+    return -2 * llf + 2 * n_params
+
+
+def fit_family(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
+    """Point fit of one family to one curve (statsmodels WLS or scipy least_squares).
+
+    Args:
+        family: one of :data:`FAMILIES`.
+        x: [S] windows in tokens.
+        y, w: [S] log mean and weights (from :func:`log_weights`); weight 0 drops a window.
+
+    Returns:
+        dict of the family's parameters (:data:`PARAM_NAMES`) plus ``wrss`` (weighted residual
+        sum of squares in log space) and ``aic`` (NaN when there are no more windows than
+        parameters).
+
+    Raises:
+        FitError: fewer usable windows than parameters, or the optimizer failed.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    keep = w > 0
+    need = N_LAW_PARAMS[family] + 1  # more windows than parameters: an exact fit says nothing about the law
+    if keep.sum() < need:
+        raise FitError(f"{family} needs at least {need} windows with a positive mean in the fit range, got {int(keep.sum())}")
+    xs, ys, ws = x[keep], y[keep], w[keep]
+    if family in ("power", "exponential"):
+        import statsmodels.api as sm
+
+        design = sm.add_constant(np.log(xs) if family == "power" else xs, has_constant="add")
+        res = sm.WLS(ys, design, weights=ws).fit()
+        b0, b1 = (float(v) for v in res.params)
+        if family == "power":
+            params = {"C": math.exp(b0), "alpha": -b1}
+        else:
+            params = {"C": math.exp(b0), "rate": -b1, "tau": (-1.0 / b1) if b1 != 0 else math.inf}
+    else:
+        params = _fit_power_floor_point(xs, ys, ws)
+    wrss = float((ws * (ys - law_log(family, params, xs)) ** 2).sum())
+    params["wrss"] = wrss
+    # with no residual degrees of freedom the fit is exact and AIC compares nothing
+    params["aic"] = wls_aic(wrss, ws, N_LAW_PARAMS[family]) if xs.size > N_LAW_PARAMS[family] else math.nan
+    return params
+
+
+def _fit_power_floor_point(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
+    from scipy.optimize import least_squares
+
+    lx, sw = np.log(x), np.sqrt(w)
+    b0, b1 = weighted_line(lx, y, w)
+    starts = [np.array([b0, -b1, 0.0]), np.array([b0, max(-b1, 0.1) * 1.5, 0.5 * float(np.exp(y.min()))])]
+
+    def resid(p: np.ndarray) -> np.ndarray:
+        return sw * (y - np.log(np.exp(p[0] - p[1] * lx) + p[2]))
+
+    best = None
+    for p0 in starts:
+        if not np.all(np.isfinite(p0)):
+            continue
+        try:
+            r = least_squares(resid, p0, bounds=([-np.inf, -np.inf, 0.0], [np.inf, np.inf, np.inf]),
+                              x_scale="jac", ftol=1e-14, xtol=1e-14, gtol=1e-14, max_nfev=2000)
+        except ValueError:
+            continue
+        if best is None or r.cost < best.cost:
+            best = r
+    if best is None or not np.all(np.isfinite(best.x)):
+        raise FitError("power_floor: the optimizer found no finite solution")
+    return {"C": float(math.exp(best.x[0])), "alpha": float(best.x[1]), "D_inf": float(best.x[2])}
+
+
+def fit_family_batch(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+    """The same fits for many curves at once (bootstrap resamples), vectorized in numpy.
+
+    ``power`` and ``exponential`` are the closed-form WLS line (identical to statsmodels);
+    ``power_floor`` runs a batched Levenberg-Marquardt (Marquardt scaling, ``D_inf >= 0`` by
+    projection) from ``start`` (the point fit), checked against scipy in the tests.
+
+    Args:
+        x: [S] windows; y, w: [B, S] log means and weights.
+        start: point-fit parameters (needed for ``power_floor``).
+
+    Returns:
+        family parameters, each [B] (NaN where a resample cannot be fitted).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if family == "power":
+        b0, b1 = weighted_line(np.log(x), y, w)
+        return {"C": np.exp(b0), "alpha": -b1}
+    if family == "exponential":
+        b0, b1 = weighted_line(x, y, w)
+        with np.errstate(divide="ignore"):
+            return {"C": np.exp(b0), "rate": -b1, "tau": -1.0 / b1}
+    if family == "power_floor":
+        return _lm_power_floor(np.log(x), y, w, start)
+    raise ValueError(f"unknown law family {family!r}")
+
+
+def _lm_power_floor(lx: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[str, float] | None, iters: int = 200) -> dict[str, np.ndarray]:
+    B = y.shape[0]
+    if start is None:
+        b0, b1 = weighted_line(lx, y, w)
+        p = np.stack([b0, -b1, np.zeros(B)], axis=1)
+    else:
+        p = np.tile([math.log(start["C"]), start["alpha"], start["D_inf"]], (B, 1)).astype(np.float64)
+    enough = (w > 0).sum(1) >= 4
+
+    def model(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        P = np.exp(np.clip(p[:, :1] - p[:, 1:2] * lx, -700, 700))  # [B, S]
+        m = P + p[:, 2:3]
+        return P, m
+
+    def cost(p: np.ndarray) -> np.ndarray:
+        _, m = model(p)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = y - np.log(m)
+        return np.where(np.isfinite(r), w * r * r, np.inf).sum(1)
+
+    c = cost(p)
+    mu = np.full(B, 1e-3)
+    for _ in range(iters):
+        P, m = model(p)
+        J = np.stack([P / m, -lx * P / m, 1.0 / m], axis=2)  # [B, S, 3] d log m / d p
+        r = y - np.log(m)
+        A = np.einsum("bsi,bs,bsj->bij", J, w, J)
+        g = np.einsum("bsi,bs,bs->bi", J, w, r)
+        active = (p[:, 2] <= 0) & (g[:, 2] <= 0)  # D_inf at its bound and pushed below it: freeze
+        A[active, 2, :] = 0.0
+        A[active, :, 2] = 0.0
+        A[active, 2, 2] = 1.0
+        g[active, 2] = 0.0
+        diag = np.einsum("bii->bi", A)
+        damped = A + mu[:, None, None] * np.einsum("bi,ij->bij", np.maximum(diag, 1e-300), np.eye(3))
+        try:
+            step = np.linalg.solve(damped, g[:, :, None])[:, :, 0]
+        except np.linalg.LinAlgError:
+            step = np.stack([np.linalg.lstsq(d, gg, rcond=None)[0] for d, gg in zip(damped, g)])
+        trial = p + step
+        trial[:, 2] = np.maximum(trial[:, 2], 0.0)
+        ct = cost(trial)
+        better = np.isfinite(ct) & (ct < c)
+        done = better & (c - ct <= 1e-15 * np.maximum(c, 1e-300))
+        p = np.where(better[:, None], trial, p)
+        c = np.where(better, ct, c)
+        mu = np.where(better, mu / 3, mu * 4)
+        if np.all(done | (mu > 1e12)):
+            break
+    ok = enough & np.all(np.isfinite(p), axis=1)
+    return {"C": np.where(ok, np.exp(p[:, 0]), np.nan), "alpha": np.where(ok, p[:, 1], np.nan),
+            "D_inf": np.where(ok, p[:, 2], np.nan)}
+
+
+def extrapolation_mae(family: str, params: dict, x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Mean absolute error of log D on held-out windows.
+
+    Args:
+        params: family parameters, floats or [B] arrays.
+        x: [H] held-out windows; y: [..., H] observed log means; valid: [..., H] bool.
+
+    Returns:
+        [...] MAE (NaN where no held-out window is valid).
+    """
+    p = {k: np.asarray(v, dtype=np.float64)[..., None] for k, v in params.items()}
+    pred = law_log(family, p, np.asarray(x, dtype=np.float64))
+    err = np.where(valid, np.abs(y - pred), 0.0)
+    n = valid.sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, err.sum(-1) / n, np.nan)
