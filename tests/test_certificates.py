@@ -123,3 +123,65 @@ def test_offsets_and_closed_form_radii():
     assert float(r) == pytest.approx(math.sqrt(2 * 0.5 * math.log(40) / 100) + 7 * math.log(40) / (3 * 99), rel=1e-12)
     with pytest.raises(ValueError, match="delta"):
         certificate_radius(torch.tensor(1.0), delta=1.5)
+
+
+# ---------------------------------------------------------------- randomness edge cases
+
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def test_certain_key_is_kept_with_a_uniform_just_below_one():
+    """float32 π = 1 and the float64 uniform 1 − 2⁻²⁶: a float32 cast rounds u to 1 and dropped the key."""
+    u = torch.tensor([1 - 2.0**-26], dtype=torch.float64)
+    assert u.to(torch.float32).item() == 1.0  # the rounding that dropped it
+    assert draw(torch.tensor([1.0], dtype=torch.float32), u).tolist() == [True]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pi_one_always_kept_and_pi_zero_never(dtype):
+    u = torch.tensor([0.0, 2.0**-60, 0.5, 1 - 2.0**-53, 1 - 2.0**-26, 1 - 2.0**-11, 1.0], dtype=torch.float64)
+    ones = torch.ones(7, dtype=dtype)
+    zeros = torch.zeros(7, dtype=dtype)
+    assert draw(ones, u).tolist() == [True] * 7
+    assert draw(zeros, u).tolist() == [False] * 7
+    # an inner π keeps exactly the uniforms below it, compared in float64: π = 0.5 is exact in every dtype
+    assert draw(torch.full((7,), 0.5, dtype=dtype), u).tolist() == [True, True, False, False, False, False, False]
+    # float32 uniforms too
+    assert draw(ones, u.float().clamp(max=1.0)).all() and not draw(zeros, u.float()).any()
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), float("inf")])
+def test_pi_outside_the_unit_interval_is_refused(bad):
+    pi = torch.tensor([0.5, bad], dtype=torch.float64)
+    kept = torch.tensor([True, True])
+    with pytest.raises(ValueError, match=r"pi must lie in \[0, 1\]: 1 entries are NaN or outside"):
+        draw(pi, torch.tensor([0.1, 0.2], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"pi must lie in \[0, 1\]"):
+        hajek_offsets(pi, kept)
+    with pytest.raises(ValueError, match=r"pi must lie in \[0, 1\]"):
+        hajek_attention(torch.zeros(2), torch.ones(2, 1), kept, pi)
+
+
+def test_uniforms_and_budgets_are_validated():
+    with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\]"):
+        draw(torch.tensor([0.5]), torch.tensor([float("nan")], dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"uniforms must lie in \[0, 1\]"):
+        draw(torch.tensor([0.5]), torch.tensor([-0.25], dtype=torch.float64))
+    with pytest.raises(ValueError, match="inclusion probability 0"):
+        hajek_offsets(torch.tensor([0.0, 1.0]), torch.tensor([True, True]))
+    s = torch.ones(1, 4, dtype=torch.float64)
+    e = torch.ones_like(s, dtype=torch.bool)
+    for m in (-1.0, float("nan")):
+        with pytest.raises(PoissonDesignError, match="tail budget must be a finite number >= 0"):
+            inclusion_probabilities(s, e, m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_offsets_are_exact_for_every_dtype(dtype):
+    pi = torch.tensor([1.0, 0.5, 0.25, 0.0], dtype=dtype)
+    kept = torch.tensor([True, True, True, False])
+    off = hajek_offsets(pi, kept)
+    assert off.dtype == dtype
+    assert off.tolist() == pytest.approx([0.0, math.log(2), math.log(4), 0.0], rel=1e-2 if dtype in DTYPES[:2] else 1e-7)
+    assert off[0].item() == 0.0 and off[3].item() == 0.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -100,8 +102,10 @@ def test_code_documents_exclusions_on_a_fake_stdlib(tmp_path):
             p.write_bytes(b"s = '\xe9\xff'\n")
         else:
             p.write_text(text)
-    docs = code_documents(tmp_path)
+    skipped = Counter()
+    docs = code_documents(tmp_path, skipped)
     assert [d.id for d in docs] == ["code/os.py", "code/pkg/__init__.py"]
+    assert skipped == {"empty": 1, "not_utf8": 1}
     assert docs[0].text == "import sys\n"
 
 
@@ -149,9 +153,12 @@ def test_folder_documents(tmp_path):
     (tmp_path / "sub" / "c.md").write_text("third")
     (tmp_path / "empty.txt").write_text("  \n")
     (tmp_path / "bin.dat").write_bytes(b"\xff\xfe\x00\x81")
-    docs = folder_documents(tmp_path)
-    assert [(d.id, d.text) for d in docs] == [("a.txt", "first"), ("b.txt", "second"), ("sub/c.md", "third")]
-    assert [d.id for d in folder_documents(tmp_path, "*.txt")] == ["a.txt", "b.txt"]
+    skipped = Counter()
+    docs = folder_documents(tmp_path, skipped=skipped)
+    assert [(d.id, d.text) for d in docs] == [("a.txt", "first"), ("b.txt", "second"), ("empty.txt", "  \n"),
+                                               ("sub/c.md", "third")]
+    assert skipped == {"binary": 1}
+    assert [d.id for d in folder_documents(tmp_path, "*.txt")] == ["a.txt", "b.txt", "empty.txt"]
 
 
 def test_folder_documents_empty_folder(tmp_path):
@@ -173,9 +180,11 @@ def test_jsonl_documents(tmp_path):
     p = tmp_path / "data.jsonl"
     lines = [{"text": "one", "id": 7}, {"text": ""}, {"text": "three"}]
     p.write_text("\n".join(json.dumps(r) for r in lines) + "\n\n")
-    docs = jsonl_documents(p)
-    assert docs == [Document("data.jsonl:1", "one"), Document("data.jsonl:3", "three")]
-    assert [d.id for d in jsonl_documents(p, id_field="id")] == ["7", "data.jsonl:3"]
+    skipped = Counter()
+    docs = jsonl_documents(p, skipped=skipped)
+    assert docs == [Document("data.jsonl:1", "one"), Document("data.jsonl:2", ""), Document("data.jsonl:3", "three")]
+    assert skipped == {"blank_line": 1}  # the file ends in "\n\n"
+    assert [d.id for d in jsonl_documents(p, id_field="id")] == ["7", "data.jsonl:2", "data.jsonl:3"]
 
 
 def test_jsonl_documents_errors(tmp_path):
@@ -187,9 +196,13 @@ def test_jsonl_documents_errors(tmp_path):
     p.write_text('{"text": "a"}\nnot json\n')
     with pytest.raises(CorpusError, match=r"x.jsonl:2 is not valid JSON"):
         jsonl_documents(p)
-    p.write_text('{"text": "  "}\n')
-    with pytest.raises(CorpusError, match="holds no non-empty 'text' texts"):
+    p.write_text('{"text": null}\n\n')
+    with pytest.raises(CorpusError, match=r"holds no 'text' texts \(skipped: 1 blank_line, 1 text_not_a_string\)"):
         jsonl_documents(p)
+    p.write_text('{"text": "  "}\n')  # one document, empty: the corpus as a whole is refused
+    assert jsonl_documents(p) == [Document("x.jsonl:1", "  ")]
+    with pytest.raises(CorpusError, match="all 1 documents of split 'all' are empty"):
+        load_corpus(str(p))
 
 
 # ---------------------------------------------------------------- manifests
@@ -278,12 +291,13 @@ def test_load_corpus_domain_default_ignores_same_named_folder(tmp_path, monkeypa
 
 def test_load_corpus_local_sources(tmp_path, corpus_dir):
     c = load_corpus(corpus_dir)
-    assert c.name == corpus_dir and c.domain == "code" and c.split == "all"
+    assert c.name == corpus_dir and c.domain == Path(corpus_dir).name and c.split == "all"  # labelled by its name
+    assert c.skipped == {}
     assert [d.id for d in c.documents] == [f"doc{i}.txt" for i in range(6)]
     t = tmp_path / "one.txt"
     t.write_text("hello world")
     c = load_corpus(str(t), domain="nl")
-    assert (c.name, c.domain, [d.id for d in c.documents]) == (str(t), "nl", ["one.txt"])
+    assert (c.name, c.domain, [d.id for d in c.documents]) == (str(t), "one", ["one.txt"])
     j = tmp_path / "r.jsonl"
     j.write_text('{"body": "x y z"}\n')
     c = load_corpus(str(j), text_field="body")

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import xarray as xr
 
 from truncsens import results
+from truncsens import results_codec as codec
 from truncsens.divergences import METRICS
 from truncsens.results import REQUIRED_ATTRS, ResultsError
 
@@ -57,11 +62,12 @@ def test_make_results_schema():
     assert results.sweep_dim(ds) == "window"
 
 
-def test_make_results_attr_conversion():
+def test_make_results_keeps_attrs_as_given():
     ds = make(model_revision=None, n_sink=True, extra_path=__import__("pathlib").Path("/x/y"))
-    assert ds.attrs["model_revision"] == ""
-    assert ds.attrs["n_sink"] == 1 and isinstance(ds.attrs["n_sink"], int)
-    assert ds.attrs["extra_path"] == "/x/y"
+    assert ds.attrs["model_revision"] is None
+    assert ds.attrs["n_sink"] is True
+    assert ds.attrs["extra_path"] == __import__("pathlib").Path("/x/y")
+    assert ds["doc"].dtype == object  # variable-length strings, not a fixed width
 
 
 def test_make_results_errors():
@@ -174,3 +180,170 @@ def test_utc_now_is_iso8601_utc():
     t = dt.datetime.fromisoformat(s)
     assert t.utcoffset() == dt.timedelta(0)
     assert s.endswith("+00:00") and "." not in s
+
+
+# ---------------------------------------------------------------- strings through shards, merge, save, load
+
+
+def _through_shards(tmp_path, shards: list[list[str]]) -> xr.Dataset:
+    """Save each list of ids as a shard, load and merge them, save and load the merged file."""
+    for i, ids in enumerate(shards):
+        results.save(make(n=len(ids), docs=ids), tmp_path / f"shard-{i}.nc")
+    merged = results.merge([results.load(tmp_path / f"shard-{i}.nc") for i in range(len(shards))])
+    assert merged["doc"].values.tolist() == [d for ids in shards for d in ids]
+    results.save(merged, tmp_path / "merged.nc")
+    return results.load(tmp_path / "merged.nc")
+
+
+def test_merge_keeps_ids_longer_than_the_first_shards(tmp_path):
+    """The README's reference-code.nc: short ids in shard 0 cut later ids to one character."""
+    long_ids = ["code/encodings/mac_latin2.py", "code/encodings/mac_latin2.py", "code/idlelib/hyperparser.py",
+                "code/idlelib/hyperparser.py"]
+    back = _through_shards(tmp_path, [["a", "a"], long_ids])
+    assert back["doc"].values.tolist() == ["a", "a"] + long_ids
+    assert back["doc"].dtype == object
+
+
+def test_merge_keeps_ids_that_share_a_prefix_apart(tmp_path):
+    # cut to 12 characters both ids would read "code/a_long_" and the two documents would collapse into one
+    back = _through_shards(tmp_path, [["code/a_long_", "code/a_long_"], ["code/a_long_name_1.py", "code/a_long_name_2.py"],
+                                      ["z"]])
+    ids = back["doc"].values.tolist()
+    assert ids == ["code/a_long_", "code/a_long_", "code/a_long_name_1.py", "code/a_long_name_2.py", "z"]
+    assert len(set(ids)) == 4
+
+
+ODD_IDS = [
+    "",  # empty document id
+    "a\x00b",  # embedded NUL (HDF5 strings end at NUL: ValueError before)
+    os.fsdecode(b"caf\xe9.txt") if os.name != "nt" else "caf\udce9.txt",  # a Latin-1 file name: 'caf\\udce9.txt'
+    "\ud800",  # a lone high surrogate
+    "back\\slash",  # the escape character itself
+    "\\x00 and \\udce9 written out",  # text that looks like an escape
+    "日本語/ファイル.py",
+    "\U0001f600 emoji",
+]
+
+
+def test_every_text_round_trips_through_shards(tmp_path):
+    assert ODD_IDS[2] == "caf\udce9.txt"
+    back = _through_shards(tmp_path, [ODD_IDS[:3], ODD_IDS[3:]])
+    assert back["doc"].values.tolist() == ODD_IDS
+    assert os.fsencode(back["doc"].values[2]) == b"caf\xe9.txt"  # the original file name bytes
+
+
+def test_plain_ids_are_stored_verbatim_and_odd_ones_escaped(tmp_path):
+    plain = make(n=2, docs=["é/x.py", "back\\slash"])
+    results.save(plain, tmp_path / "plain.nc")
+    with xr.open_dataset(tmp_path / "plain.nc", engine="h5netcdf") as raw:
+        assert raw["doc"].values.tolist() == ["é/x.py", "back\\slash"]  # no escape needed: stored as is
+        assert "truncsens_escape" not in raw["doc"].attrs
+    odd = make(n=3, docs=["a\x00b", "caf\udce9", "back\\slash"])
+    results.save(odd, tmp_path / "odd.nc")
+    with xr.open_dataset(tmp_path / "odd.nc", engine="h5netcdf") as raw:
+        assert raw["doc"].attrs["truncsens_escape"] == "backslash-1"
+        assert raw["doc"].values.tolist() == ["a\\x00b", "caf\\udce9", "back\\\\slash"]
+    assert results.load(tmp_path / "odd.nc")["doc"].values.tolist() == ["a\x00b", "caf\udce9", "back\\slash"]
+    assert "truncsens_escape" not in results.load(tmp_path / "odd.nc")["doc"].attrs
+
+
+def test_policy_names_and_variable_attrs_round_trip(tmp_path):
+    m = metrics_for(2, W=2, policies=2)
+    ds = results.make_results(m, "budget", [8, 32], ["a", "b"], [9, 10], [1, 2], attrs(),
+                              policies=["sink_recent", "p\x00\udcff"])
+    ds["tv"].attrs["units"] = "probability"
+    ds["tv"].attrs["params"] = {"k": [1, None]}
+    back = results.load(results.save(ds, tmp_path / "p.nc"))
+    assert back["policy"].values.tolist() == ["sink_recent", "p\x00\udcff"]
+    assert back["tv"].attrs == {"units": "probability", "params": {"k": [1, None]}}
+    xr.testing.assert_identical(back, ds)
+
+
+@pytest.mark.parametrize("text", ["", "\\", "\\\\x00", "\x00\x00", "\udc80\udcff", "\ud83d\ude00", "a\\u00e9b"])
+def test_escape_is_reversible(text):
+    e = codec.escape(text)
+    assert codec.storable(e)
+    assert codec.unescape(e) == text
+
+
+def test_escape_exact_values_and_random_strings():
+    assert codec.escape("a\\b\x00c\udce9") == "a\\\\b\\x00c\\udce9"
+    assert codec.unescape("a\\\\b\\x00c\\udce9") == "a\\b\x00c\udce9"
+    with pytest.raises(ValueError, match="lone backslash"):
+        codec.unescape("a\\qb")
+    rng = np.random.default_rng(0)
+    alphabet = ["\x00", "\\", "x", "0", "u", "d", "\ud800", "\udfff", "é", "\U0001f600"]
+    for _ in range(300):
+        s = "".join(rng.choice(alphabet, size=rng.integers(0, 12)))
+        assert codec.unescape(codec.escape(s)) == s
+
+
+# ---------------------------------------------------------------- attrs
+
+
+STRUCTURED = {
+    "model_revision": None,
+    "flag": True,
+    "off": False,
+    "np_flag": np.bool_(True),
+    "params": {"budget": [8, 16], "nested": {"a": None, "b": 1.5}, "$type": "not a tag"},
+    "int_keys": {1: "one", (2, 3): "pair"},
+    "list": [1, "two", None, [3.0]],
+    "tuple": (1, "x"),
+    "empty_list": [],
+    "when": dt.datetime(2025, 1, 2, 3, 4, 5, 6, tzinfo=dt.timezone.utc),
+    "naive": dt.datetime(2024, 2, 29, 23, 59),
+    "day": dt.date(2020, 1, 1),
+    "at": dt.time(12, 30),
+    "took": dt.timedelta(days=1, seconds=2, microseconds=3),
+    "where": Path("/data/corpus"),
+    "huge": 2**70,
+    "nul": "x\x00y",
+    "latin1_name": "caf\udce9.txt",
+}
+
+
+def test_structured_attrs_come_back_as_they_went_in(tmp_path):
+    ds = make(**STRUCTURED)
+    back = results.load(results.save(ds, tmp_path / "a.nc"))
+    assert back.attrs == ds.attrs
+    for k, v in STRUCTURED.items():
+        assert back.attrs[k] == v and type(back.attrs[k]) is type(v if not isinstance(v, np.bool_) else True), k
+    assert back.attrs["flag"] is True and back.attrs["model_revision"] is None
+    assert back.attrs["when"].tzinfo == dt.timezone.utc
+
+
+def test_attrs_set_after_creation_round_trip(tmp_path):
+    ds = make()
+    ds.attrs["started"] = dt.datetime(2025, 6, 1, 8, 0, tzinfo=dt.timezone.utc)
+    ds.attrs["resumed"] = False
+    ds.attrs["skipped"] = {"hidden": 3, "not_utf8": 1}
+    ds.attrs["note"] = None
+    back = results.load(results.save(ds, tmp_path / "later.nc"))
+    assert back.attrs == ds.attrs
+    assert back.attrs["skipped"] == {"hidden": 3, "not_utf8": 1} and back.attrs["resumed"] is False
+
+
+def test_plain_attrs_stay_plain_netcdf(tmp_path):
+    ds = make(flag=True, score=0.25, params={"a": 1})
+    results.save(ds, tmp_path / "p.nc")
+    with xr.open_dataset(tmp_path / "p.nc", engine="h5netcdf") as raw:
+        assert raw.attrs["model"] == "tiny" and raw.attrs["n_sink"] == 0 and raw.attrs["score"] == 0.25
+        assert raw.attrs["model_revision"] == "" and raw.attrs["log_base"] == "e"
+        assert raw.attrs["flag"] == "true" and raw.attrs["params"] == '{"a": 1}'
+        assert raw.attrs["truncsens_json_attrs"] == '["flag", "params"]'
+    assert "truncsens_json_attrs" not in results.load(tmp_path / "p.nc").attrs
+
+
+def test_unstorable_attrs_are_refused_by_name(tmp_path):
+    with pytest.raises(ResultsError, match="attr 'weird' holds a object"):
+        make(weird=object())
+    with pytest.raises(ResultsError, match="attr 'deep' holds a set"):
+        make(deep={"a": [{1, 2}]})
+    with pytest.raises(ResultsError, match="'truncsens_json_attrs' is reserved"):
+        make(truncsens_json_attrs="[]")
+    ds = make()
+    ds.attrs["later"] = object()
+    with pytest.raises(ResultsError, match="attr 'later' holds a object"):
+        results.save(ds, tmp_path / "x.nc")
+    assert not (tmp_path / "x.nc").exists() and not (tmp_path / "x.nc.tmp").exists()

@@ -55,13 +55,16 @@ def solve_scale(scores: torch.Tensor, eligible: torch.Tensor, expected: torch.Te
         smallest c that keeps them all, ``1/min s``).
 
     Raises:
-        PoissonDesignError: a score is negative or not finite, or a row asks for more tokens than
+        PoissonDesignError: a score is negative or not finite, the budget is negative or not
+            finite, or a row asks for more tokens than
             it has eligible tokens with a positive score (in particular: all scores zero).
     """
     s = torch.where(eligible, scores.to(torch.float64), torch.zeros((), dtype=torch.float64, device=scores.device))
     if not torch.isfinite(s).all() or (s < 0).any():
         raise PoissonDesignError("poisson scores must be finite and non-negative")
     m = torch.as_tensor(expected, dtype=torch.float64, device=s.device).expand(s.shape[:-1])  # [...]
+    if not bool(torch.isfinite(m).all()) or bool((m < 0).any()):
+        raise PoissonDesignError(f"the poisson tail budget must be a finite number >= 0, got {m.flatten()[:5].tolist()}")
     n_pos = (s > 0).sum(-1)  # [...]
     short = (m > n_pos + 1e-9) & (m > 0)
     if short.any():
@@ -111,23 +114,62 @@ def inclusion_probabilities(scores: torch.Tensor, eligible: torch.Tensor, expect
     return torch.where(eligible, pi, torch.zeros_like(pi))
 
 
+def check_probabilities(pi: torch.Tensor, name: str = "pi") -> None:
+    """Check that every entry of ``pi`` is a probability: in [0, 1] and not NaN (any float dtype).
+
+    Raises:
+        ValueError: naming how many entries are NaN or outside [0, 1], and the first few.
+    """
+    if not pi.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor of probabilities, got {pi.dtype}")
+    bad = torch.isnan(pi) | (pi < 0) | (pi > 1)
+    if bool(bad.any()):
+        values = pi[bad].flatten()[:5].tolist()
+        raise ValueError(f"{name} must lie in [0, 1]: {int(bad.sum())} entries are NaN or outside, e.g. {values}")
+
+
 def draw(pi: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Independent Bernoulli(π_i) draws from given uniforms: ``u_i < π_i``. [..., n] -> [..., n] bool."""
-    return uniforms.to(pi.dtype) < pi
+    """Independent Bernoulli(π_i) draws from given uniforms: kept where ``u_i < π_i``.
+
+    The comparison is made in float64 (π of any float dtype — float16, bfloat16, float32, float64 —
+    converts exactly), and ``π = 1`` is always kept and ``π = 0`` never, whatever the uniform: a
+    float32 cast would round the float64 uniform ``1 − 2⁻²⁶`` up to 1 and drop a certain key.
+
+    Args:
+        pi: [..., n] inclusion probabilities in [0, 1].
+        uniforms: [..., n] (broadcastable) uniforms in [0, 1], typically float64 from ``torch.rand``.
+
+    Returns:
+        [..., n] bool.
+
+    Raises:
+        ValueError: a π or a uniform is NaN or outside [0, 1].
+    """
+    check_probabilities(pi, "pi")
+    check_probabilities(uniforms, "uniforms")
+    p = pi.to(torch.float64)
+    return ((uniforms.to(torch.float64) < p) | (p == 1)) & (p > 0)
 
 
 def hajek_offsets(pi: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     """Additive logit offsets ``log(1/π_i)`` on kept tokens, 0 elsewhere (certain tokens: π = 1).
 
     Args:
-        pi: [..., n] inclusion probabilities (1 for certain tokens).
+        pi: [..., n] inclusion probabilities in [0, 1] (1 for certain tokens).
         kept: [..., n] bool.
 
     Returns:
-        [..., n] offsets, same dtype as ``pi``.
+        [..., n] offsets, same dtype as ``pi`` (computed in float64).
+
+    Raises:
+        ValueError: a π is NaN or outside [0, 1], or a kept token has π = 0 (it cannot have been drawn).
     """
-    safe = torch.where(kept, pi, torch.ones_like(pi))
-    return torch.where(kept, -torch.log(safe), torch.zeros_like(pi))
+    check_probabilities(pi, "pi")
+    if bool((kept & (pi == 0)).any()):
+        raise ValueError("a kept token has inclusion probability 0: it cannot have been drawn")
+    p = pi.to(torch.float64)
+    safe = torch.where(kept, p, torch.ones_like(p))
+    return torch.where(kept, -torch.log(safe), torch.zeros_like(p)).to(pi.dtype)
 
 
 def hajek_attention(logits: torch.Tensor, values: torch.Tensor, kept: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
@@ -165,6 +207,7 @@ def hajek_variance(logits: torch.Tensor, values: torch.Tensor, kept: torch.Tenso
     Returns:
         [...] the variance estimate (squared units of ``values``, summed over the d coordinates).
     """
+    check_probabilities(pi, "pi")
     neg = torch.full_like(logits, -math.inf)
     shift = torch.where(kept, logits, neg).amax(-1, keepdim=True)  # [..., 1]
     w = torch.where(kept, (logits - shift).exp(), torch.zeros_like(logits))  # [..., n]

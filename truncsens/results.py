@@ -6,9 +6,17 @@ Schema (see ``design.md``):
   sweeps); retention sweeps over several policies add a leading ``policy`` dim.
 - coords: the sweep dim (int64 tokens); per target ``doc`` (str id), ``position`` (int64, index of
   the target token in its document) and ``token_id`` (int64); ``policy`` (str) when present.
+  String coords are numpy ``object`` arrays of Python ``str`` in memory and HDF5 variable-length
+  UTF-8 strings on disk, so no id is ever cut to a fixed width. Any ``str`` round-trips exactly
+  (empty, non-ASCII, NUL, the lone surrogates of a non-UTF-8 file name): a variable holding a value
+  HDF5 cannot store is written with the reversible ``backslash-1`` escape of
+  :mod:`truncsens.results_codec` (variable attr ``truncsens_escape``) and unescaped by :func:`load`.
 - data vars: :data:`truncsens.divergences.METRICS`, float32 (``top1_agree`` int8), shape
   ([policy,] target, window|budget).
-- attrs: :data:`REQUIRED_ATTRS`, all strings or numbers. Log base e (attr ``log_base``).
+- attrs: :data:`REQUIRED_ATTRS` plus any provenance. Strings and numbers are plain NetCDF attrs;
+  ``None``, ``bool``, lists, tuples, dicts, datetimes and paths are stored as JSON text named in
+  the reserved attr ``truncsens_json_attrs`` and restored by :func:`load` as they went in
+  (:mod:`truncsens.results_codec`). Log base e (attr ``log_base``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import xarray as xr
 
+from truncsens import results_codec as codec
 from truncsens.divergences import METRICS
 
 SWEEP_DIMS = ("window", "budget")
@@ -58,11 +67,13 @@ def make_results(
         sweep: "window" or "budget".
         sweep_values: the S windows / budgets, in tokens.
         doc, position, token_id: per-target coords, length ``target``.
-        attrs: provenance; every key of :data:`REQUIRED_ATTRS` must be present.
+        attrs: provenance; every key of :data:`REQUIRED_ATTRS` must be present. Values are kept
+            as given (``None`` stays ``None``, ``True`` stays ``True``); they must be storable, see
+            :mod:`truncsens.results_codec`.
         policies: policy names for a leading ``policy`` dim, or None.
 
     Raises:
-        ResultsError: a shape, name or attr does not fit the schema.
+        ResultsError: a shape, name or attr does not fit the schema, or an attr value cannot be stored.
     """
     if sweep not in SWEEP_DIMS:
         raise ResultsError(f"sweep dim must be one of {SWEEP_DIMS}, got {sweep!r}")
@@ -75,26 +86,43 @@ def make_results(
         data_vars[name] = (dims, np.asarray(metrics[name]).astype(dtype))
     coords = {
         sweep: np.asarray(sweep_values, dtype=np.int64),
-        "doc": ("target", np.asarray(list(doc), dtype=object).astype(str)),
+        "doc": ("target", _strings(doc, "doc")),
         "position": ("target", np.asarray(position, dtype=np.int64)),
         "token_id": ("target", np.asarray(token_id, dtype=np.int64)),
     }
     if policies is not None:
-        coords["policy"] = np.asarray(list(policies), dtype=str)
-    ds = xr.Dataset(data_vars, coords=coords, attrs={k: _attr(v) for k, v in attrs.items()})
+        coords["policy"] = _strings(policies, "policy")
+    ds = xr.Dataset(data_vars, coords=coords, attrs=dict(attrs))
     ds.attrs.setdefault("log_base", "e")
     validate(ds)
     return ds
 
 
-def _attr(value: object) -> object:
-    if value is None:
-        return ""
-    if isinstance(value, (bool, np.bool_)):
-        return int(value)
-    if isinstance(value, (int, float, str, np.integer, np.floating)):
-        return value
-    return str(value)
+def _strings(values: Sequence[str], name: str) -> np.ndarray:
+    """A 1-D object array of Python ``str`` (no fixed width: nothing is ever cut)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        if isinstance(v, np.str_):
+            v = str(v)
+        if not isinstance(v, str):
+            raise ResultsError(f"coord {name!r} must hold strings, got {type(v).__name__} {v!r} at index {i}")
+        out[i] = v
+    return out
+
+
+def _is_text(var: xr.Variable) -> bool:
+    return var.dtype.kind in "UO"
+
+
+def _text_values(var: xr.Variable, name: str) -> np.ndarray:
+    """The values of a string variable as an object array of ``str`` (same shape)."""
+    flat = [str(v) if isinstance(v, np.str_) else v for v in np.asarray(var.values, dtype=object).ravel()]
+    bad = next((v for v in flat if not isinstance(v, str)), None)
+    if bad is not None:
+        raise ResultsError(f"variable {name!r} must hold strings only, got {type(bad).__name__} {bad!r}")
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(var.shape)
 
 
 def sweep_dim(ds: xr.Dataset) -> str:
@@ -124,6 +152,11 @@ def validate(ds: xr.Dataset) -> None:
     for c in ("doc", "position", "token_id"):
         if c not in ds.coords:
             raise ResultsError(f"not a truncsens results file: coord {c!r} missing")
+    for name, value in ds.attrs.items():
+        try:
+            codec.check_attr(name, value)
+        except codec.AttrEncodingError as exc:
+            raise ResultsError(str(exc)) from exc
     absent = [a for a in REQUIRED_ATTRS if a not in ds.attrs]
     if absent:
         raise ResultsError(f"not a truncsens results file: attrs missing: {', '.join(absent)}")
@@ -142,12 +175,69 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
         OSError: the path cannot be written.
     """
     validate(ds)
+    encoded = _encode(ds)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    ds.to_netcdf(tmp, engine="h5netcdf")
+    encoded.to_netcdf(tmp, engine="h5netcdf")
     tmp.replace(path)
     return path
+
+
+def _encode(ds: xr.Dataset) -> xr.Dataset:
+    """A copy ready for NetCDF: string variables as variable-length strings (escaped where a value
+    cannot be stored), attrs through :func:`truncsens.results_codec.encode_attrs`."""
+
+    def one(name: str, var: xr.Variable) -> xr.Variable:
+        attrs = codec.encode_attrs(var.attrs)
+        values = var.data
+        if _is_text(var):
+            values = _text_values(var, name)
+            if not all(codec.storable(v) for v in values.ravel()):
+                values = _map(codec.escape, values)
+                attrs[codec.ESCAPE_ATTR] = codec.ESCAPE_SCHEME
+        new = xr.Variable(var.dims, values, attrs, dict(var.encoding))
+        if _is_text(var):
+            new.encoding = {"dtype": str}  # variable-length: never the width of some earlier shard
+        return new
+
+    try:
+        return _rebuild(ds, one, codec.encode_attrs(ds.attrs))
+    except codec.AttrEncodingError as exc:
+        raise ResultsError(str(exc)) from exc
+
+
+def _decode(ds: xr.Dataset) -> xr.Dataset:
+    """Undo :func:`_encode` on a dataset read from a file."""
+
+    def one(name: str, var: xr.Variable) -> xr.Variable:
+        attrs = dict(var.attrs)
+        scheme = attrs.pop(codec.ESCAPE_ATTR, None)
+        values = var.data
+        encoding = dict(var.encoding)
+        if _is_text(var):
+            values = _text_values(var, name)
+            if scheme is not None:
+                if scheme != codec.ESCAPE_SCHEME:
+                    raise ResultsError(f"variable {name!r} has an unknown string escape {scheme!r}")
+                values = _map(codec.unescape, values)
+            encoding.pop("dtype", None)  # a fixed width read from a file must not bind later saves
+        return xr.Variable(var.dims, values, codec.decode_attrs(attrs), encoding)
+
+    return _rebuild(ds, one, codec.decode_attrs(ds.attrs))
+
+
+def _map(fn, values: np.ndarray) -> np.ndarray:
+    out = np.empty(values.shape, dtype=object)
+    out.ravel()[:] = [fn(v) for v in values.ravel()]
+    return out
+
+
+def _rebuild(ds: xr.Dataset, fn, attrs: dict) -> xr.Dataset:
+    """A dataset with ``fn(name, variable)`` in place of every variable (coords stay coords)."""
+    coords = {n: fn(n, v) for n, v in ds.coords.variables.items()}
+    data_vars = {n: fn(n, ds[n].variable) for n in ds.data_vars}
+    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
 
 def load(path: str | Path) -> xr.Dataset:
@@ -165,12 +255,19 @@ def load(path: str | Path) -> xr.Dataset:
             ds = ds.load()
     except Exception as exc:  # h5py / xarray raise many kinds for a non-NetCDF file
         raise ResultsError(f"{path} is not a NetCDF results file ({type(exc).__name__}: {exc})") from exc
+    try:
+        ds = _decode(ds)
+    except ValueError as exc:  # bad JSON or escape: a damaged or foreign file
+        raise ResultsError(f"{path}: cannot decode its strings or attrs ({exc})") from exc
     validate(ds)
     return ds
 
 
 def merge(parts: Sequence[xr.Dataset]) -> xr.Dataset:
     """Concatenate shards of one run along ``target`` (attrs of the first shard are kept).
+
+    String coords are concatenated as variable-length strings: a long id of a later shard is
+    never cut to the width of the first shard's ids.
 
     Raises:
         ResultsError: no parts, or parts with different sweeps.
@@ -183,5 +280,13 @@ def merge(parts: Sequence[xr.Dataset]) -> xr.Dataset:
         if sweep_dim(p) != sweep or not np.array_equal(p[sweep].values, first):
             raise ResultsError("shards have different windows/budgets and cannot be merged")
     out = xr.concat(list(parts), dim="target", combine_attrs="override")
+
+    def plain(name: str, var: xr.Variable) -> xr.Variable:
+        if not _is_text(var):
+            return var
+        encoding = {k: v for k, v in var.encoding.items() if k != "dtype"}  # no fixed width from shard 0
+        return xr.Variable(var.dims, _text_values(var, name), var.attrs, encoding)
+
+    out = _rebuild(out, plain, dict(out.attrs))
     validate(out)
     return out

@@ -5,12 +5,18 @@
 - ``nl``: English prose from the same installation: the pydoc topics (one document each) and the
   module / class / function docstrings of each standard-library module, in source order, one
   document per module. Docstrings are read with :mod:`ast`, so nothing is imported.
+
+Both take an optional ``skipped`` :class:`collections.Counter` and count in it the files they leave
+out by reason: ``not_utf8`` (a source file that is not UTF-8), ``unreadable`` and, for ``code``, ``empty`` (a
+``.py`` file holding only whitespace, e.g. an empty ``__init__.py``: by definition not a document of
+the builtin code corpus).
 """
 
 from __future__ import annotations
 
 import ast
 import sysconfig
+from collections import Counter
 from pathlib import Path
 
 from truncsens.corpora.document import Document
@@ -36,20 +42,29 @@ def _stdlib_files(root: Path) -> list[Path]:
     return files
 
 
-def _read(path: Path) -> str | None:
+def _read(path: Path, skipped: Counter) -> str | None:
+    """The UTF-8 text of a file, or None after counting why not (``not_utf8`` or ``unreadable``)."""
     try:
         return path.read_text(encoding="utf-8")
-    except (UnicodeDecodeError, OSError):
-        return None
+    except UnicodeDecodeError:
+        skipped["not_utf8"] += 1
+    except OSError:
+        skipped["unreadable"] += 1
+    return None
 
 
-def code_documents(root: Path | None = None) -> list[Document]:
-    """One document per standard-library source file, id ``code/<relative path>``."""
+def code_documents(root: Path | None = None, skipped: Counter | None = None) -> list[Document]:
+    """One document per non-empty standard-library source file, id ``code/<relative path>``."""
     root = root or stdlib_dir()
+    skipped = Counter() if skipped is None else skipped
     docs = []
     for path in _stdlib_files(root):
-        text = _read(path)
-        if text and text.strip():
+        text = _read(path, skipped)
+        if text is None:
+            continue
+        if not text.strip():
+            skipped["empty"] += 1
+        else:
             docs.append(Document(id=f"code/{path.relative_to(root).as_posix()}", text=text))
     return docs
 
@@ -69,8 +84,9 @@ def _docstrings_in_order(source: str) -> list[str]:
     return [doc for _, doc in found]
 
 
-def nl_documents(root: Path | None = None) -> list[Document]:
+def nl_documents(root: Path | None = None, skipped: Counter | None = None) -> list[Document]:
     """Pydoc topics (id ``nl/topic/<name>``) and per-module docstrings (id ``nl/module/<path>``)."""
+    skipped = Counter() if skipped is None else skipped
     docs = []
     try:
         from pydoc_data.topics import topics
@@ -82,8 +98,8 @@ def nl_documents(root: Path | None = None) -> list[Document]:
             docs.append(Document(id=f"nl/topic/{name}", text=text))
     root = root or stdlib_dir()
     for path in _stdlib_files(root):
-        source = _read(path)
-        if not source:
+        source = _read(path, skipped)
+        if source is None:
             continue
         strings = _docstrings_in_order(source)
         if strings:

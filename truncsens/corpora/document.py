@@ -9,6 +9,11 @@ HELDOUT_FRACTION = 0.1
 SPLITS = ("train", "heldout", "all")
 
 
+def id_bytes(doc_id: str) -> bytes:
+    """Bytes of an id for hashing: UTF-8 with ``surrogatepass`` (one-to-one on every ``str``)."""
+    return doc_id.encode("utf-8", errors="surrogatepass")
+
+
 @dataclass(frozen=True)
 class Document:
     """One document of a corpus: a stable id and its raw text."""
@@ -20,9 +25,11 @@ class Document:
 def split_of(doc_id: str, heldout_fraction: float = HELDOUT_FRACTION) -> str:
     """Split ("train" or "heldout") of a document, from the SHA-256 of its id.
 
-    The split depends only on the id, so it is the same on every machine and in every run.
+    The split depends only on the id, so it is the same on every machine and in every run. Ids are
+    hashed as UTF-8 with ``surrogatepass`` (equal to UTF-8 for every valid id; a non-UTF-8 file
+    name, whose bytes Python holds as lone surrogates, hashes too).
     """
-    digest = hashlib.sha256(doc_id.encode("utf-8")).digest()
+    digest = hashlib.sha256(id_bytes(doc_id)).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64  # uniform in [0, 1)
     return "heldout" if u < heldout_fraction else "train"
 
@@ -44,7 +51,7 @@ def corpus_sha256(docs: list[Document]) -> str:
     """SHA-256 over the ids and texts of the documents, in order (provenance of a run)."""
     h = hashlib.sha256()
     for d in docs:
-        h.update(d.id.encode("utf-8"))
+        h.update(id_bytes(d.id))
         h.update(b"\0")
         h.update(d.text.encode("utf-8", errors="surrogatepass"))
         h.update(b"\0")

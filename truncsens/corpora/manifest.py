@@ -1,13 +1,15 @@
 """YAML corpus manifests (``data_manifests/*.yaml``): one corpus each.
 
-Keys: ``name``, ``domain`` (code | nl), ``source`` (builtin | local | hf), ``license``,
-``description``; for ``builtin``: ``builtin`` (code | nl); for ``local``: ``path`` (relative to
-the manifest), optional ``glob``, ``text_field``; for ``hf``: ``dataset``, optional ``config``,
-``data_dir``, ``split``, ``text_field``, ``id_field``, ``max_docs``, ``join_lines``.
+Keys: ``name``, ``domain`` (the label recorded in results, e.g. code | nl | legal), ``source``
+(builtin | local | hf), ``license``, ``description``; for ``builtin``: ``builtin`` (code | nl); for
+``local``: ``path`` (relative to the manifest), optional ``glob``, ``text_field``, ``id_field``; for
+``hf``: ``dataset``, optional ``config``, ``data_dir``, ``split``, ``text_field``, ``id_field``,
+``max_docs``, ``join_lines``. The format is documented in ``data_manifests/README.md``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -61,6 +63,9 @@ def read_manifest(path_or_name: str | Path) -> Manifest:
     for key in ("name", "domain", "source"):
         if key not in data:
             raise CorpusError(f"manifest {path} lacks the key {key!r}")
+    if not isinstance(data["domain"], str) or not data["domain"].strip():
+        raise CorpusError(f"manifest {path}: domain must be a non-empty string (the label recorded in results), "
+                          f"got {data['domain']!r}")
     if data["source"] not in SOURCES:
         raise CorpusError(f"manifest {path}: source must be one of {SOURCES}, got {data['source']!r}")
     required = {"builtin": "builtin", "local": "path", "hf": "dataset"}[data["source"]]
@@ -72,8 +77,11 @@ def read_manifest(path_or_name: str | Path) -> Manifest:
     return Manifest(name=data["name"], domain=data["domain"], source=data["source"], options=options, path=path)
 
 
-def hf_documents(m: Manifest) -> list[Document]:
+def hf_documents(m: Manifest, skipped: Counter | None = None) -> list[Document]:
     """Documents of a Hugging Face dataset manifest, through ``datasets``.
+
+    Every row whose text is a string is a document, the empty ones too; rows whose text is not a
+    string are counted in ``skipped["text_not_a_string"]``. ``max_docs`` caps the documents kept.
 
     Raises:
         CorpusError: ``datasets`` is not installed, the hub is unreachable, or the text field is absent.
@@ -103,14 +111,17 @@ def hf_documents(m: Manifest) -> list[Document]:
     max_docs = o.get("max_docs")
     if o.get("join_lines"):
         return _join_articles(ds[field_name], m.name)
+    skipped = Counter() if skipped is None else skipped
     docs = []
     for i, row in enumerate(ds):
         if max_docs and len(docs) >= max_docs:
             break
         text = row[field_name]
-        if isinstance(text, str) and text.strip():
-            doc_id = str(row[o["id_field"]]) if o.get("id_field") else f"{m.name}/{i}"
-            docs.append(Document(id=doc_id, text=text))
+        if not isinstance(text, str):
+            skipped["text_not_a_string"] += 1
+            continue
+        doc_id = str(row[o["id_field"]]) if o.get("id_field") else f"{m.name}/{i}"
+        docs.append(Document(id=doc_id, text=text))
     return docs
 
 

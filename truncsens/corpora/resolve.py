@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from truncsens.corpora.builtin import BUILTIN
 from truncsens.corpora.document import Document, corpus_sha256, select_split
-from truncsens.corpora.local import CorpusError, folder_documents, jsonl_documents, text_file_documents
+from truncsens.corpora.local import (
+    CorpusError, describe_skipped, folder_documents, jsonl_documents, text_file_documents,
+)
 from truncsens.corpora.manifest import hf_documents, read_manifest
 
 DOMAINS = ("code", "nl")
@@ -19,10 +22,15 @@ class Corpus:
 
     Attributes:
         name: manifest name or path (attr ``corpus``).
-        domain: "code", "nl" or "" when unknown (attr ``domain``).
+        domain: the label recorded in results (attr ``domain``): the manifest's ``domain`` for a
+            manifest ("code" / "nl" for the builtin ones), the corpus's own name (folder name or
+            file stem) for a folder, ``.txt`` or ``.jsonl`` given as a path.
         split: the split that was read ("heldout", "train" or "all").
-        documents: the documents, sorted by id.
+        documents: the documents of the split, sorted by id; every one, empty ones included.
         sha256: :func:`corpus_sha256` of the documents.
+        skipped: files / records that are not documents, by reason (see
+            :data:`truncsens.corpora.local.SKIP_REASONS`; builtin corpora also ``empty``), counted
+            over the whole corpus before the split; ``{}`` when nothing was skipped.
     """
 
     name: str
@@ -30,6 +38,7 @@ class Corpus:
     split: str
     documents: list[Document]
     sha256: str
+    skipped: dict[str, int] = field(default_factory=dict)
 
 
 def load_corpus(corpus: str | None = None, domain: str = "code", split: str = "auto",
@@ -39,28 +48,32 @@ def load_corpus(corpus: str | None = None, domain: str = "code", split: str = "a
     Args:
         corpus: None (the default manifest of ``domain``), a shipped manifest name, a ``.yaml``
             manifest path, a folder of text files, a ``.txt`` file, or a ``.jsonl`` file.
-        domain: "code" or "nl"; picks the default manifest and is recorded.
+        domain: "code" or "nl"; picks the default manifest. The recorded label is the manifest's
+            ``domain``, or for a corpus given as a path its own name (see :class:`Corpus`).
         split: "heldout", "train", "all", or "auto" (held-out for builtin corpora, whose train
             split trained the reference model; all documents otherwise).
         text_field: field of a ``.jsonl`` record holding the text.
         glob: file pattern inside a folder corpus.
 
     Raises:
-        CorpusError: unknown domain or corpus, unreadable or empty corpus.
+        CorpusError: unknown domain or corpus, unreadable or empty corpus, every document of the
+            split empty, or two documents with the same id.
     """
     if domain not in DOMAINS:
         raise CorpusError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")
     spec = corpus or domain
     path = Path(spec).expanduser()
     builtin = False
+    skipped: Counter = Counter()
     # corpus=None means the domain's default manifest, even where the cwd holds a file or folder of that name
     given = corpus is not None
+    label = (path.resolve().name if path.is_dir() else path.stem) if given else ""
     if given and path.is_dir():
-        docs, name = folder_documents(path, glob), str(path)
+        docs, name, domain = folder_documents(path, glob, skipped), str(path), label
     elif given and path.suffix == ".jsonl" and path.is_file():
-        docs, name = jsonl_documents(path, text_field), str(path)
+        docs, name, domain = jsonl_documents(path, text_field, skipped=skipped), str(path), label
     elif given and path.suffix == ".txt" and path.is_file():
-        docs, name = text_file_documents(path), str(path)
+        docs, name, domain = text_file_documents(path), str(path), label
     elif given and path.is_file() and path.suffix not in (".yaml", ".yml"):
         raise CorpusError(
             f"corpus file {spec} is neither .txt, .jsonl nor a .yaml manifest; pass a folder, a .txt, a .jsonl or a manifest")
@@ -68,27 +81,40 @@ def load_corpus(corpus: str | None = None, domain: str = "code", split: str = "a
         raise CorpusError(f"corpus path {spec} does not exist")
     else:
         m = read_manifest(spec)
-        name = m.name
-        if corpus is not None and m.domain in DOMAINS:
-            domain = m.domain
+        name, domain = m.name, m.domain
         if m.source == "builtin":
-            docs, builtin = BUILTIN[m.options["builtin"]](), True
+            docs, builtin = BUILTIN[m.options["builtin"]](skipped=skipped), True
         elif m.source == "local":
             base = m.path.parent if m.path else Path(".")
             local = (base / m.options["path"]).resolve()
             if not local.exists():
                 raise CorpusError(f"manifest {m.path}: local corpus path {local} does not exist")
             if local.is_dir():
-                docs = folder_documents(local, m.options.get("glob", glob))
+                docs = folder_documents(local, m.options.get("glob", glob), skipped)
             elif local.suffix == ".jsonl":
-                docs = jsonl_documents(local, m.options.get("text_field", text_field))
+                docs = jsonl_documents(local, m.options.get("text_field", text_field), m.options.get("id_field"), skipped)
             else:
                 docs = text_file_documents(local)
         else:
-            docs = hf_documents(m)
+            docs = hf_documents(m, skipped)
+    _check_unique_ids(docs, name)
     if split == "auto":
         split = "heldout" if builtin else "all"
     docs = sorted(select_split(docs, split), key=lambda d: d.id)
     if not docs:
         raise CorpusError(f"corpus {name!r} has no documents in split {split!r}")
-    return Corpus(name=name, domain=domain, split=split, documents=docs, sha256=corpus_sha256(docs))
+    if not any(d.text.strip() for d in docs):
+        raise CorpusError(f"corpus {name!r}: all {len(docs)} documents of split {split!r} are empty "
+                          f"(skipped: {describe_skipped(skipped)})")
+    return Corpus(name=name, domain=domain, split=split, documents=docs, sha256=corpus_sha256(docs),
+                  skipped=dict(sorted((k, v) for k, v in skipped.items() if v)))
+
+
+def _check_unique_ids(docs: list[Document], name: str) -> None:
+    """Raise CorpusError when two documents share an id (document-level statistics group by it)."""
+    seen: set[str] = set()
+    for d in docs:
+        if d.id in seen:
+            raise CorpusError(f"corpus {name!r} has two documents with the id {d.id!r}; ids must be unique "
+                              "(for a .jsonl corpus, pick another id field or none)")
+        seen.add(d.id)
