@@ -76,7 +76,7 @@ def test_show_json(measured, tiny_llama_dir, corpus_dir):
     assert a["positions"] == "original"
     assert a["reference_context"] == 64
     assert a["corpus"] == corpus_dir
-    assert a["domain"] == "code"
+    assert a["domain"] == Path(corpus_dir).name
     assert a["model"] == tiny_llama_dir
     assert a["n_sink"] == 0 and a["seed"] == 0 and a["dtype"] == "float32" and a["device"] == "cpu"
     assert a["log_base"] == "e"

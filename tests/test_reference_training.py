@@ -27,9 +27,10 @@ def test_lr_schedule_warmup_cosine_and_time_budget():
 def test_doc_clustered_mean_se_by_hand():
     values = np.array([1.0, 3.0, 10.0, 4.0])
     mean, se = doc_clustered_mean_se(values, ["a", "a", "b", "c"])
-    doc_means = np.array([2.0, 10.0, 4.0])
-    assert mean == pytest.approx(16 / 3)
-    assert se == pytest.approx(doc_means.std(ddof=1) / math.sqrt(3))
+    assert mean == pytest.approx(18 / 4)
+    # CR1: residual sums per document (4 - 9, 10 - 4.5, 4 - 4.5) = (-5, 5.5, -0.5); G = 3 documents
+    resid = np.array([-5.0, 5.5, -0.5])
+    assert se == pytest.approx(math.sqrt(3 / 2 * (resid**2).sum()) / 4)
 
 
 def test_write_card(tmp_path):

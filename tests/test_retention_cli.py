@@ -178,7 +178,8 @@ def test_bad_input_clear_message_and_nothing_lost(tiny_llama_dir, corpus_dir, tm
     out = tmp_path / "kept.nc"
     run_measure(retention_cfg(tiny_llama_dir, corpus_dir, out, policies=["suffix"], budgets=[8], semantics="reencode"))
     before = out.read_bytes()
-    base = ["measure", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", N, "--out", out, "--no-progress"]
+    base = ["measure", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", N, "--out", out, "--no-progress",
+            "--overwrite"]  # past the existing-file check: each bad option must still be caught before anything is written
     zero = zero_key_model(tiny_llama_dir, tmp_path / "zero_keys")
     cases = [
         (["--policy", "sink_recent", "--budgets", "16,128"], "budget 128 is larger than the available context of 64 tokens"),

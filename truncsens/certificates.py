@@ -2,7 +2,7 @@
 estimate and certificate radii. Pure torch math, no model code.
 
 Source: P. Xie, "Error Certificates for KV-Cache Eviction via Randomized Design" (arXiv 2607.21475),
-see ``research/method.md`` section B. What the paper states: each tail token ``i`` is kept
+see ``docs/method.md``, section 5. What the paper states: each tail token ``i`` is kept
 independently with a known probability ``π_i``, and adding ``log(1/π_i)`` to the logit of each kept
 tail token turns the attention output into the Hájek ratio estimator
 
@@ -10,7 +10,7 @@ tail token turns the attention output into the Hájek ratio estimator
 
 of the full output ``o = Σ_i w_i v_i / Σ_i w_i`` (certain tokens have ``π_i = 1``). The formulas below
 that the abstract does not state are the standard Poisson-sampling ones (Särndal, Swensson and
-Wretman, *Model Assisted Survey Sampling*, 1992, sections 3.3 and 5.7), marked [ours] in method.md:
+Wretman, *Model Assisted Survey Sampling*, 1992, sections 3.3 and 5.7), marked [ours] in docs/method.md:
 
 - ``π_i = min(1, c·score_i)`` with ``c`` found by bisection (over the number of tokens with
   ``π_i = 1``, which makes it exact) so that ``Σ_tail π_i`` equals the tail budget (expected number
@@ -197,7 +197,7 @@ def hajek_variance(logits: torch.Tensor, values: torch.Tensor, kept: torch.Tenso
     """Variance estimate of the linearized Hájek error, from the kept set only.
 
     ``V̂ = (1/Ẑ²) Σ_{i∈S∩tail} (1 − π_i)/π_i² · w_i² · ‖v_i − ô‖²``, ``Ẑ = Σ_S w_i/π_i``
-    (standard Poisson-design estimator; method.md section B [ours]). The common factor of the
+    (standard Poisson-design estimator; docs/method.md section 5 [ours]). The common factor of the
     ``w_i`` cancels, so logits are shifted by their kept maximum for stability.
 
     Args:

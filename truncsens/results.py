@@ -1,6 +1,6 @@
 """The results file: an xarray Dataset saved as NetCDF (engine h5netcdf).
 
-Schema (see ``design.md``):
+Schema (docs/results.md):
 
 - dims: ``target`` and one sweep dim, ``window`` (suffix truncation) or ``budget`` (retention
   sweeps); retention sweeps over several policies add a leading ``policy`` dim.
@@ -22,6 +22,7 @@ Schema (see ``design.md``):
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -32,13 +33,15 @@ from truncsens import results_codec as codec
 from truncsens.divergences import METRICS
 
 SWEEP_DIMS = ("window", "budget")
+# The vocabulary a results file may use; the engine's registry of semantics
+# (truncsens.engine.semantics) is checked against it when it is built.
+SEMANTICS = ("reencode", "streaming", "prefill_evict")
+POSITIONS = ("original", "reindexed")
 REQUIRED_ATTRS = (
     "truncsens_version", "model", "model_revision", "tokenizer", "dtype", "device", "semantics",
     "positions", "n_sink", "reference_context", "corpus", "corpus_sha256", "domain", "seed",
     "created", "command",
 )
-SEMANTICS = ("reencode", "streaming", "prefill_evict")
-POSITIONS = ("original", "reindexed")
 
 
 class ResultsError(ValueError):
@@ -168,7 +171,9 @@ def validate(ds: xr.Dataset) -> None:
 
 
 def save(ds: xr.Dataset, path: str | Path) -> Path:
-    """Validate and write ``ds`` to NetCDF at ``path`` (atomically: temp file, then rename).
+    """Validate and write ``ds`` to NetCDF at ``path`` atomically: a temporary file of this process
+    (``.<name>.<pid>.tmp`` beside it, so concurrent writers never share one), then a rename; the
+    temporary file is removed if writing fails.
 
     Raises:
         ResultsError: ``ds`` does not fit the schema (nothing is written).
@@ -178,9 +183,13 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
     encoded = _encode(ds)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    encoded.to_netcdf(tmp, engine="h5netcdf")
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        encoded.to_netcdf(tmp, engine="h5netcdf")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -245,7 +254,8 @@ def load(path: str | Path) -> xr.Dataset:
 
     Raises:
         FileNotFoundError: no such file.
-        ResultsError: the file is not NetCDF or not a truncsens results file.
+        ResultsError: the file is not NetCDF or not a truncsens results file, or another process
+            holds it open for writing (HDF5's file lock; the message says how to read it anyway).
     """
     path = Path(path)
     if not path.is_file():
@@ -254,6 +264,11 @@ def load(path: str | Path) -> xr.Dataset:
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             ds = ds.load()
     except Exception as exc:  # h5py / xarray raise many kinds for a non-NetCDF file
+        if "unable to lock file" in str(exc):
+            raise ResultsError(
+                f"{path} is locked by another process that has it open for writing (HDF5 file lock); wait for it "
+                "to finish, or read it anyway (on a file system without locking, or accepting a partial read) "
+                "with the environment variable HDF5_USE_FILE_LOCKING=FALSE") from exc
         raise ResultsError(f"{path} is not a NetCDF results file ({type(exc).__name__}: {exc})") from exc
     try:
         ds = _decode(ds)

@@ -25,6 +25,7 @@ class RunDocuments:
     corpus: str
     domain: str
     sha256: str
+    skipped: dict[str, int]
 
 
 def tokenize_documents(docs, tokenizer) -> list[TokenDoc]:
@@ -46,7 +47,7 @@ def token_docs_sha256(docs: list[TokenDoc]) -> str:
 
 
 def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int):
-    """Token documents and provenance (corpus name, domain, sha256) for a run.
+    """Token documents and provenance (corpus name, domain, sha256, files skipped by reason) for a run.
 
     ``--corpus synthetic`` (the default with a ``synthetic:...`` model) samples ``max_docs`` (64)
     sequences of 2N tokens from the synthetic process of the model spec.
@@ -64,11 +65,12 @@ def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: i
                                f"(or synthetic-geometric:RATE), not {cfg.model!r}")
         docs = synthetic_documents(cfg.model, n_docs=cfg.max_docs or 64, length=2 * reference_context, seed=cfg.seed)
         token_docs = [TokenDoc(doc_id, ids) for doc_id, ids in docs]
-        return token_docs, "synthetic", "synthetic", token_docs_sha256(token_docs)
+        return token_docs, "synthetic", "synthetic", token_docs_sha256(token_docs), {}
     if loaded.tokenizer is None:
         raise MeasureError(f"model {loaded.name!r} has no tokenizer: it only reads --corpus synthetic")
     corpus = load_corpus(cfg.corpus, cfg.domain, cfg.split, cfg.text_field)
-    return tokenize_documents(corpus.documents, loaded.tokenizer), corpus.name, corpus.domain, corpus.sha256
+    return (tokenize_documents(corpus.documents, loaded.tokenizer), corpus.name, corpus.domain, corpus.sha256,
+            dict(corpus.skipped))
 
 
 def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int) -> RunDocuments:
@@ -78,7 +80,7 @@ def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context
         MeasureError: no document is long enough (says how many were checked and the longest).
     """
     N = reference_context
-    token_docs, corpus_name, domain, corpus_sha = load_documents(cfg, loaded, N)
+    token_docs, corpus_name, domain, corpus_sha, skipped = load_documents(cfg, loaded, N)
     long_enough = [d for d in token_docs if d.ids.numel() >= N + 1]
     if not long_enough:
         longest = max((d.ids.numel() for d in token_docs), default=0)
@@ -86,4 +88,4 @@ def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context
             f"no document is long enough: checked {len(token_docs)} documents, the longest has {longest} tokens, "
             f"and a target needs {N + 1}; lower --reference-context or use a corpus with longer documents")
     used = long_enough[: cfg.max_docs] if cfg.max_docs else long_enough
-    return RunDocuments(token_docs, used, len(token_docs) - len(long_enough), corpus_name, domain, corpus_sha)
+    return RunDocuments(token_docs, used, len(token_docs) - len(long_enough), corpus_name, domain, corpus_sha, skipped)

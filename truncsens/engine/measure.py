@@ -78,6 +78,7 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "domain": docs.domain, "seed": cfg.seed, "created": "", "command": cfg.command, "split": cfg.split,
         "targets_per_doc": cfg.targets_per_doc or 0, "max_context": loaded.max_context,
         "n_docs_checked": len(docs.checked), "n_docs_skipped_short": docs.n_short,
+        "files_skipped": docs.skipped,
     }
     if not sweep.is_window_sweep:
         attrs.update({

@@ -1,7 +1,7 @@
 """``poisson``: certainty-plus-Poisson eviction with the Hájek correction.
 
 Source: P. Xie, "Error Certificates for KV-Cache Eviction via Randomized Design" (arXiv 2607.21475),
-research/method.md section B. The certain set is the attention sinks, the most recent tokens and a
+docs/method.md, section 5. The certain set is the attention sinks, the most recent tokens and a
 top slice by score; every other (tail) key i is kept independently with probability
 ``π_i = min(1, c·score_i)``, ``c`` found by bisection so that the expected kept count equals the
 budget k; each kept tail key gets the logit offset ``log(1/π_i)`` (the Hájek estimator, see

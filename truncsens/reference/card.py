@@ -2,7 +2,7 @@
 
 NLL with context c at target t is -log p(x_t | x[t-c:t]) (nats/token): the ``nll_kept`` of a
 suffix window of c tokens, and ``nll_ref`` for the full reference context N. Standard errors are
-over documents (the mean of each document's targets, then the standard error of those means),
+clustered by document (:func:`truncsens.stats.cluster_mean_se`, the estimator every report uses),
 because targets of one document are dependent.
 """
 
@@ -14,19 +14,19 @@ from pathlib import Path
 import numpy as np
 
 from truncsens.corpora import load_corpus
-from truncsens.engine.measure import measure_targets, tokenize_documents
+from truncsens.engine.documents import tokenize_documents
+from truncsens.engine.kernel import measure_targets
+from truncsens.engine.semantics import semantics_for
 from truncsens.models import LoadedModel
+from truncsens.policies import make_policy
+from truncsens.stats import cluster_mean_se
 from truncsens.targets import select_targets
 
 
 def doc_clustered_mean_se(values: np.ndarray, docs: list[str]) -> tuple[float, float]:
-    """Mean of per-document means and its standard error. values: [n]; docs: [n] ids."""
-    by_doc: dict[str, list[float]] = {}
-    for v, d in zip(values.tolist(), docs):
-        by_doc.setdefault(d, []).append(v)
-    means = np.array([np.mean(v) for v in by_doc.values()])
-    se = float(means.std(ddof=1) / np.sqrt(means.size)) if means.size > 1 else float("nan")
-    return float(means.mean()), se
+    """Mean over targets and its standard error clustered by document. values: [n]; docs: [n] ids."""
+    mean, se = cluster_mean_se(np.asarray(values, dtype=np.float64)[:, None], docs)  # [1] each
+    return float(mean[0]), float(se[0])
 
 
 def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_per_doc: int = 16,
@@ -45,7 +45,9 @@ def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_p
     corpus = load_corpus(None, domain, "heldout")
     docs = [d for d in tokenize_documents(corpus.documents, loaded.tokenizer) if d.ids.numel() > n_max]
     targets = select_targets(docs, n_max, targets_per_doc, seed)
-    metrics, _ = measure_targets(loaded.model, targets, contexts, 0, "original", loaded.device, max_batch_tokens)
+    out = measure_targets(loaded.model, targets, [make_policy("suffix")], contexts, semantics_for("reencode"),
+                          "original", seed, loaded.device, max_batch_tokens)
+    metrics = {name: values[0] for name, values in out.metrics.items()}  # [n, len(contexts)] each
     out = {"domain": domain, "n_docs": len(docs), "n_targets": len(targets), "nll": {}}
     for j, c in enumerate(contexts):
         out["nll"][str(c)] = doc_clustered_mean_se(metrics["nll_kept"][:, j], targets.doc)
