@@ -336,3 +336,22 @@ def test_gpt_neo_local_layers(tmp_path):
     with pytest.raises(SemanticsError, match="sliding-window layers of 5 tokens .* --positions reindexed"):
         SEMANTICS["reencode"].kept_logprobs(model, ids, kept, None, "original")
     SEMANTICS["reencode"].kept_logprobs(model, ids, kept, None, "reindexed")
+
+
+def test_two_layer_window_receptive_field(tmp_path):
+    """2 layers of window 4: streaming with suffix k >= 4 evicts nothing any layer reads (exact zero
+    from k = 4), while a re-encoded suffix of w tokens is exact only from the receptive field
+    L·(W - 1) + 1 = 7 on (lower layers of earlier tokens read up to 3 tokens further back each)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=len(build_tokenizer()), hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, num_hidden_layers=2, sliding_window=4)
+    model = _load_random(MistralForCausalLM, config, tmp_path)
+    ids = random_ids(model.config.vocab_size, 3, 16, seed=11)
+    budgets = [3, 4, 6, 7, 8]
+    suffix = [make_policy("suffix")]
+    streaming, _, _ = retention_targets(model, targets_of(ids), suffix, budgets, "streaming", "original", 0, "cpu", 10_000)
+    reencode, _, _ = retention_targets(model, targets_of(ids), suffix, budgets, "reencode", "original", 0, "cpu", 10_000)
+    s, r = streaming["kl"][0], reencode["kl"][0]  # [n, K]
+    assert s[:, 0].min() > 1e-3 and np.all(s[:, 1:] < 1e-6)
+    assert r[:, 2].min() > 1e-4 and np.all(r[:, 3:] < 1e-6)

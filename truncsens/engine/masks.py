@@ -6,6 +6,11 @@ already prepared) and both the ``eager`` and ``sdpa`` attention functions add a 
 attention scores before the softmax. So one forward pass with such a mask gives every query its own
 kept set: 0 on kept keys, ``-inf`` on dropped keys, ``log(1/π)`` (Hájek offset, arXiv 2607.21475)
 on randomly kept keys. Every query row must keep at least one key (its own), or softmax gives NaN.
+
+Such a mask replaces the model's own sliding-window mask, so for a model with windowed layers
+(:mod:`truncsens.engine.layer_windows`) the window is put into it: :func:`within_window` keeps a key
+only if ``q - j < W`` (transformers' ``sliding_window_overlay``), and :func:`layer_masks` builds one
+mask per layer type (transformers 5.x models with ``config.layer_types`` take them as a dict).
 """
 
 from __future__ import annotations
