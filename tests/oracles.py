@@ -170,3 +170,129 @@ def prefill_evict_one_pass(model, input_ids: torch.Tensor, keep_last: torch.Tens
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=torch.arange(T).expand(B, T), use_cache=False,
                 logits_to_keep=1)
     return _logprobs(out.logits[:, -1, :])
+
+
+def _window_mask_arg(offsets: dict[str, torch.Tensor], dtype: torch.dtype):
+    """Layer type -> [k_t] offsets of the kept keys: one [1, 1, 1, k] mask when there is one type,
+    else a dict layer type -> [1, 1, 1, k_t] mask."""
+    masks = {t: _mask_row(off, dtype) for t, off in offsets.items()}
+    return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+@torch.no_grad()
+def windowed_streaming_loop(model, input_ids: torch.Tensor, keep: torch.Tensor, offset: torch.Tensor | None,
+                            layer_types: list[str], windows: dict[str, int | None],
+                            position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Streaming semantics token by token for a model with a sliding window per layer type.
+
+    As :func:`streaming_loop`, but the cache of layer l at step q holds only the kept earlier keys j
+    with ``pos[q] - pos[j] < W`` (W the window of ``layer_types[l]``; all keys when None), selected
+    by position from the stored keys; token q then reads them (mask: the offsets of its kept keys,
+    one [1, 1, 1, k] tensor for a single layer type, else a dict layer type -> mask).
+
+    Args:
+        input_ids: [B, T]; keep: [B, T, T] bool; offset: [B, T, T] or None.
+        layer_types: per layer, its type; windows: type -> window in tokens or None.
+        position_ids: [T] positions (default 0..T-1); re-encoding with original positions passes
+            the kept tokens' positions and a full causal ``keep``.
+
+    Returns:
+        [B, V] float32 log-probabilities after the last token.
+    """
+    B, T = input_ids.shape
+    pos = torch.arange(T) if position_ids is None else position_ids
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    rows = []
+    for b in range(B):
+        keys: list[torch.Tensor] = []  # per layer [1, H_kv, T, d]
+        values: list[torch.Tensor] = []
+        logits = None
+        for q in range(T):
+            cache = _new_cache_full()
+            offsets: dict[str, torch.Tensor] = {}
+            for layer, kind in enumerate(layer_types):
+                w = windows[kind]
+                earlier = [j for j in range(q) if bool(keep[b, q, j]) and (w is None or int(pos[q] - pos[j]) < w)]
+                cols = torch.tensor(earlier + [q], dtype=torch.long)
+                offsets[kind] = offset[b, q, cols] if offset is not None else torch.zeros(cols.numel())
+                if keys:
+                    index = torch.tensor(earlier, dtype=torch.long)
+                    cache.update(keys[layer].index_select(2, index), values[layer].index_select(2, index), layer)
+            out = model(input_ids=input_ids[b : b + 1, q : q + 1], position_ids=pos[q].view(1, 1),
+                        attention_mask=_window_mask_arg(offsets, dtype), use_cache=True, logits_to_keep=1, **{kw: cache})
+            for layer in range(len(layer_types)):
+                k_new, v_new = _layer_kv(cache, layer)  # [1, H_kv, k, d], the new token last
+                if len(keys) <= layer:
+                    keys.append(k_new.new_zeros(1, k_new.shape[1], T, k_new.shape[3]))
+                    values.append(v_new.new_zeros(1, v_new.shape[1], T, v_new.shape[3]))
+                keys[layer][:, :, q] = k_new[:, :, -1]
+                values[layer][:, :, q] = v_new[:, :, -1]
+            logits = out.logits[:, -1, :]
+        rows.append(_logprobs(logits))
+    return torch.cat(rows)  # [B, V]
+
+
+def _new_cache_full():
+    """A cache whose every layer keeps every key it is given (no sliding-window layers)."""
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+@torch.no_grad()
+def windowed_reencode(model, input_ids: torch.Tensor, index: torch.Tensor, layer_types: list[str],
+                      windows: dict[str, int | None]) -> torch.Tensor:
+    """Re-encoding with original positions for a windowed model: the kept tokens ``index`` [B, k]
+    (increasing) are run token by token, each reading every earlier kept token within its layer's
+    window on original positions (:func:`windowed_streaming_loop` with a full causal kept set).
+
+    Returns:
+        [B, V] float32 log-probabilities after the last kept token.
+    """
+    rows = []
+    for b in range(input_ids.shape[0]):
+        k = index.shape[1]
+        keep = torch.ones(1, k, k, dtype=torch.bool).tril()
+        rows.append(windowed_streaming_loop(model, input_ids[b : b + 1, index[b]], keep, None, layer_types, windows,
+                                            position_ids=index[b]))
+    return torch.cat(rows)
+
+
+@torch.no_grad()
+def windowed_prefill_evict(model, input_ids: torch.Tensor, keep_last: torch.Tensor, offset_last: torch.Tensor | None,
+                           layer_types: list[str], windows: dict[str, int | None]) -> torch.Tensor:
+    """Prefill-evict by cache surgery for a windowed model: per sequence, full prefill of T - 1 tokens
+    into a cache that keeps every key, then per layer keep the kept keys j with ``T - 1 - j < W``
+    (the layer's window) and run the last token against them.
+
+    Args:
+        input_ids: [B, T]; keep_last: [B, T] bool; offset_last: [B, T] or None;
+        layer_types, windows: as :func:`windowed_streaming_loop`.
+
+    Returns:
+        [B, V] float32 log-probabilities after the last token.
+    """
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    rows = []
+    for b in range(B):
+        full = _new_cache_full()
+        ids = input_ids[b : b + 1]  # [1, T]
+        model(input_ids=ids[:, : T - 1], position_ids=torch.arange(T - 1).unsqueeze(0),
+              attention_mask=torch.ones_like(ids[:, : T - 1]), use_cache=True, logits_to_keep=1, **{kw: full})
+        pruned = _new_cache_full()
+        offsets: dict[str, torch.Tensor] = {}
+        for layer, kind in enumerate(layer_types):
+            w = windows[kind]
+            earlier = [j for j in range(T - 1) if bool(keep_last[b, j]) and (w is None or T - 1 - j < w)]
+            cols = torch.tensor(earlier + [T - 1], dtype=torch.long)
+            offsets[kind] = offset_last[b, cols] if offset_last is not None else torch.zeros(cols.numel())
+            k, v = _layer_kv(full, layer)  # [1, H_kv, T-1, d]
+            index = torch.tensor(earlier, dtype=torch.long)
+            pruned.update(k.index_select(2, index), v.index_select(2, index), layer)
+        out = model(input_ids=ids[:, T - 1 :], position_ids=torch.tensor([[T - 1]]),
+                    attention_mask=_window_mask_arg(offsets, dtype), use_cache=True, logits_to_keep=1, **{kw: pruned})
+        rows.append(_logprobs(out.logits[:, -1, :]))
+    return torch.cat(rows)

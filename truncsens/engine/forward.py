@@ -39,16 +39,20 @@ def model_dtype(model) -> torch.dtype:
 
 
 @torch.no_grad()
-def next_token_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+def next_token_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                        attention_mask: torch.Tensor | dict | None = None) -> torch.Tensor:
     """Log-probabilities of the token after the last input, for each row (no cache, no eviction).
 
-    An explicit all-ones attention mask is always passed, so a jump in ``position_ids`` (sinks kept
-    in front of a window with original positions) is never taken for a packed-sequence boundary.
+    Without ``attention_mask`` an explicit all-ones mask is passed, so a jump in ``position_ids``
+    (sinks kept in front of a window with original positions) is never taken for a packed-sequence
+    boundary.
 
     Args:
         model: causal LM (Hugging Face interface with ``logits_to_keep``).
         input_ids: [B, T] int64 on the model's device.
         position_ids: [B, T] int64.
+        attention_mask: a prepared [B, 1, T, T] additive mask or a dict layer type -> such a mask
+            (:func:`truncsens.engine.layer_windows.kept_attention_mask`), or None.
 
     Returns:
         [B, V] float32 log-softmax of the last position's logits.
@@ -56,6 +60,10 @@ def next_token_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tens
     Raises:
         NonFiniteLogitsError: NaN or infinite logits.
     """
-    out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), position_ids=position_ids,
-                logits_to_keep=1)
+    if attention_mask is None:
+        out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), position_ids=position_ids,
+                    logits_to_keep=1)
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                    logits_to_keep=1)
     return last_logprobs(out.logits[:, -1, :])  # [B, V]

@@ -68,3 +68,12 @@ def select(model, cache, index: torch.Tensor):
         keys.append(k.index_select(2, index))  # [B, H_kv, k, d]
         values.append(v.index_select(2, index))
     return cache_from(model, keys, values)
+
+
+def new_full_cache(model):
+    """An empty ``DynamicCache`` whose every layer keeps every key (no sliding-window layers, which
+    would keep only the last W - 1 keys): the cache a kept set is selected from. ``model`` is
+    accepted for symmetry with :func:`new_cache`; the model still applies its windows through its masks."""
+    from transformers import DynamicCache
+
+    return DynamicCache()

@@ -6,6 +6,11 @@ already prepared) and both the ``eager`` and ``sdpa`` attention functions add a 
 attention scores before the softmax. So one forward pass with such a mask gives every query its own
 kept set: 0 on kept keys, ``-inf`` on dropped keys, ``log(1/π)`` (Hájek offset, arXiv 2607.21475)
 on randomly kept keys. Every query row must keep at least one key (its own), or softmax gives NaN.
+
+Such a mask replaces the model's own sliding-window mask, so for a model with windowed layers
+(:mod:`truncsens.engine.layer_windows`) the window is put into it: :func:`within_window` keeps a key
+only if ``q - j < W`` (transformers' ``sliding_window_overlay``), and :func:`layer_masks` builds one
+mask per layer type (transformers 5.x models with ``config.layer_types`` take them as a dict).
 """
 
 from __future__ import annotations
@@ -47,7 +52,48 @@ def streaming_mask(keep: torch.Tensor, offset: torch.Tensor | None, dtype: torch
     Raises:
         ValueError: a key after its query is marked kept (not causal), or a row keeps nothing.
     """
+    check_causal(keep)
+    return additive_mask(keep, offset, dtype)
+
+
+def check_causal(keep: torch.Tensor) -> None:
+    """Raise ValueError when ``keep`` [B, T, T] marks a key after its query as kept."""
     T = keep.shape[-1]
     if (keep & ~torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()).any():
         raise ValueError("streaming mask is not causal: a query keeps a later key")
-    return additive_mask(keep, offset, dtype)
+
+
+def within_window(keep: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Kept keys a layer of attention window ``window`` can read: ``keep`` and ``q - j < window`` on
+    positions (transformers ``sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``).
+
+    Args:
+        keep: [B, Tq, Tk] bool.
+        q_pos: [B, Tq] int64 positions of the queries; k_pos: [B, Tk] int64 positions of the keys.
+        window: W in tokens, or None (full attention: ``keep`` unchanged).
+
+    Returns:
+        [B, Tq, Tk] bool.
+    """
+    if window is None:
+        return keep
+    distance = q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)  # [B, Tq, Tk]
+    return keep & (distance < window)
+
+
+def layer_masks(keep: torch.Tensor, offset: torch.Tensor | None, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                windows: dict[str, int | None], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """One additive mask per layer type: the kept keys within that type's window.
+
+    Args:
+        keep, offset: [B, Tq, Tk] (see :func:`additive_mask`).
+        q_pos, k_pos: [B, Tq], [B, Tk] int64 positions.
+        windows: layer type -> window (None: full attention).
+
+    Returns:
+        layer type -> [B, 1, Tq, Tk] tensor of ``dtype``.
+
+    Raises:
+        ValueError: a query row keeps no key within some window.
+    """
+    return {t: additive_mask(within_window(keep, q_pos, k_pos, w), offset, dtype) for t, w in windows.items()}

@@ -9,6 +9,10 @@ The pass runs as a prefill of ``T - 1`` tokens and a one-token decode. Attention
 read from the attention modules (``*.self_attn`` and similar) with forward hooks while the model temporarily uses the
 ``eager`` attention implementation (the only one that returns them); the previous implementation
 is restored afterwards. Only the decode step needs eager unless the full matrix is asked for.
+
+For a model with sliding-window layers (:mod:`truncsens.engine.layer_windows`) the cache keeps every
+key of every layer, so statistics and prefill-evict see all T keys; the model's own masks apply the
+windows (attention outside a layer's window is 0).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs
+from truncsens.engine.layer_windows import layer_windows
 
 
 @dataclass
@@ -136,7 +141,8 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
         raise ValueError("the reference pass needs at least 2 context tokens")
     device = input_ids.device
     pos = torch.arange(T, device=device).expand(B, T)  # [B, T]
-    cache = kvcache.new_cache(model)
+    # every key is kept, also in sliding-window layers (the model's masks still apply their windows)
+    cache = kvcache.new_full_cache(model) if layer_windows(model).windowed else kvcache.new_cache(model)
     kw = kvcache.cache_keyword(model)
     collector = AttentionCollector(model) if (attention or last_attention) else None
     prefix_rows = None

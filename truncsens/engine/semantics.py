@@ -16,6 +16,12 @@ A semantics declares what it needs from the model (``needs_transformers``), whic
 supports, what it provides to policies (:data:`truncsens.policies.base.CAPABILITIES`), which query
 rows a policy decides for, its cost in forward tokens, and how it computes the kept next-token
 log-probabilities of a batch. The engine (:mod:`truncsens.engine.kernel`) only calls these.
+
+Sliding-window models (:mod:`truncsens.engine.layer_windows`): in every semantics a layer of window
+W reads key j from query q only if the policy keeps j for q and ``q - j < W`` on original positions
+(reindexed positions under ``reencode``). A model whose layers have different windows gets a dict
+``{layer type: 4D mask}``; a model with layers that are neither full nor sliding-window attention
+is refused with an error naming its windows.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import torch
 
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs, model_dtype, next_token_logprobs
-from truncsens.engine.masks import additive_mask, streaming_mask
+from truncsens.engine.layer_windows import WindowError, kept_attention_mask, layer_windows, own_window_differs
+from truncsens.engine.masks import check_causal
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
 from truncsens.policies.base import ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, Kept, Policy, PolicyError
 
@@ -79,11 +86,14 @@ class Semantics:
                               f"which {self.name} does not provide; use --semantics {' or '.join(able) or '?'}")
 
     def check_model(self, model, name: str) -> None:
-        """Raise :class:`SemanticsError` when ``model`` cannot run this semantics."""
+        """Raise :class:`SemanticsError` when ``model`` cannot run this semantics: not a transformers
+        model, or attention layers whose windows the kept masks cannot express (the message names them)."""
         if self.needs_transformers and not hasattr(model, "set_attn_implementation"):
             raise SemanticsError(
                 f"semantics {self.name} needs a transformers model (masked attention and attention statistics); "
                 f"{name!r} is not one: use --semantics reencode")
+        if self.needs_transformers:
+            windows_of(model, self.name, name)
 
     def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
         """[Q] int64 query positions a policy decides kept keys for: the target's query (T - 1) only."""
@@ -117,6 +127,21 @@ class Semantics:
                       positions: str) -> torch.Tensor:  # pragma: no cover - abstract
         """[B, V] float32 log-probabilities after the last token of ``input_ids`` [B, T] under ``kept``."""
         raise NotImplementedError
+
+
+def windows_of(model, semantics: str, name: str | None = None):
+    """The model's :class:`~truncsens.engine.layer_windows.LayerWindows`, checked for ``semantics``.
+
+    Raises:
+        SemanticsError: the model's attention layers cannot be masked per layer (see
+            :meth:`~truncsens.engine.layer_windows.LayerWindows.check_supported`).
+    """
+    try:
+        windows = layer_windows(model)
+        windows.check_supported(name or getattr(getattr(model, "config", None), "_name_or_path", "") or "model", semantics)
+    except WindowError as exc:
+        raise SemanticsError(str(exc)) from None
+    return windows
 
 
 class Reencode(Semantics):
@@ -155,9 +180,30 @@ class Reencode(Semantics):
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:
-        """Re-encode ``input_ids`` [B, T] gathered at the kept indices (exactly k per row)."""
+        """Re-encode ``input_ids`` [B, T] gathered at the kept indices (exactly k per row).
+
+        With original positions and sliding-window layers, each layer's window is applied on the
+        original positions (the model's own mask would apply it on indices of the re-encoded
+        sequence, which differ once sinks are kept in front of a window).
+
+        Raises:
+            SemanticsError: original positions, and a model whose layers cannot be masked per layer
+                or that applies its windows on sequence indices where they differ from positions.
+        """
         index, pos = self.gather(kept, int(kept.keep[0, -1].sum()), positions)  # [B, k] each
-        return next_token_logprobs(model, input_ids.gather(1, index), pos)
+        mask = None
+        if positions == "original" and getattr(model, "config", None) is not None:
+            windows = windows_of(model, f"{self.name} with --positions original")
+            if windows.windowed and windows.applies_own:
+                if own_window_differs(windows, pos):
+                    raise SemanticsError(
+                        f"the model applies its {windows.describe()} on sequence indices, which differ from the kept "
+                        f"tokens' original positions; use --positions reindexed or a contiguous policy (suffix)")
+            elif windows.windowed:
+                B, k = pos.shape
+                causal = torch.ones(k, k, dtype=torch.bool, device=pos.device).tril().expand(B, k, k)  # [B, k, k]
+                mask = kept_attention_mask(windows, causal, None, pos, pos, model_dtype(model))
+        return next_token_logprobs(model, input_ids.gather(1, index), pos, mask)
 
 
 class Streaming(Semantics):
@@ -176,10 +222,12 @@ class Streaming(Semantics):
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:
-        """One masked forward over ``input_ids`` [B, T], row q reading ``kept.keep[:, q]``."""
+        """One masked forward over ``input_ids`` [B, T], row q reading ``kept.keep[:, q]`` (within
+        each layer's window: a [B, 1, T, T] mask, or a dict of them per layer type)."""
         B, T = input_ids.shape
-        mask = streaming_mask(kept.keep, kept.offset, model_dtype(model))  # [B, 1, T, T]
+        check_causal(kept.keep)
         pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+        mask = kept_attention_mask(windows_of(model, self.name), kept.keep, kept.offset, pos, pos, model_dtype(model))
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
         return last_logprobs(out.logits[:, -1, :])  # [B, V]
 
@@ -202,12 +250,15 @@ class PrefillEvict(Semantics):
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:
-        """Decode token T - 1 against ``ref.cache`` with a [B, 1, 1, T] mask of the kept keys; the
+        """Decode token T - 1 against ``ref.cache`` (every key of every layer, see
+        :func:`~truncsens.engine.reference_pass.reference_pass`) with a [B, 1, 1, T] mask of the kept
+        keys within each layer's window (a dict of them per layer type when windows differ); the
         cache is truncated back to T - 1 tokens afterwards, so one prefill serves every pass."""
         B, T = input_ids.shape
-        keep_last, offset_last = kept.keep[:, -1, :], kept.offset[:, -1, :]  # [B, T] each
-        mask = additive_mask(keep_last.unsqueeze(1), offset_last.unsqueeze(1), model_dtype(model))  # [B, 1, 1, T]
+        keep_last, offset_last = kept.keep[:, -1:, :], kept.offset[:, -1:, :]  # [B, 1, T] each
         pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)  # [B, 1]
+        k_pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+        mask = kept_attention_mask(windows_of(model, self.name), keep_last, offset_last, pos, k_pos, model_dtype(model))
         try:
             out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos, attention_mask=mask, use_cache=True,
                         logits_to_keep=1, **{kvcache.cache_keyword(model): ref.cache})
