@@ -76,6 +76,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from truncsens.model_base import LoadedModel, resolve_dtype
+
 VOCAB = 2
 COPY_STRENGTH = 0.3  # s
 FLOOR = 0.02  # lam_0
@@ -252,18 +254,18 @@ class SyntheticLM(torch.nn.Module):
         return SyntheticOutput(torch.cat(out, dim=1).to(self.out_dtype))
 
 
-def load_synthetic(spec: str, device: str = "cpu", dtype: str = "float32"):
-    """The synthetic source as a :class:`truncsens.models.LoadedModel` (``tokenizer=None``).
+def load_synthetic(spec: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    """The synthetic source as a :class:`truncsens.models.LoadedModel` (``tokenizer=None``, ``source="synthetic"``).
+
+    ``device`` is used as given (``truncsens.models.load_model`` checks it first).
 
     Raises:
         ValueError: bad spec or dtype name.
     """
-    from truncsens.models import LoadedModel, resolve_dtype
-
     parsed = parse_spec(spec)
     model = SyntheticLM(parsed, resolve_dtype(dtype)).to(device).eval()
     return LoadedModel(model=model, tokenizer=None, name=spec, revision="", tokenizer_name="none (token ids)",
-                       max_context=parsed.max_lag, device=device, dtype=dtype)
+                       max_context=parsed.max_lag, device=device, dtype=dtype, source="synthetic")
 
 
 def synthetic_documents(spec: str, n_docs: int, length: int, seed: int = 0) -> list[tuple[str, torch.Tensor]]:

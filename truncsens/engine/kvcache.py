@@ -1,7 +1,8 @@
 """Plumbing for transformers key/value caches: create, read, select, truncate.
 
-Written against transformers 5.x (``DynamicCache(config=...)`` with ``cache.layers[l].keys`` of
-shape [B, H_kv, T, d]); the forward keyword is ``cache`` in 5.x and ``past_key_values`` before.
+Works with transformers 4.54 (the declared minimum) to 5.x: ``cache.layers[l].keys`` of shape
+[B, H_kv, T, d] (4.54 on; ``key_cache`` lists before), ``DynamicCache(config=...)`` where the
+constructor takes it; the forward keyword is ``cache`` in 5.x and ``past_key_values`` before.
 Keys are stored after the rotary embedding, so a selected key keeps its original position.
 """
 
