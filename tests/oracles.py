@@ -44,12 +44,12 @@ def _mask_row(offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _logprobs(logits: torch.Tensor) -> torch.Tensor:
-    return torch.log_softmax(logits.float(), dim=-1)
+    return torch.log_softmax(logits.float().double(), dim=-1)  # float64 from the float32 logits, as the engine
 
 
 @torch.no_grad()
 def last_logprobs(model, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """Float32 log-probabilities after the last token of one sequence. ids, position_ids: [T] -> [V]."""
+    """Float64 log-probabilities after the last token of one sequence. ids, position_ids: [T] -> [V]."""
     out = model(input_ids=ids[None, :], position_ids=position_ids[None, :], attention_mask=torch.ones_like(ids)[None, :])
     return _logprobs(out.logits[0, -1])
 
@@ -85,7 +85,7 @@ def streaming_loop(model, input_ids: torch.Tensor, keep: torch.Tensor, offset: t
         input_ids: [B, T]; keep: [B, T, T] bool (row q = keys kept for query q); offset: [B, T, T] or None.
 
     Returns:
-        [B, V] float32 log-probabilities after the last token.
+        [B, V] float64 log-probabilities after the last token.
     """
     B, T = input_ids.shape
     dtype = next(model.parameters()).dtype
@@ -127,7 +127,7 @@ def prefill_evict_surgery(model, input_ids: torch.Tensor, keep_last: torch.Tenso
         input_ids: [B, T]; keep_last: [B, T] bool keys kept for the last query; offset_last: [B, T] or None.
 
     Returns:
-        [B, V] float32 log-probabilities after the last token.
+        [B, V] float64 log-probabilities after the last token.
     """
     B, T = input_ids.shape
     dtype = next(model.parameters()).dtype
@@ -197,7 +197,7 @@ def windowed_streaming_loop(model, input_ids: torch.Tensor, keep: torch.Tensor, 
             the kept tokens' positions and a full causal ``keep``.
 
     Returns:
-        [B, V] float32 log-probabilities after the last token.
+        [B, V] float64 log-probabilities after the last token.
     """
     B, T = input_ids.shape
     pos = torch.arange(T) if position_ids is None else position_ids
@@ -248,7 +248,7 @@ def windowed_reencode(model, input_ids: torch.Tensor, index: torch.Tensor, layer
     window on original positions (:func:`windowed_streaming_loop` with a full causal kept set).
 
     Returns:
-        [B, V] float32 log-probabilities after the last kept token.
+        [B, V] float64 log-probabilities after the last kept token.
     """
     rows = []
     for b in range(input_ids.shape[0]):
@@ -271,7 +271,7 @@ def windowed_prefill_evict(model, input_ids: torch.Tensor, keep_last: torch.Tens
         layer_types, windows: as :func:`windowed_streaming_loop`.
 
     Returns:
-        [B, V] float32 log-probabilities after the last token.
+        [B, V] float64 log-probabilities after the last token.
     """
     B, T = input_ids.shape
     dtype = next(model.parameters()).dtype

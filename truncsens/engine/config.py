@@ -33,9 +33,11 @@ class MeasureError(ValueError):
 def default_out(model: str, corpus: str | None, domain: str, policies: bool) -> Path:
     """``results/<model name>-<corpus stem or domain>[-policies].nc`` (``:`` of synthetic specs as ``-``;
     a synthetic source with its own corpus has no domain in the name)."""
+    from truncsens.models import model_source
+
     stem = Path(model.replace(":", "-")).name
     suffix = "-policies" if policies else ""
-    if model.startswith("synthetic") and corpus in (None, "synthetic"):
+    if model_source(model).has_own_corpus and corpus in (None, "synthetic"):
         return Path("results") / f"{stem}{suffix}.nc"
     return Path("results") / f"{stem}-{corpus and Path(corpus).stem or domain}{suffix}.nc"
 

@@ -1,5 +1,15 @@
-"""The documents of a run: read the corpus (or sample a synthetic source's own), tokenize, keep
-those long enough for a reference context of N tokens."""
+"""The documents of a run: read the corpus (or sample a model source's own), tokenize, keep those
+long enough for a reference context of N tokens.
+
+BOS rule (one rule for every model): a document is encoded as the model's tokenizer encodes a text
+with its default special tokens at the start only. If the tokenizer adds a BOS token by default
+(Llama, Gemma, ...: the model expects one), each document's token stream begins with exactly one
+BOS; otherwise with none. No other special token is ever inserted, and text that spells a special
+token literally (``<|endoftext|>`` in a source file) is encoded as ordinary text, so a BOS never
+appears inside a document. A target's reference context begins with that BOS only when it starts
+at the document's first token; kept contexts begin with it only then and with sinks kept. Recorded
+per target (``bos_first``) and in the attrs ``tokenizer_adds`` and ``bos_rule``.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +21,7 @@ import torch
 
 from truncsens.corpora import load_corpus
 from truncsens.engine.config import MeasureConfig, MeasureError
-from truncsens.models import LoadedModel
+from truncsens.models import LoadedModel, model_source
 from truncsens.targets import TokenDoc
 
 
@@ -26,15 +36,52 @@ class RunDocuments:
     domain: str
     sha256: str
     skipped: dict[str, int]
+    bos_id: int | None = None
+    tokenizer_adds: str = "none"
 
 
-def tokenize_documents(docs, tokenizer) -> list[TokenDoc]:
-    """Token ids of each document (no special tokens added): list of :class:`TokenDoc`."""
+def default_special_tokens(tokenizer) -> tuple[str, int | None]:
+    """What the tokenizer adds to a text by default: ("bos", "eos", "bos+eos" or "none"), and the BOS
+    id it puts in front (None when it adds none)."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    bos, eos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)
+    adds_bos = bos is not None and len(full) > len(plain) and full[0] == bos and full[1 : 1 + len(plain)] == plain
+    adds_eos = eos is not None and len(full) > len(plain) and full[-1] == eos and full[-1 - len(plain) : -1] == plain
+    kinds = [k for k, on in (("bos", adds_bos), ("eos", adds_eos)) if on]
+    return "+".join(kinds) or "none", (bos if adds_bos else None)
+
+
+def tokenize_documents(docs, tokenizer, bos_id: int | None = None) -> list[TokenDoc]:
+    """Token ids of each document under the BOS rule of this module: list of :class:`TokenDoc`.
+
+    Args:
+        docs: documents with ``id`` and ``text``.
+        tokenizer: a Hugging Face tokenizer.
+        bos_id: the BOS id to put in front of every document (None: none).
+    """
     out = []
     for d in docs:
-        ids = tokenizer(d.text, add_special_tokens=False)["input_ids"]
+        ids = tokenizer(d.text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        if bos_id is not None:
+            ids = [bos_id, *ids]
         out.append(TokenDoc(d.id, torch.tensor(ids, dtype=torch.long)))
     return out
+
+
+def check_vocabulary(docs: list[TokenDoc], model, model_name: str) -> None:
+    """The largest token id must index the model's input embedding (checked before the first forward).
+
+    Raises:
+        MeasureError: an id at or beyond the embedding's rows, naming both sizes.
+    """
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    rows = getattr(embeddings, "num_embeddings", None)
+    largest = max((int(d.ids.max()) for d in docs if d.ids.numel()), default=-1)
+    if rows is not None and largest >= rows:
+        raise MeasureError(
+            f"the tokenizer produces token id {largest} but the input embedding of model {model_name!r} has {rows} "
+            f"rows (ids 0..{rows - 1}): tokenizer and model do not match; use the model's own tokenizer")
 
 
 def token_docs_sha256(docs: list[TokenDoc]) -> str:
@@ -57,30 +104,31 @@ def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: i
             with a model that has no tokenizer.
         truncsens.corpora.CorpusError: the corpus cannot be read.
     """
-    if cfg.corpus == "synthetic" or (cfg.corpus is None and cfg.model.startswith("synthetic")):
-        from truncsens.synthetic import synthetic_documents
-
-        if not cfg.model.startswith("synthetic"):
+    source = model_source(cfg.model)
+    if cfg.corpus == "synthetic" or (cfg.corpus is None and source.has_own_corpus):
+        if not source.has_own_corpus:
             raise MeasureError(f"--corpus synthetic is sampled from a synthetic source: it needs --model synthetic:ALPHA "
                                f"(or synthetic-geometric:RATE), not {cfg.model!r}")
-        docs = synthetic_documents(cfg.model, n_docs=cfg.max_docs or 64, length=2 * reference_context, seed=cfg.seed)
-        token_docs = [TokenDoc(doc_id, ids) for doc_id, ids in docs]
-        return token_docs, "synthetic", "synthetic", token_docs_sha256(token_docs), {}
+        token_docs = source.documents(cfg.model, cfg.max_docs or 64, 2 * reference_context, cfg.seed)
+        return token_docs, "synthetic", "synthetic", token_docs_sha256(token_docs), {}, None, "none"
     if loaded.tokenizer is None:
         raise MeasureError(f"model {loaded.name!r} has no tokenizer: it only reads --corpus synthetic")
     corpus = load_corpus(cfg.corpus, cfg.domain, cfg.split, cfg.text_field)
-    return (tokenize_documents(corpus.documents, loaded.tokenizer), corpus.name, corpus.domain, corpus.sha256,
-            dict(corpus.skipped))
+    adds, bos_id = default_special_tokens(loaded.tokenizer)
+    return (tokenize_documents(corpus.documents, loaded.tokenizer, bos_id), corpus.name, corpus.domain, corpus.sha256,
+            dict(corpus.skipped), bos_id, adds)
 
 
 def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int) -> RunDocuments:
     """Tokenized documents long enough for ``N + 1`` tokens, capped at ``cfg.max_docs``.
 
     Raises:
-        MeasureError: no document is long enough (says how many were checked and the longest).
+        MeasureError: no document is long enough (says how many were checked and the longest), or a
+            token id the model's embedding cannot take.
     """
     N = reference_context
-    token_docs, corpus_name, domain, corpus_sha, skipped = load_documents(cfg, loaded, N)
+    token_docs, corpus_name, domain, corpus_sha, skipped, bos_id, adds = load_documents(cfg, loaded, N)
+    check_vocabulary(token_docs, loaded.model, loaded.name)
     long_enough = [d for d in token_docs if d.ids.numel() >= N + 1]
     if not long_enough:
         longest = max((d.ids.numel() for d in token_docs), default=0)
@@ -88,4 +136,5 @@ def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context
             f"no document is long enough: checked {len(token_docs)} documents, the longest has {longest} tokens, "
             f"and a target needs {N + 1}; lower --reference-context or use a corpus with longer documents")
     used = long_enough[: cfg.max_docs] if cfg.max_docs else long_enough
-    return RunDocuments(token_docs, used, len(token_docs) - len(long_enough), corpus_name, domain, corpus_sha, skipped)
+    return RunDocuments(token_docs, used, len(token_docs) - len(long_enough), corpus_name, domain, corpus_sha, skipped,
+                        bos_id, adds)

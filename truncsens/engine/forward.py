@@ -2,7 +2,8 @@
 
 Shared by every semantics (:mod:`truncsens.engine.semantics`) and by the reference pass: the model
 computes vocabulary logits for the last position only (``logits_to_keep=1``), and the log-softmax is
-taken in float32 or better.
+taken in float64 from the float32 (or wider) logits, so the divergences built on it carry no
+rounding of a float32 log-sum-exp (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ class NonFiniteLogitsError(RuntimeError):
 
 
 def last_logprobs(logits: torch.Tensor) -> torch.Tensor:
-    """Float32 log-softmax of last-position logits.
+    """Float64 log-softmax of last-position logits (upcast from float32 or better).
 
     Args:
-        logits: [B, V] logits of any float dtype.
+        logits: [B, V] logits of any float dtype (bfloat16/float16 are first upcast to float32 as
+            the model's head produced them).
 
     Returns:
-        [B, V] float32 log-probabilities (natural log).
+        [B, V] float64 log-probabilities (natural log).
 
     Raises:
         NonFiniteLogitsError: NaN or infinite logits.
@@ -30,7 +32,7 @@ def last_logprobs(logits: torch.Tensor) -> torch.Tensor:
     if not torch.isfinite(logits).all():
         raise NonFiniteLogitsError(
             "the model produced non-finite logits (NaN/inf); try --dtype float32, or check the checkpoint")
-    return torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits.double(), dim=-1)
 
 
 def model_dtype(model) -> torch.dtype:
@@ -55,7 +57,7 @@ def next_token_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tens
             (:func:`truncsens.engine.layer_windows.kept_attention_mask`), or None.
 
     Returns:
-        [B, V] float32 log-softmax of the last position's logits.
+        [B, V] float64 log-softmax of the last position's logits.
 
     Raises:
         NonFiniteLogitsError: NaN or infinite logits.

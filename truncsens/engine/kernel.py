@@ -118,7 +118,7 @@ def measure_targets(
     def ref_step(sl: slice) -> None:
         lp = semantics.reference(model, context[sl], policies).logprobs  # [b, V]
         if "ref" not in store:
-            store["ref"] = torch.empty(n, lp.shape[-1], dtype=torch.float32, device=device)
+            store["ref"] = torch.empty(n, lp.shape[-1], dtype=lp.dtype, device=device)
         store["ref"][sl] = lp
         progress(context[sl].numel())
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 import truncsens
 from truncsens import results
 from truncsens.engine.config import MeasureConfig, MeasureError
@@ -68,6 +70,16 @@ def resolve_reference_context(cfg: MeasureConfig, loaded: LoadedModel) -> int:
     return N
 
 
+def vocabulary(loaded: LoadedModel) -> dict:
+    """Which ids the divergences are taken over: every output logit of the model. A model whose
+    vocabulary is padded beyond its tokenizer's ids keeps the padded rows (the model assigns them
+    probability, so dropping them would change the distributions compared)."""
+    config = getattr(loaded.model, "config", None)
+    size = getattr(config, "vocab_size", None)
+    tokenizer = len(loaded.tokenizer) if loaded.tokenizer is not None else None
+    return {"model_output_ids": size, "tokenizer_ids": tokenizer, "divergences_over": "all model output ids"}
+
+
 def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, docs: RunDocuments, sweep: Sweep) -> dict:
     """The results attrs (``created`` is filled in at merge time; see docs/results.md)."""
     attrs = {
@@ -78,7 +90,9 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "domain": docs.domain, "seed": cfg.seed, "created": "", "command": cfg.command, "split": cfg.split,
         "targets_per_doc": cfg.targets_per_doc or 0, "max_context": loaded.max_context,
         "n_docs_checked": len(docs.checked), "n_docs_skipped_short": docs.n_short,
-        "files_skipped": docs.skipped,
+        "files_skipped": docs.skipped, "tokenizer_adds": docs.tokenizer_adds, "vocabulary": vocabulary(loaded),
+        "bos_rule": "one BOS at the start of each document when the tokenizer adds one by default, none elsewhere; "
+                    "literal special-token text encoded as text (docs/method.md)",
     }
     if not sweep.is_window_sweep:
         attrs.update({
@@ -90,13 +104,17 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
     return attrs
 
 
-def shard_results(out: KernelOutput, plan: TargetSet, sweep: Sweep, attrs: dict):
-    """The results Dataset of one shard (see the module docstring for its layout)."""
+def shard_results(out: KernelOutput, plan: TargetSet, sweep: Sweep, attrs: dict, bos_id: int | None = None):
+    """The results Dataset of one shard (see the module docstring for its layout); the per-target
+    coord ``bos_first`` (int8) says whether the reference context began with the tokenizer's BOS."""
     single = len(sweep.policies) == 1
     names = [p.name for p in sweep.policies]
     ds = results.make_results({m: v[0] if single else v for m, v in out.metrics.items()}, sweep.dim, sweep.values,
                               plan.doc, plan.position, plan.token_id.numpy(), {**attrs, "n_clamped": out.n_clamped},
                               policies=None if single else names)
+    first = plan.context[:, 0].numpy() if len(plan) else np.zeros(0, np.int64)  # [n]
+    bos_first = (first == bos_id) if bos_id is not None else np.zeros(len(plan), bool)
+    ds = ds.assign_coords(bos_first=("target", bos_first.astype(np.int8)))
     if sweep.is_window_sweep:
         return ds
     dims = ("target", "budget") if single else ("policy", "target", "budget")
@@ -145,7 +163,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_targets(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
                               cfg.seed, loaded.device, batch_tokens, on_tokens)
-        return shard_results(out, plan, sweep, attrs)
+        return shard_results(out, plan, sweep, attrs, docs.bos_id)
 
     per_target = N + len(sweep.policies) * sum(sweep.semantics.cost(N, k) for k in sweep.budgets)
     desc = "measure" if sweep.is_window_sweep else f"measure {sweep.semantics.name}"

@@ -33,7 +33,7 @@ class ReferencePass:
     """What the reference pass returns (B sequences of T tokens).
 
     Attributes:
-        logprobs: [B, V] float32 log-softmax at the last position.
+        logprobs: [B, V] float64 log-softmax (from float32 or wider logits) at the last position.
         last_attention: [B, T] float32 attention probabilities of the last query, mean over layers
             and heads (rows sum to 1), or None.
         attention: [B, T, T] float32 attention probabilities, query rows, mean over layers and

@@ -125,7 +125,7 @@ class Semantics:
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:  # pragma: no cover - abstract
-        """[B, V] float32 log-probabilities after the last token of ``input_ids`` [B, T] under ``kept``."""
+        """[B, V] float64 log-probabilities after the last token of ``input_ids`` [B, T] under ``kept``."""
         raise NotImplementedError
 
 
