@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,14 @@ def test_fast_subset_with_lowest_transformers(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = str(venv / ("Scripts" if os.name == "nt" else "bin") / "python")
+    # --system-site-packages sees the base interpreter's packages only; when the suite itself runs in
+    # a virtual environment, hand the new one this environment's packages too (after its own, so the
+    # older transformers installed below wins)
+    own_site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    parents = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+    (Path(own_site) / "_truncsens_parent_env.pth").write_text(
+        "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in parents) + "\n")
     install = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--retries", "1",
                               "--timeout", "30", f"transformers=={version}"], capture_output=True, text=True)
     if install.returncode != 0:

@@ -63,6 +63,26 @@ def test_train_tiny_reference(tmp_path):
     assert len((tmp_path / "train_log.csv").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
+def test_build_reference_trains_evaluates_and_installs(tmp_path, monkeypatch):
+    import json
+
+    import truncsens.models
+    from truncsens.reference.build import build_reference
+    from truncsens.reference.train import TrainConfig
+
+    monkeypatch.setattr(truncsens.models, "REFERENCE_DIR", tmp_path / "installed")
+    cfg = TrainConfig(out_dir=str(tmp_path / "run"), vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
+                      num_heads=2, context=300, batch_size=2, max_steps=2, eval_every=2, eval_sequences=2, warmup_steps=1)
+    final, installed = build_reference(cfg, install=True)
+    assert installed == tmp_path / "installed"
+    card = json.loads((installed / "eval.json").read_text())
+    assert [e["domain"] for e in card["evaluations"]] == ["code", "nl"]
+    assert set(card["evaluations"][0]["nll"]) == {"16", "64", "256", "300"}
+    assert (installed / "README.md").read_text().startswith("# truncsens reference model")
+    assert sorted(p.name for p in final.iterdir()) == sorted(p.name for p in installed.iterdir())
+
+
 @requires_reference
 def test_committed_reference_model_uses_long_context():
     """The model card's bar, recomputed on a smaller sample: on held-out code, NLL with the maximum
