@@ -192,7 +192,7 @@ class Reencode(Semantics):
         """
         index, pos = self.gather(kept, int(kept.keep[0, -1].sum()), positions)  # [B, k] each
         mask = None
-        if positions == "original" and getattr(model, "config", None) is not None:
+        if positions == "original" and hasattr(model, "set_attn_implementation"):  # a transformers model
             windows = windows_of(model, f"{self.name} with --positions original")
             if windows.windowed and windows.applies_own:
                 if own_window_differs(windows, pos):
