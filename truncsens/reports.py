@@ -27,19 +27,38 @@ def format_results_header(file: str, attrs: dict, n_targets: int) -> str:
 
 
 def format_summary(rows: list[dict], sweep: str) -> str:
-    """Rows of :func:`truncsens.summary.summarize` as text, one block per (policy, metric)."""
-    columns = [Column(sweep, ">", 8), Column("n", ">", 6), Column("mean", ">", 11), Column("± se(doc)", ">", 10),
-               Column("median", ">", 11), Column("p90", ">", 11), Column("p99", ">", 11)]
-    blocks: list[tuple[str, list[list[str]]]] = []
+    """Rows of :func:`truncsens.summary.summarize` as text, one block per (policy, metric).
+
+    A block whose rows hold infinite or NaN values gets the columns ``n_inf`` and ``n_nan`` beside
+    ``n`` and a note under it: a mean over a set with +inf is printed as ``inf``, never as the
+    mean of the finite values alone.
+    """
+    base = [Column(sweep, ">", 8), Column("n", ">", 6)]
+    stats = [Column("mean", ">", 11), Column("± se(doc)", ">", 10), Column("median", ">", 11), Column("p90", ">", 11),
+             Column("p99", ">", 11)]
+    blocks: list[tuple[str, list[dict]]] = []
     key = None
     for r in rows:
         k = (r.get("policy"), r["metric"])
         if k != key:
             key = k
             blocks.append((r["metric"] + (f"  (policy {r['policy']})" if r.get("policy") else ""), []))
-        blocks[-1][1].append([str(r[sweep]), str(r["n"]), f"{r['mean']:.5g}", f"{r['se']:.2g}", f"{r['median']:.5g}",
-                              f"{r['p90']:.5g}", f"{r['p99']:.5g}"])
-    return "\n\n".join(f"{title}\n" + render_table(columns, cells, sep=" ", rule=False, fit=False) for title, cells in blocks)
+        blocks[-1][1].append(r)
+    out = []
+    for title, block in blocks:
+        nonfinite = any(r.get("n_inf", 0) or r.get("n_nan", 0) for r in block)
+        columns = base + ([Column("n_inf", ">", 6), Column("n_nan", ">", 6)] if nonfinite else []) + stats
+        cells = []
+        for r in block:
+            counts = [str(r.get("n_inf", 0)), str(r.get("n_nan", 0))] if nonfinite else []
+            cells.append([str(r[sweep]), str(r["n"]), *counts, f"{r['mean']:.5g}", f"{r['se']:.2g}", f"{r['median']:.5g}",
+                          f"{r['p90']:.5g}", f"{r['p99']:.5g}"])
+        text = f"{title}\n" + render_table(columns, cells, sep=" ", rule=False, fit=False)
+        if nonfinite:
+            text += ("\nnote: n counts the values that are not NaN, n_inf of them infinite (KL = inf where q = 0 < p): "
+                     "the mean of a set with +inf is inf; NaN values (n_nan) are left out")
+        out.append(text)
+    return "\n\n".join(out)
 
 
 def format_results_summary(summary: Any) -> str:
