@@ -72,6 +72,20 @@ def sanitize(obj: object) -> object:
     return obj
 
 
+def check_new_files(paths: Sequence[str | Path | None], overwrite: bool) -> None:
+    """Refuse to replace files that exist unless ``overwrite`` (called before computing anything).
+
+    Raises:
+        FileExistsError: one message naming every existing file and the ``--overwrite`` option.
+    """
+    if overwrite:
+        return
+    there = [str(p) for p in paths if p is not None and Path(p).exists()]
+    if there:
+        raise FileExistsError(f"{', '.join(there)} already exist{'s' if len(there) == 1 else ''}; "
+                              "pass --overwrite to replace, or choose another output path")
+
+
 def write_json(doc: dict, path: str | Path) -> Path:
     """Write a JSON-safe dict (``indent=1``) atomically (temporary file, then rename); create parent folders."""
     path = Path(path)
