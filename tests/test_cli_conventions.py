@@ -147,3 +147,20 @@ def test_compare_policies_json_flag_and_files(tmp_path):
     assert json.loads(js.read_text())["metrics"] == ["kl", "tv"] and (tmp_path / "p-policies.png").is_file()
     r = invoke("compare-policies", path, "--bootstrap", 20, "--fit-range", "8:32", "--json-out", js)
     assert r.exit_code == 2 and f"{js} already exists" in r.stderr
+
+
+def test_compare_policies_counts_an_infinite_kl():
+    from truncsens import results
+    from truncsens.divergences import METRICS
+    from truncsens.policy_compare import CompareConfig, compare_policies
+    from truncsens.reports import format_comparison
+
+    m = {name: np.full((1, 4, 2), 0.5) for name in METRICS}
+    m["kl"][0, 0, 0] = np.inf  # KL values [inf, .5, .5, .5] at budget 8
+    ds = results.make_results(m, "budget", [8, 16], ["a", "a", "b", "b"], np.arange(4), np.zeros(4),
+                              {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "n_sink": 0,
+                               "reference_context": 64, "seed": 0, "policy": "suffix"}, policies=["suffix"])
+    cmp = compare_policies(ds, CompareConfig(metrics=("kl",), n_boot=0))
+    row8, row16 = cmp.table
+    assert (row8["mean"], row8["n_inf"]) == (float("inf"), 1) and (row16["mean"], row16["n_inf"]) == (0.5, 0)
+    assert "inf (n_inf 1)" in format_comparison(cmp)

@@ -205,7 +205,7 @@ def format_comparison(cmp: PolicyComparison) -> str:
     for metric in cmp.metrics:
         lines.append(f"{metric}: mean per budget ({pct} bootstrap interval over documents)")
         cells = {(r["policy"], r["budget"]): f"{fmt_num(r['mean'])}{fmt_interval(r['ci'], 3)}"
-                 for r in cmp.table if r["metric"] == metric}
+                 + (f" (n_inf {r['n_inf']})" if r.get("n_inf") else "") for r in cmp.table if r["metric"] == metric}
         lines.append(render_table(columns, [[str(k)] + [cells[(p, k)] for p in cmp.policies] for k in cmp.budgets],
                                   rule=False, fit=False))
         rs = [r for r in cmp.ratios if r["metric"] == metric]
