@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -13,35 +13,48 @@ from truncsens.cli.errors import user_errors
 
 def compare_policies(
     results_file: Path = typer.Argument(..., help="Results file of `truncsens measure --policy ...` (a budget sweep)."),
-    metrics: str = typer.Option("kl,tv", help="Comma-separated metrics to summarize and fit."),
+    metrics: Optional[List[str]] = typer.Option(None, "--metrics", "--metric", "-m", help="Metrics to summarize and fit, repeated or comma-separated (default: kl, tv)."),
     numerator: Optional[str] = typer.Option(None, help="Policy on top of the ratio of means (default random)."),
     denominator: Optional[str] = typer.Option(None, help="Policy at the bottom of the ratio of means (default sink_recent)."),
     bootstrap: int = typer.Option(1000, help="Bootstrap resamples over documents (0: no intervals)."),
     seed: int = typer.Option(0, help="Seed of the resampling."),
     fit_range: Optional[str] = typer.Option(None, help="Budgets LO:HI of the power-law fits (default: as truncsens fit)."),
     truncation: Optional[Path] = typer.Option(None, help="A window results file (truncsens measure) whose power-law alpha is listed beside the policies'."),
-    plot: Optional[Path] = typer.Option(None, help="Plot path without suffix (.png and .pdf); default <results>-policies next to the results."),
-    no_plot: bool = typer.Option(False, "--no-plot", help="Do not draw the plot."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the comparison as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON to stdout instead of the table."),
+    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the comparison as JSON to this file."),
+    plot: bool = typer.Option(False, "--plot/--no-plot", help="Draw the log-log plot (default prefix: <results>-policies next to the results)."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Plot prefix: PREFIX.png and PREFIX.pdf (implies --plot)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing JSON file or plot."),
 ) -> None:
     """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot."""
-    from truncsens.fitfile import write_json
+    from truncsens.cli.options import plot_paths, split_list
+    from truncsens.fitfile import check_new_files, write_json
     from truncsens.fitting import parse_range
     from truncsens.plots import plot_comparison
     from truncsens.policy_compare import CompareConfig, compare_policies_file, default_plot_stem
     from truncsens.reports import format_comparison
 
     with user_errors():
-        names = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        names = tuple(split_list(metrics, "--metrics") or ("kl", "tv"))
         cfg = CompareConfig(metrics=names, numerator=numerator, denominator=denominator, n_boot=bootstrap, seed=seed,
                             fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
+        plot = plot or plot_out is not None
+        stem = plot_out or default_plot_stem(results_file)
+        check_new_files([json_out, *(plot_paths(stem) if plot else [])], overwrite)  # before the bootstrap
         cmp = compare_policies_file(results_file, cfg, truncation)
-        typer.echo(format_comparison(cmp))
-        if not no_plot:
-            paths = plot_comparison(cmp, plot or default_plot_stem(results_file), names[0])
-            typer.echo("plot: " + ", ".join(str(p) for p in paths))
+        wrote = []
+        if plot:
+            wrote += [str(p) for p in plot_comparison(cmp, stem, names[0])]
         if json_out:
-            typer.echo(f"wrote {write_json(cmp.to_json(), json_out)}")
+            wrote.append(str(write_json(cmp.to_json(), json_out)))
+        if as_json:
+            typer.echo(json.dumps(cmp.to_json(), indent=1))
+            if wrote:
+                typer.echo("wrote " + ", ".join(wrote), err=True)
+        else:
+            typer.echo(format_comparison(cmp))
+            if wrote:
+                typer.echo("wrote " + ", ".join(wrote))
 
 
 def register(app: typer.Typer) -> None:

@@ -13,32 +13,36 @@ from truncsens.cli.errors import user_errors
 
 def fit(
     results_files: List[Path] = typer.Argument(..., metavar="RESULTS...", help="Results file(s) from `truncsens measure`; several are fitted side by side."),
-    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="Metric(s) to fit (default: tv, kl, kl_reverse, js)."),
-    family: Optional[List[str]] = typer.Option(None, "--family", help="Law families (default: power, exponential, power_floor)."),
-    fit_range: Optional[str] = typer.Option(None, "--fit-range", help="Windows LO:HI to fit, inclusive (default: smallest window >= 4 up to N/8)."),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric(s) to fit, repeated or comma-separated (default: tv, kl, kl_reverse, js)."),
+    family: Optional[List[str]] = typer.Option(None, "--family", "--families", help="Law families, repeated or comma-separated (default: power, exponential, power_floor)."),
+    fit_range: Optional[str] = typer.Option(None, "--fit-range", help="Windows LO:HI to fit, inclusive (default: smallest window >= 4 up to N/8, widened to 4 windows when it holds fewer)."),
     holdout_range: Optional[str] = typer.Option(None, "--holdout-range", help="Held-out windows LO:HI for the extrapolation test (default: above the fit range up to N/2)."),
     bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples over documents (0: no intervals)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
     level: float = typer.Option(0.95, "--level", help="Confidence level of the percentile intervals."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Fit file (JSON; default: <results>.fit.json next to the first results file)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the fit JSON instead of the table."),
-    plot: bool = typer.Option(False, "--plot", help="Also draw D(w) with the fitted laws (PNG and PDF next to the fit file)."),
+    out: Optional[Path] = typer.Option(None, "--out", "--json-out", help="Fit file to write (JSON; default: <results>.fit.json next to the first results file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fit JSON to stdout instead of the table (the fit file is written too)."),
+    plot: bool = typer.Option(False, "--plot/--no-plot", help="Also draw D(w) with the fitted laws (PNG and PDF; default prefix: the fit file without .json)."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Figure prefix: PREFIX.png and PREFIX.pdf (implies --plot)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing fit file or figure."),
 ) -> None:
     """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""
+    from truncsens.cli.options import split_list
     from truncsens.fitting import DEFAULT_METRICS, FitConfig, parse_range
     from truncsens.laws import FAMILIES
     from truncsens.pipelines import fit_to_file
     from truncsens.reports import format_fit_report
 
     with user_errors():
+        metrics, families = split_list(metric, "--metric"), split_list(family, "--family")
         cfg = FitConfig(
-            metrics=tuple(metric) if metric else DEFAULT_METRICS,
-            families=tuple(family) if family else FAMILIES,
+            metrics=tuple(metrics) if metrics else DEFAULT_METRICS,
+            families=tuple(families) if families else FAMILIES,
             fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
             holdout_range=parse_range(holdout_range, "--holdout-range") if holdout_range else None,
             n_boot=bootstrap, seed=seed, level=level,
         )
-        doc, path, plots = fit_to_file(results_files, cfg, out, plot)
+        doc, path, plots = fit_to_file(results_files, cfg, out, plot, plot_out, overwrite)
         wrote = f"wrote {path}" + "".join(f", {p}" for p in plots)
         if as_json:
             typer.echo(json.dumps(doc, indent=1))

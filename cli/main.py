@@ -1,7 +1,10 @@
 """Entry point of the ``truncsens`` console script.
 
 Every command lives in its own module of this package and adds itself with ``register(app)``;
-this file only collects them, so commands stay independent of each other.
+this file only collects them, so commands stay independent of each other. ``-h`` is ``--help``
+everywhere; the conventions of list options, ``--json``/``--json-out``, ``--plot``/``--plot-out``
+and ``--overwrite`` are :mod:`truncsens.cli.options`; errors and broken pipes are
+:mod:`truncsens.cli.errors`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
 )
 
 def _version(value: bool) -> None:

@@ -4,24 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from truncsens.cli.errors import user_errors
-
-
-def parse_int_list(text: Optional[str], what: str) -> Optional[list[int]]:
-    """``"1,2,4"`` -> [1, 2, 4]; None stays None. Raises ValueError naming ``what``."""
-    if text is None:
-        return None
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise ValueError(f"{what} must be comma-separated whole numbers, got {text!r}") from None
-    if not values:
-        raise ValueError(f"{what} is empty")
-    return values
 
 
 def measure(
@@ -31,13 +18,13 @@ def measure(
     split: str = typer.Option("auto", help="heldout, train, all, or auto (held-out for builtin corpora)."),
     text_field: str = typer.Option("text", help="Text field of a .jsonl corpus."),
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context of the reference distribution (default: model maximum)."),
-    windows: Optional[str] = typer.Option(None, help="Comma-separated windows w (default: powers of two from 1 to N/2)."),
+    windows: Optional[List[str]] = typer.Option(None, help="Windows w, repeated or comma-separated (default: powers of two from 1 to N/2)."),
     sinks: Optional[int] = typer.Option(None, help="First tokens of the reference context kept in front of every window (default 0; with --policy: sinks of sink_recent/poisson, default 4)."),
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or reindexed."),
     targets_per_doc: int = typer.Option(8, help="Targets drawn per document."),
     max_docs: Optional[int] = typer.Option(None, help="Use at most this many (long enough) documents."),
     seed: int = typer.Option(0, help="Seed of the target draw."),
-    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N, mps or auto."),
+    device: str = typer.Option("auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64 (divergences are float32 regardless)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass (default by device; halves on out-of-memory)."),
     docs_per_shard: int = typer.Option(8, help="Documents per shard file (an interruption loses at most one shard)."),
@@ -46,22 +33,23 @@ def measure(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing results file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar with ETA."),
     # -- retention policies (truncsens.engine.retention): sweep budgets instead of windows --
-    policy: Optional[str] = typer.Option(None, help="Comma-separated retention policies (suffix, sink_recent, random, poisson): measure D(k) at budgets instead of windows; several share the reference pass."),
-    budgets: Optional[str] = typer.Option(None, help="With --policy: comma-separated budgets k, kept tokens of the target's query, its own included (default: powers of two from 16 to N/2)."),
+    policy: Optional[List[str]] = typer.Option(None, help="Retention policies (suffix, sink_recent, random, poisson), repeated or comma-separated: measure D(k) at budgets instead of windows; several share the reference pass."),
+    budgets: Optional[List[str]] = typer.Option(None, help="With --policy: budgets k, repeated or comma-separated: kept tokens of the target's query, its own included (default: powers of two from 16 to N/2)."),
     semantics: Optional[str] = typer.Option(None, help="With --policy: reencode, streaming (default) or prefill_evict."),
     score: str = typer.Option("attention", help="With --policy poisson: inclusion scores, attention (default) or key_norm."),
     per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
+    from truncsens.cli.options import int_list, split_list
     from truncsens.engine.config import MeasureConfig
     from truncsens.engine.measure import run_measure
 
     with user_errors():
         cfg = MeasureConfig(
             model=model, domain=domain, corpus=corpus, split=split, text_field=text_field,
-            reference_context=reference_context, windows=parse_int_list(windows, "--windows"),
-            policies=None if policy is None else [p.strip() for p in policy.split(",") if p.strip()],
-            budgets=parse_int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
+            reference_context=reference_context, windows=int_list(windows, "--windows"),
+            policies=split_list(policy, "--policy"),
+            budgets=int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
             score=score, per_query=per_query, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
             out=None if out is None else str(out), resume=resume, overwrite=overwrite, progress=progress,

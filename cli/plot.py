@@ -13,16 +13,19 @@ from truncsens.cli.errors import user_errors
 def plot(
     results_files: List[Path] = typer.Argument(..., metavar="RESULTS...", help="Results file(s) from `truncsens measure`."),
     fit_file: Optional[Path] = typer.Option(None, "--fit", help="Fit file from `truncsens fit` whose laws to draw (default: fit now, without intervals)."),
-    out: Path = typer.Option(..., "--out", help="Output prefix: PREFIX.png and PREFIX.pdf are written."),
-    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="Metric panels (default: tv, kl, kl_reverse, js)."),
+    out: Path = typer.Option(..., "--out", "--plot-out", help="Output prefix: PREFIX.png and PREFIX.pdf are written."),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric panels, repeated or comma-separated (default: tv, kl, kl_reverse, js)."),
     fit_range: Optional[str] = typer.Option(None, "--fit-range", help="Fit range LO:HI when fitting now."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing PREFIX.png / PREFIX.pdf."),
 ) -> None:
     """One panel per metric: mean D(w) ± se on log-log axes, with the fitted laws."""
+    from truncsens.cli.options import split_list
     from truncsens.fitting import parse_range
     from truncsens.pipelines import plot_results
 
     with user_errors():
-        paths = plot_results(results_files, out, fit_file, metric, parse_range(fit_range, "--fit-range") if fit_range else None)
+        paths = plot_results(results_files, out, fit_file, split_list(metric, "--metric"),
+                             parse_range(fit_range, "--fit-range") if fit_range else None, overwrite)
         typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 

@@ -13,15 +13,16 @@ from truncsens.cli.errors import user_errors
 
 def show(
     file: Path = typer.Argument(..., help="A results file written by `truncsens measure`."),
-    metric: Optional[List[str]] = typer.Option(None, "--metric", "-m", help="Metric(s) to show (default: all)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (attrs and rows) instead of a table."),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric(s) to show, repeated or comma-separated (default: all)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (attrs and rows) to stdout instead of the table."),
 ) -> None:
-    """Print, per window, mean ± standard error, median, p90 and p99 of each metric."""
+    """Print, per window, n, mean ± standard error, median, p90 and p99 of each metric (n_inf / n_nan count non-finite values)."""
+    from truncsens.cli.options import split_list
     from truncsens.reports import format_results_summary
     from truncsens.summary import summarize_file
 
     with user_errors():
-        summary = summarize_file(file, metric)
+        summary = summarize_file(file, split_list(metric, "--metric"))
         if as_json:
             typer.echo(json.dumps(summary.to_json(), indent=2, allow_nan=False))
         else:

@@ -55,7 +55,10 @@ def test_measured_window_and_crossing_by_hand():
     assert measured_window(windows, means, 0.02) == (4, pytest.approx(4.0))
     assert measured_window(windows, means, 0.2) == (1, None)
     assert measured_window(windows, means, 0.001) == (None, None)
-    assert measured_window([4, 1, 2], [0.02, 0.0, 0.05], 0.03)[0] == 4  # unsorted, zero mean skipped
+    # unsorted; a mean of exactly 0 reaches every eps (D = 0 is a measured answer), +inf never does
+    assert measured_window([4, 1, 2], [0.02, 0.0, 0.05], 0.03) == (1, None)
+    assert measured_window([1, 2, 4, 8], [0.1, 0.05, 0.0, 0.0], 0.01) == (4, None)
+    assert measured_window([1, 2, 4], [0.05, math.inf, 0.02], 0.03) == (4, None)
 
 
 def test_kv_bytes_by_hand(tmp_path):
@@ -89,15 +92,19 @@ def test_recommend_is_the_law_exactly_with_interval_and_warnings(tmp_path):
     recs = recommend(doc, [0.006, 0.0001], "tv")  # 0.006 lies between D(8) ~ 0.0071 and D(16) ~ 0.005
     assert [r.eps for r in recs] == [0.006, 0.0001]
     inside, beyond = recs
-    assert inside.w_law == (p["C"]["value"] / 0.006) ** (1 / p["alpha"]["value"])
-    assert inside.window == math.ceil(inside.w_law)
+    assert inside.w_law == pytest.approx((p["C"]["value"] / 0.006) ** (1 / p["alpha"]["value"]), rel=1e-12)
     assert inside.w_law_ci[0] < inside.w_law < inside.w_law_ci[1]
     assert inside.measured_window == 16 and 8 < inside.measured_crossing <= 16
+    # inside the measured range the measurement is the answer, with its own bootstrap interval
+    assert inside.basis == "measured" and inside.window == math.ceil(inside.measured_crossing)
+    assert inside.measured_crossing_ci[0] <= inside.measured_crossing <= inside.measured_crossing_ci[1]
+    assert inside.window_ci == tuple(float(math.ceil(c)) for c in inside.measured_crossing_ci)
     assert inside.eps_in_measured_range and not inside.warnings
+    assert beyond.basis == "law" and beyond.window == math.ceil(beyond.w_law)
     assert inside.kv_bytes is None and any("not available" in n for n in inside.notes)
     assert beyond.w_law == pytest.approx((0.02 / 1e-4) ** 2, rel=0.15)  # ~40000 tokens
     assert any("beyond the largest measured window" in w for w in beyond.warnings)
-    assert any("exceeds the model's context of 1024" in w for w in beyond.warnings)
+    assert any("reaches the reference context N = 1024" in w for w in beyond.warnings)
     assert not beyond.eps_in_measured_range and beyond.measured_window is None
     text = format_recommendations(recs)
     assert "warning:" in text and "0.006" in text
@@ -112,9 +119,11 @@ def test_recommend_errors(tmp_path):
         recommend(doc, [0.0], "tv")
     with pytest.raises(FitError, match="js"):
         recommend(doc, [0.01], "js")
-    rising = _fit_doc(tmp_path, C=0.001, alpha=-0.3)
-    with pytest.raises(ValueError, match="not decreasing"):
-        recommend(rising, [0.01], "tv")
+    rising = _fit_doc(tmp_path, C=0.001, alpha=-0.3)  # means 0.001 .. 0.0065: nothing measured reaches 5e-4
+    [rec] = recommend(rising, [5e-4], "tv")
+    assert rec.law_status == "not_reachable" and rec.window is None and rec.w_law == math.inf
+    assert any("does not decrease" in w for w in rec.warnings)
+    assert "inf (eps not reachable with this law)" in format_recommendations([rec])
 
 
 def test_recommend_kv_memory_from_a_local_config(tmp_path):

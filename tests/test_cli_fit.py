@@ -94,9 +94,10 @@ def test_fit_bad_input(files):
     assert_user_error(invoke("fit", files / "junk.nc"), "not a NetCDF results file")
     assert_user_error(invoke("fit", files / "missing.nc"), "not found")
     assert_user_error(invoke("fit", files / "one.nc"), "only one window")
-    assert_user_error(invoke("fit", files / "zero.nc", "--metric", "tv"), "zero")
+    zero = invoke("fit", files / "zero.nc", "--metric", "tv", "--out", files / "zero-fit.json")  # D = 0 everywhere: an answer
+    assert zero.exit_code == 0 and "reaches exactly 0 at window 1" in zero.stdout
     assert_user_error(invoke("fit", files / "code.nc", "--fit-range", "4-128"), "--fit-range")
-    assert_user_error(invoke("fit", files / "code.nc", "--metric", "entropy"), "unknown metric")
+    assert_user_error(invoke("fit", files / "code.nc", "--metric", "entropy", "--out", files / "bad.json"), "unknown metric")
     assert_user_error(invoke("fit", files / "code.nc", "--bootstrap", "-1"), "--bootstrap")
     (files / "notfit.json").write_text("{}")
     assert_user_error(invoke("recommend-window", files / "notfit.json", "--eps", "0.01"), "not a truncsens fit file")

@@ -203,9 +203,14 @@ def test_power_beats_exponential_on_power_data_and_vice_versa():
 
 def test_default_ranges_and_aic_comparison_without_holdout():
     assert default_ranges(np.array(POW2), 1024) == ((4, 128), (129, 512))
-    assert default_ranges(np.array([3, 5, 6, 9]), 64) == ((5, 8), (9, 32))
-    with pytest.raises(FitError, match="fit-range"):
-        default_ranges(np.array([1, 2]), 1024)
+    # [4, N/8 = 8] holds 5, 6: widened up to N/4 (9), then down (3) to 4 windows
+    assert default_ranges(np.array([3, 5, 6, 9]), 64) == ((3, 9), (10, 32))
+    assert default_ranges(np.array([1, 2]), 1024) == ((1, 128), (129, 512))  # only two windows: both
+    # the short context: N = 64, windows 1..32: [4, 8] holds 2; widened to 4 windows 2..16, holding out 32
+    assert default_ranges(np.array([1, 2, 4, 8, 16, 32]), 64) == ((2, 16), (17, 32))
+    assert default_ranges(np.array([1, 2, 4, 8, 16, 32, 64, 128]), 256) == ((4, 32), (33, 128))  # already 4: unchanged
+    with pytest.raises(FitError, match="--fit-range"):
+        default_ranges(np.array([600, 700]), 1024)
     with pytest.raises(FitError, match="reference_context"):
         default_ranges(np.array(POW2), 0)
     ds = curve_results({"tv": power(0.02, 0.5)}, [4, 8, 16, 32, 64], n_docs=10, doc_noise=0.1, reference_context=64)
@@ -255,8 +260,9 @@ def test_bad_inputs_have_clear_errors(tmp_path):
         curves_of(one, ["tv"])
     zero = curve_results({}, POW2, n_docs=4)
     [curve] = curves_of(zero, ["tv"])
-    with pytest.raises(FitError, match="zero"):
-        fit_curve(curve, FitConfig(metrics=("tv",), n_boot=10))
+    cf = fit_curve(curve, FitConfig(metrics=("tv",), n_boot=10))  # exactly 0 everywhere: a measured answer, not an error
+    assert {f["status"] for f in cf.fits} == {"skipped"} and "reaches exactly 0 at window 1" in cf.fits[0]["reason"]
+    assert cf.metrics["tv"]["excluded"]["exact_zero_at"] == 1
     ds = curve_results({"tv": power(0.02, 0.5)}, POW2, n_docs=1)
     [curve] = curves_of(ds, ["tv"])
     with pytest.raises(FitError, match="at least 2 documents"):

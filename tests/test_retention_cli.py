@@ -121,7 +121,7 @@ def test_cli_policies_then_compare(tiny_llama_dir, corpus_dir, tmp_path):
     assert ds.sizes["target"] == 18 and not Path(str(out) + ".shards").exists()
 
     js = tmp_path / "cmp.json"
-    r = cli("compare-policies", out, "--bootstrap", 200, "--fit-range", "8:32", "--json", js, "--plot", tmp_path / "fig")
+    r = cli("compare-policies", out, "--bootstrap", 200, "--fit-range", "8:32", "--json-out", js, "--plot-out", tmp_path / "fig")
     assert r.exit_code == 0, r.output
     assert "ratio random / sink_recent of mean kl" in r.output and "alpha =" in r.output
     assert (tmp_path / "fig.png").stat().st_size > 1000 and (tmp_path / "fig.pdf").is_file()

@@ -9,7 +9,7 @@ import pytest
 
 from truncsens import results
 from truncsens.divergences import METRICS
-from truncsens.summary import STATS, format_table, summarize, summarize_values
+from truncsens.summary import COUNTS, STATS, format_table, summarize, summarize_values
 
 
 def test_summarize_values_by_hand():
@@ -21,14 +21,24 @@ def test_summarize_values_by_hand():
     # linear interpolation: rank 0.9 * 3 = 2.7 -> 3 + 0.7; rank 0.99 * 3 = 2.97 -> 3 + 0.97
     assert s["p90"] == pytest.approx(3.7)
     assert s["p99"] == pytest.approx(3.97)
-    assert list(s) == list(STATS)
+    assert list(s) == list(COUNTS) + list(STATS) and (s["n"], s["n_inf"], s["n_nan"]) == (4, 0, 0)
 
 
-def test_summarize_values_drops_nonfinite():
+def test_summarize_values_counts_nan_and_keeps_inf():
+    # the issue's instance: KL values [inf, .5, .5, .5] are n = 4 with one inf, and their mean is inf (not 0.5)
+    s = summarize_values(np.array([np.inf, 0.5, 0.5, 0.5]))
+    assert (s["n"], s["n_inf"], s["n_nan"]) == (4, 1, 0)
+    assert s["mean"] == math.inf and math.isnan(s["se"]) and s["median"] == 0.5
+    # sorted [.5, .5, .5, inf]: p90 at rank 2.7 interpolates towards inf -> inf; p50 at rank 1.5 -> 0.5
+    assert s["p90"] == math.inf and s["p99"] == math.inf
     s = summarize_values(np.array([np.nan, 2.0, np.inf, 4.0]))
-    assert s["mean"] == 3.0
-    assert s["se"] == pytest.approx(1.0)  # std (ddof 1) = sqrt(2), / sqrt(2)
-    assert s["median"] == 3.0
+    assert (s["n"], s["n_inf"], s["n_nan"]) == (3, 1, 1)
+    assert s["mean"] == math.inf and s["median"] == 4.0  # sorted [2, 4, inf], middle value
+    s = summarize_values(np.array([np.nan, 2.0, 4.0]))
+    assert (s["n"], s["n_inf"], s["n_nan"]) == (2, 0, 1)
+    assert s["mean"] == 3.0 and s["se"] == pytest.approx(1.0)  # std (ddof 1) = sqrt(2), / sqrt(2)
+    assert summarize_values(np.array([np.inf, -np.inf, 1.0]))["n_inf"] == 2
+    assert math.isnan(summarize_values(np.array([np.inf, -np.inf, 1.0]))["mean"])
 
 
 def test_summarize_values_small_samples():
@@ -36,8 +46,8 @@ def test_summarize_values_small_samples():
     assert one["mean"] == 0.25 and one["median"] == 0.25 and one["p99"] == 0.25
     assert math.isnan(one["se"])
     empty = summarize_values(np.array([np.nan]))
-    assert all(math.isnan(v) for v in empty.values())
-    assert all(math.isnan(v) for v in summarize_values(np.array([])).values())
+    assert (empty["n"], empty["n_nan"]) == (0, 1) and all(math.isnan(empty[k]) for k in STATS)
+    assert all(math.isnan(summarize_values(np.array([]))[k]) for k in STATS)
 
 
 def _attrs():
@@ -96,12 +106,29 @@ def test_format_table():
     text = format_table(rows, "window")
     lines = text.splitlines()
     assert lines[0] == "tv"
-    assert lines[1].split() == ["window", "n", "mean", "±", "se(doc)", "median", "p90", "p99"]
-    assert lines[2].split() == ["1", "4", "0.25", "0.1", "0.25", "0.37", "0.397"]
-    assert lines[3].split()[:3] == ["2", "3", "0"]
-    assert lines[4] == ""
-    assert lines[5] == "kl"
-    assert len(lines) == 9
+    # the tv block has a NaN target at w=2: it gets the n_inf / n_nan columns and a note
+    assert lines[1].split() == ["window", "n", "n_inf", "n_nan", "mean", "±", "se(doc)", "median", "p90", "p99"]
+    assert lines[2].split() == ["1", "4", "0", "0", "0.25", "0.1", "0.25", "0.37", "0.397"]
+    assert lines[3].split()[:5] == ["2", "3", "0", "1", "0"]
+    assert lines[4].startswith("note: n counts the values that are not NaN")
+    assert lines[5] == ""
+    assert lines[6] == "kl"
+    assert lines[7].split() == ["window", "n", "mean", "±", "se(doc)", "median", "p90", "p99"]  # all finite: no extra columns
+    assert len(lines) == 10
+
+
+def test_show_counts_an_infinite_kl():
+    """A stored KL of +inf: the row says n = 4, n_inf = 1, mean inf (never a finite mean without the count)."""
+    m = {name: np.zeros((4, 1)) for name in METRICS}
+    m["kl"] = np.array([[np.inf], [0.5], [0.5], [0.5]])
+    ds = results.make_results(m, "window", [4], ["a", "a", "b", "b"], [8, 9, 8, 9], [0, 1, 2, 3], _attrs())
+    [row] = summarize(ds, ["kl"])
+    assert (row["n"], row["n_inf"], row["n_nan"], row["mean"]) == (4, 1, 0, math.inf)
+    lines = format_table([row], "window").splitlines()
+    assert lines[2].split()[:5] == ["4", "4", "1", "0", "inf"]
+    m["kl"] = np.array([[np.inf], [np.inf], [0.5], [0.25]])  # a second instance: two infinities
+    [row] = summarize(results.make_results(m, "window", [4], ["a", "a", "b", "b"], [8, 9, 8, 9], [0, 1, 2, 3], _attrs()), ["kl"])
+    assert (row["n"], row["n_inf"], row["mean"], row["median"]) == (4, 2, math.inf, math.inf)
 
 
 def test_format_table_policy_titles():

@@ -24,7 +24,8 @@ def test_render_table_fixed_widths_overflow_and_no_header():
 
 def test_number_formats():
     assert fmt_num(1234.5678) == "1235" and fmt_num(0.000123456, 3) == "0.000123"
-    assert fmt_num(None) == "-" and fmt_num(math.nan) == "-" and fmt_num(math.inf) == "-"
+    assert fmt_num(None) == "-" and fmt_num(math.nan) == "-"
+    assert fmt_num(math.inf) == "inf" and fmt_num(-math.inf) == "-inf"  # an infinite mean is shown, never hidden
     assert fmt_interval([0.12345, 2.0], 3) == " [0.123, 2]"
     assert fmt_interval(None) == "" and fmt_interval([None, 1.0]) == "" and fmt_interval([1.0, math.inf]) == ""
     assert fmt_bytes(None) == "-" and fmt_bytes(512) == "512 B" and fmt_bytes(3 * 2**20) == "3 MiB"

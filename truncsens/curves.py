@@ -16,7 +16,7 @@ import xarray as xr
 
 from truncsens.divergences import METRICS
 from truncsens.results import ResultsError, sweep_dim
-from truncsens.stats import doc_sums, resampled_mean_se
+from truncsens.stats import doc_sums, mean_with_inf, resampled_mean_se
 
 
 @dataclass
@@ -29,7 +29,11 @@ class Curve:
         policy: policy name or None.
         sweep: the sweep dimension, "window" or "budget".
         points: [S] int sweep points in tokens (windows or budgets), ascending.
-        sums, counts: metric -> [G, S] per-document sums / counts (see :func:`truncsens.stats.doc_sums`).
+        sums, counts: metric -> [G, S] per-document sums / counts of the finite values
+            (see :func:`truncsens.stats.doc_sums`).
+        n_posinf, n_neginf, n_nan: metric -> [S] number of targets whose value is +inf (KL where
+            q = 0 < p), -inf, or NaN at each point; they are never silently dropped: a point with an
+            infinite value has an infinite mean (:meth:`mean_se`).
         docs: [G] document ids.
         n_targets: number of targets.
         reference_context: N (tokens; 0 when the file states none).
@@ -47,6 +51,14 @@ class Curve:
     n_targets: int
     reference_context: int
     attrs: dict = field(default_factory=dict)
+    n_posinf: dict[str, np.ndarray] = field(default_factory=dict)
+    n_neginf: dict[str, np.ndarray] = field(default_factory=dict)
+    n_nan: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def inf_counts(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """([S] +inf counts, [S] -inf counts) of ``metric`` (zeros when not recorded)."""
+        zero = np.zeros(self.points.shape, dtype=np.int64)
+        return self.n_posinf.get(metric, zero), self.n_neginf.get(metric, zero)
 
     @property
     def n_docs(self) -> int:
@@ -54,9 +66,14 @@ class Curve:
         return len(self.docs)
 
     def mean_se(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
-        """Mean and cluster-robust se per sweep point of one metric: ([S], [S])."""
+        """Mean and cluster-robust se per sweep point of one metric: ([S], [S]).
+
+        A point with +inf values has mean +inf and se NaN (:func:`truncsens.stats.mean_with_inf`).
+        """
         mean, se = resampled_mean_se(np.ones((1, self.n_docs)), self.sums[metric], self.counts[metric])
-        return mean[0], se[0]
+        pos, neg = self.inf_counts(metric)
+        mean = mean_with_inf(mean[0], pos, neg)
+        return mean, np.where(np.isfinite(mean), se[0], np.nan)
 
 
 def plain(v: object) -> object:
@@ -95,9 +112,11 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
     for policy in policies:
         sub = ds if policy is None else ds.sel(policy=policy)
         sums, counts, docs = {}, {}, []
+        pos, neg, nan = {}, {}, {}
         for m in metrics:
             values = np.asarray(sub[m].transpose("target", sweep).values, dtype=np.float64)[:, order]  # [n_targets, S]
             sums[m], counts[m], docs = doc_sums(values, ds["doc"].values)
+            pos[m], neg[m], nan[m] = np.isposinf(values).sum(0), np.isneginf(values).sum(0), np.isnan(values).sum(0)  # [S]
         out.append(Curve(results_file, label if policy is None else f"{label}[{policy}]", policy, sweep, points[order],
-                         sums, counts, docs, int(ds.sizes["target"]), n_ref, attrs))
+                         sums, counts, docs, int(ds.sizes["target"]), n_ref, attrs, pos, neg, nan))
     return out

@@ -14,9 +14,14 @@ the curve's ``sweep`` says; every interval ``ci`` is a percentile bootstrap inte
                    "n_docs": int, "n_targets": int, "reference_context": int,
                    "fit_range": [lo, hi], "holdout_range": [lo, hi] | null, "notes": [str],
                    "metrics": {metric: {"points": [x...], "mean": [...], "se": [...],
-                                        "excluded_points": [x...]}}} ],
+                                        "excluded_points": [x...],
+                                        "excluded": {"infinite", "no_values", "zero", "noise_floor": [x...],
+                                                     "exact_zero_at": x | null, "noise_floor_value": float},
+                                        "n_inf": [...], "n_nan": [...],
+                                        "bootstrap_mean": [[...] per resample]   (n_boot > 0)}}} ],
       "fits": [ {"curve": i, "results_file", "label", "policy", "metric", "family",
-                 "status": "ok" | "skipped", "reason": str | null,
+                 "status": "ok" | "skipped" | "not_converged", "reason": str | null,
+                 "converged": bool | null, "optimizer": str | null,
                  "params": {name: {"value": float, "ci": [lo, hi] | null}},
                  "fit_range": [lo, hi], "fit_points": [...], "holdout_range": [lo, hi] | null,
                  "holdout_points": [...], "excluded_points": [...],
@@ -27,14 +32,19 @@ the curve's ``sweep`` says; every interval ``ci`` is a percentile bootstrap inte
                  "bootstrap_samples": {"C": [...], "alpha": [...]}   (power family, n_boot > 0)} ],
       "comparisons": [ {"curve": i, "results_file", "label", "metric",
                         "basis": "extrapolation" | "aic" | null, "winner", "runner_up",
-                        "factor": {"value", "ci"}, "power_vs_exponential": {"value", "ci"} | null,
+                        "factor": {"value", "ci"}, "power_vs_exponential": {"value", "ci", "undecided"} | null,
+                        "undecided": bool | null   (the factor's interval contains 1),
                         "mae": {family: value}, "aic": {family: value}} ],
       "alpha_ratio_kl_tv": [ {"curve": i, "results_file", "label", "value", "ci"} ]
     }
 
 Parameters: power {C, alpha}; exponential {C, tau, rate = 1/tau}; power_floor {C, alpha, D_inf};
 C and D_inf in the metric's units (TV: probability; KL, JS: nats). Non-finite numbers are written
-as null. Schema 1 files (keys ``ci95``, ``window``, ``fit_windows``, ``holdout_windows``,
+as null (a mean of +inf is null with ``n_inf`` > 0 at that point). The keys ``excluded``,
+``n_inf``, ``n_nan``, ``bootstrap_mean``, ``converged``, ``optimizer`` and ``undecided`` are absent
+from older schema 2 files; readers treat an "ok" fit without ``converged`` as converged. Points
+excluded from the fits: :mod:`truncsens.curve_points`; a "not_converged" fit is kept for
+inspection but never compared or used for a recommendation. Schema 1 files (keys ``ci95``, ``window``, ``fit_windows``, ``holdout_windows``,
 ``excluded_windows``) are read and upgraded to schema 2 by :func:`read_fit_file`.
 """
 
@@ -70,6 +80,20 @@ def sanitize(obj: object) -> object:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def check_new_files(paths: Sequence[str | Path | None], overwrite: bool) -> None:
+    """Refuse to replace files that exist unless ``overwrite`` (called before computing anything).
+
+    Raises:
+        FileExistsError: one message naming every existing file and the ``--overwrite`` option.
+    """
+    if overwrite:
+        return
+    there = [str(p) for p in paths if p is not None and Path(p).exists()]
+    if there:
+        raise FileExistsError(f"{', '.join(there)} already exist{'s' if len(there) == 1 else ''}; "
+                              "pass --overwrite to replace, or choose another output path")
 
 
 def write_json(doc: dict, path: str | Path) -> Path:

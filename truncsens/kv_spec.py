@@ -1,14 +1,24 @@
 """KV-cache sizes of a model, read from its config (a local folder, the bundled reference model, or a
 Hugging Face hub id whose config is already in the local cache; never fetched).
 
-Bytes of one cached token: 2 (K and V) * layers * kv_heads * head_dim * bytes_per_element
-(:func:`truncsens.windows.kv_bytes_per_sequence`).
+Bytes of a sequence: 2 (K and V) * kv_heads * head_dim * bytes_per_element * the tokens cached
+summed over layers (:func:`truncsens.windows.kv_bytes_per_sequence`), where a sliding-window layer
+of window W caches at most W tokens. Per-layer windows come from the config
+(:func:`layer_windows_from_config`):
+
+- ``layer_types`` (transformers >= 4.5x; Gemma 2/3, Qwen 2/3, ...): ``"sliding_attention"`` layers
+  use ``sliding_window``, every other type is full attention;
+- else Qwen2's ``use_sliding_window`` / ``max_window_layers``: layers with index >=
+  ``max_window_layers`` slide (as ``Qwen2Config`` builds its ``layer_types``);
+- else a ``sliding_window`` on a config without ``layer_types`` (Mistral v0.1): every layer slides;
+- else every layer is full attention.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from truncsens.windows import kv_bytes_per_sequence
 
@@ -17,17 +27,65 @@ BYTES_PER_ELEMENT = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 @dataclass(frozen=True)
 class KVSpec:
-    """What one cached token costs: ``layers * kv_heads * head_dim`` elements of K and of V."""
+    """What one cached token costs per layer (``kv_heads * head_dim`` elements of K and of V), and how
+    many tokens each layer caches at most (``layer_windows``: None = full attention, or an int W).
+
+    Raises:
+        ValueError: ``layer_windows`` of another length than ``layers``.
+    """
 
     layers: int
     kv_heads: int
     head_dim: int
     bytes_per_element: int
     source: str
+    layer_windows: tuple[int | None, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.layer_windows is not None and len(self.layer_windows) != self.layers:
+            raise ValueError(f"{len(self.layer_windows)} layer windows for {self.layers} layers")
+
+    @property
+    def sliding_layers(self) -> int:
+        """Number of sliding-window layers."""
+        return sum(W is not None for W in (self.layer_windows or ()))
 
     def bytes_for(self, window: int, sinks: int = 0) -> int:
-        """:func:`kv_bytes_per_sequence` for this model."""
-        return kv_bytes_per_sequence(self.layers, self.kv_heads, self.head_dim, self.bytes_per_element, window, sinks)
+        """:func:`kv_bytes_per_sequence` for this model, each layer counting its own window."""
+        return kv_bytes_per_sequence(self.layers, self.kv_heads, self.head_dim, self.bytes_per_element, window, sinks,
+                                     self.layer_windows)
+
+
+def _get(cfg: Any, key: str) -> Any:
+    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+
+
+def layer_windows_from_config(cfg: Any) -> tuple[int | None, ...]:
+    """Per-layer attention windows of a transformers config object or a ``config.json`` dict (rules
+    in the module docstring): one entry per layer, None for full attention, else the window W.
+
+    Raises:
+        ValueError: no ``num_hidden_layers``, ``layer_types`` of another length, or a sliding
+            layer without a positive ``sliding_window``.
+    """
+    layers = _get(cfg, "num_hidden_layers")
+    if not layers:
+        raise ValueError("the config states no num_hidden_layers")
+    W = _get(cfg, "sliding_window")
+    types = _get(cfg, "layer_types")
+    if types:
+        if len(types) != layers:
+            raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
+        sliding = [t == "sliding_attention" for t in types]
+    elif _get(cfg, "use_sliding_window") is not None:  # Qwen2 without layer_types
+        first = _get(cfg, "max_window_layers")
+        first = layers if first is None else int(first)
+        sliding = [bool(_get(cfg, "use_sliding_window")) and i >= first for i in range(layers)]
+    else:  # Mistral v0.1: a sliding_window applies to every layer
+        sliding = [W is not None] * layers
+    if any(sliding) and not (isinstance(W, int) and W > 0):
+        raise ValueError(f"the config has sliding-window layers but sliding_window = {W!r}")
+    return tuple(int(W) if s else None for s in sliding)
 
 
 def kv_spec_for_model(model: str, dtype: str) -> tuple[KVSpec | None, str]:
@@ -72,5 +130,16 @@ def _kv_spec(cfg, dtype: str, source: str) -> tuple[KVSpec | None, str]:
     nbytes = BYTES_PER_ELEMENT.get(str(dtype))
     if not (layers and kv_heads and head_dim and nbytes):
         return None, f"KV memory not shown: {source} lacks layer/head sizes, or dtype {dtype!r} is unknown"
-    return KVSpec(int(layers), int(kv_heads), int(head_dim), int(nbytes), source), (
-        f"KV bytes = 2 x {layers} layers x {kv_heads} kv heads x {head_dim} head dim x {nbytes} bytes ({dtype}) x (w + sinks)")
+    try:
+        windows = layer_windows_from_config(cfg)
+    except ValueError as exc:
+        return None, f"KV memory not shown: {source}: {exc}"
+    spec = KVSpec(int(layers), int(kv_heads), int(head_dim), int(nbytes), source,
+                  windows if any(W is not None for W in windows) else None)
+    if spec.layer_windows is None:
+        return spec, (f"KV bytes = 2 x {layers} layers x {kv_heads} kv heads x {head_dim} head dim x {nbytes} bytes ({dtype}) "
+                      "x (w + sinks)")
+    sizes = sorted({W for W in windows if W is not None})
+    return spec, (f"KV bytes = 2 x {kv_heads} kv heads x {head_dim} head dim x {nbytes} bytes ({dtype}) x sum over {layers} "
+                  f"layers of the tokens each caches: w + sinks in {layers - spec.sliding_layers} full-attention layers, "
+                  f"min(w + sinks, W) in {spec.sliding_layers} sliding-window layers (W = {', '.join(map(str, sizes))})")

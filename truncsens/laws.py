@@ -123,11 +123,14 @@ def fit_family(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict
 
     Returns:
         dict of the family's parameters (:data:`PARAM_NAMES`) plus ``wrss`` (weighted residual
-        sum of squares in log space) and ``aic`` (NaN when there are no more windows than
-        parameters).
+        sum of squares in log space), ``aic`` (NaN when there are no more windows than
+        parameters), ``converged`` (bool, from the optimizer's own status) and ``optimizer`` (its
+        method and message). WLS (power, exponential) is a closed-form solve: it converged when
+        the design has full rank and the estimates are finite. ``power_floor``: scipy's
+        ``least_squares`` status > 0 (a tolerance met; 0 = evaluation limit reached).
 
     Raises:
-        FitError: fewer usable windows than parameters, or the optimizer failed.
+        FitError: fewer usable windows than parameters, or the optimizer found no finite solution.
     """
     x = np.asarray(x, dtype=np.float64)
     keep = w > 0
@@ -141,20 +144,26 @@ def fit_family(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict
         design = sm.add_constant(np.log(xs) if family == "power" else xs, has_constant="add")
         res = sm.WLS(ys, design, weights=ws).fit()
         b0, b1 = (float(v) for v in res.params)
+        rank = int(np.linalg.matrix_rank(design * np.sqrt(ws)[:, None]))
+        converged = rank == 2 and math.isfinite(b0) and math.isfinite(b1)
+        optimizer = f"statsmodels WLS (closed form): design rank {rank} of 2"
         if family == "power":
             params = {"C": math.exp(b0), "alpha": -b1}
         else:
             params = {"C": math.exp(b0), "rate": -b1, "tau": (-1.0 / b1) if b1 != 0 else math.inf}
     else:
-        params = _fit_power_floor_point(xs, ys, ws)
+        params, converged, optimizer = _fit_power_floor_point(xs, ys, ws)
     wrss = float((ws * (ys - law_log(family, params, xs)) ** 2).sum())
     params["wrss"] = wrss
     # with no residual degrees of freedom the fit is exact and AIC compares nothing
     params["aic"] = wls_aic(wrss, ws, N_LAW_PARAMS[family]) if xs.size > N_LAW_PARAMS[family] else math.nan
+    params["converged"] = bool(converged)
+    params["optimizer"] = optimizer
     return params
 
 
-def _fit_power_floor_point(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
+def _fit_power_floor_point(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[dict[str, float], bool, str]:
+    """Point fit of ``power_floor`` from two starts; the lower cost wins. Returns (params, converged, optimizer message)."""
     from scipy.optimize import least_squares
 
     lx, sw = np.log(x), np.sqrt(w)
@@ -177,7 +186,10 @@ def _fit_power_floor_point(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[
             best = r
     if best is None or not np.all(np.isfinite(best.x)):
         raise FitError("power_floor: the optimizer found no finite solution")
-    return {"C": float(math.exp(best.x[0])), "alpha": float(best.x[1]), "D_inf": float(best.x[2])}
+    with np.errstate(over="ignore"):
+        params = {"C": float(np.exp(best.x[0])), "alpha": float(best.x[1]), "D_inf": float(best.x[2])}
+    converged = bool(best.status > 0) and all(math.isfinite(v) for v in params.values())
+    return params, converged, f"scipy least_squares (trf): status {best.status}, {best.message}"
 
 
 def fit_family_batch(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[str, float] | None = None) -> dict[str, np.ndarray]:
@@ -185,7 +197,8 @@ def fit_family_batch(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, s
 
     ``power`` and ``exponential`` are the closed-form WLS line (identical to statsmodels);
     ``power_floor`` runs a batched Levenberg-Marquardt (Marquardt scaling, ``D_inf >= 0`` by
-    projection) from ``start`` (the point fit), checked against scipy in the tests.
+    projection) from ``start`` (the point fit), checked against scipy in the tests; a resample
+    whose iteration did not converge (iteration limit reached) gets NaN parameters.
 
     Args:
         x: [S] windows; y, w: [B, S] log means and weights.
@@ -229,6 +242,7 @@ def _lm_power_floor(lx: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[st
 
     c = cost(p)
     mu = np.full(B, 1e-3)
+    converged = np.zeros(B, dtype=bool)  # a step met the relative cost tolerance, or no step improves any more
     for _ in range(iters):
         P, m = model(p)
         J = np.stack([P / m, -lx * P / m, 1.0 / m], axis=2)  # [B, S, 3] d log m / d p
@@ -254,9 +268,10 @@ def _lm_power_floor(lx: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[st
         p = np.where(better[:, None], trial, p)
         c = np.where(better, ct, c)
         mu = np.where(better, mu / 3, mu * 4)
-        if np.all(done | (mu > 1e12)):
+        converged |= done | (mu > 1e12)
+        if np.all(converged):
             break
-    ok = enough & np.all(np.isfinite(p), axis=1)
+    ok = enough & converged & np.all(np.isfinite(p), axis=1)  # a resample that hit the iteration limit counts as failed
     return {"C": np.where(ok, np.exp(p[:, 0]), np.nan), "alpha": np.where(ok, p[:, 1], np.nan),
             "D_inf": np.where(ok, p[:, 2], np.nan)}
 

@@ -6,35 +6,47 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from truncsens.fitfile import default_fit_path, plot_prefix, read_fit_file, use_fits_from, write_fit_file
+from truncsens.fitfile import check_new_files, default_fit_path, plot_prefix, read_fit_file, use_fits_from, write_fit_file
 from truncsens.fitting import DEFAULT_METRICS, FitConfig, fit_results
 from truncsens.plots import plot_report
 
 
+def _figure_paths(prefix: Path) -> list[Path]:
+    return [prefix.with_name(prefix.name + ".png"), prefix.with_name(prefix.name + ".pdf")]
+
+
 def fit_to_file(results_files: Sequence[str | Path], cfg: FitConfig, out: str | Path | None = None,
-                plot: bool = False) -> tuple[dict, Path, list[Path]]:
+                plot: bool = False, plot_out: str | Path | None = None, overwrite: bool = True) -> tuple[dict, Path, list[Path]]:
     """Fit results files side by side, write the fit file, optionally draw it.
 
     Args:
         results_files: results files of ``truncsens measure``.
         cfg: the fit configuration.
         out: fit file path (default :func:`truncsens.fitfile.default_fit_path`).
-        plot: also write ``<fit file without .json>.png`` and ``.pdf``.
+        plot: also write ``<plot_out>.png`` and ``.pdf`` (default prefix: the fit file without ``.json``).
+        plot_out: figure prefix (implies ``plot``).
+        overwrite: replace existing files; False refuses before fitting.
 
     Returns:
         (fit file dict, fit file path, figure paths).
 
     Raises:
+        FileExistsError: an output exists and not ``overwrite``.
         FileNotFoundError, ResultsError, FitError: see :func:`truncsens.fitting.fit_results`.
     """
+    path = Path(out or default_fit_path(results_files))
+    prefix = Path(plot_out) if plot_out else plot_prefix(path)
+    plot = plot or plot_out is not None
+    check_new_files([path, *(_figure_paths(prefix) if plot else [])], overwrite)
     doc = fit_results([str(p) for p in results_files], cfg).to_json()
-    path = write_fit_file(doc, out or default_fit_path(results_files))
-    figures = plot_report(doc, plot_prefix(path)) if plot else []
+    path = write_fit_file(doc, path)
+    figures = plot_report(doc, prefix) if plot else []
     return doc, path, figures
 
 
 def plot_results(results_files: Sequence[str | Path], out: str | Path, fit_file: str | Path | None = None,
-                 metrics: Sequence[str] | None = None, fit_range: tuple[int, int] | None = None) -> list[Path]:
+                 metrics: Sequence[str] | None = None, fit_range: tuple[int, int] | None = None,
+                 overwrite: bool = True) -> list[Path]:
     """Draw results files with fitted laws: fitted now without intervals, or taken from ``fit_file``
     (which must have been made from these very results files, :func:`truncsens.fitfile.same_curve`).
 
@@ -47,8 +59,10 @@ def plot_results(results_files: Sequence[str | Path], out: str | Path, fit_file:
         [png path, pdf path].
 
     Raises:
+        FileExistsError: ``out.png`` or ``out.pdf`` exists and not ``overwrite`` (checked first).
         ValueError: the fit file does not match the results, or a metric is missing.
     """
+    check_new_files(_figure_paths(Path(out)), overwrite)
     chosen = tuple(metrics) if metrics else DEFAULT_METRICS
     fitted = None
     if fit_file is not None:

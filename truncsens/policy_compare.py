@@ -29,7 +29,7 @@ from truncsens.fitfile import sanitize
 from truncsens.fitting import FitConfig, fit_curve
 from truncsens.laws import FitError
 from truncsens.results import ResultsError, load, sweep_dim
-from truncsens.stats import interval_or_none, resample_weights, resampled_mean_se
+from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
 DEFAULT_NUMERATOR, DEFAULT_DENOMINATOR = "random", "sink_recent"
 
@@ -80,7 +80,8 @@ class PolicyComparison:
     Attributes:
         policies: policy names in file order.
         budgets: [K] budgets in tokens.
-        table: rows ``{"policy", "metric", "budget", "mean", "ci": [lo, hi], "n_docs"}``.
+        table: rows ``{"policy", "metric", "budget", "mean", "ci": [lo, hi], "n_docs", "n_inf"}`` (``n_inf``
+            targets with an infinite value: the mean is then inf, :func:`truncsens.stats.mean_with_inf`).
         ratios: rows ``{"metric", "budget", "numerator", "denominator", "value", "ci": [lo, hi]}``.
         fits: rows ``{"policy", "metric", "status", "reason", "alpha", "alpha_ci", "C", "C_ci", "sweep",
             "fit_points"}`` (``policy`` is ``"truncation"`` for the fit of a window results file, whose
@@ -165,10 +166,12 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
     for name, curve in named:
         for metric in cfg.metrics:
             m, _ = resampled_mean_se(mult, curve.sums[metric], curve.counts[metric])  # [1+B, K]
+            pos, neg = curve.inf_counts(metric)
+            m = mean_with_inf(m, pos, neg)  # a budget with a +inf target has mean inf, never the finite mean alone
             means[(name, metric)] = m
             for j, k in enumerate(budgets):
                 table.append({"policy": name, "metric": metric, "budget": k, "mean": float(m[0, j]),
-                              "ci": interval_or_none(m[1:, j], cfg.level), "n_docs": G})
+                              "ci": interval_or_none(m[1:, j], cfg.level), "n_docs": G, "n_inf": int(pos[j] + neg[j])})
     num, den = cfg.ratio
     if num in policies and den in policies:
         for metric in cfg.metrics:

@@ -27,19 +27,38 @@ def format_results_header(file: str, attrs: dict, n_targets: int) -> str:
 
 
 def format_summary(rows: list[dict], sweep: str) -> str:
-    """Rows of :func:`truncsens.summary.summarize` as text, one block per (policy, metric)."""
-    columns = [Column(sweep, ">", 8), Column("n", ">", 6), Column("mean", ">", 11), Column("± se(doc)", ">", 10),
-               Column("median", ">", 11), Column("p90", ">", 11), Column("p99", ">", 11)]
-    blocks: list[tuple[str, list[list[str]]]] = []
+    """Rows of :func:`truncsens.summary.summarize` as text, one block per (policy, metric).
+
+    A block whose rows hold infinite or NaN values gets the columns ``n_inf`` and ``n_nan`` beside
+    ``n`` and a note under it: a mean over a set with +inf is printed as ``inf``, never as the
+    mean of the finite values alone.
+    """
+    base = [Column(sweep, ">", 8), Column("n", ">", 6)]
+    stats = [Column("mean", ">", 11), Column("± se(doc)", ">", 10), Column("median", ">", 11), Column("p90", ">", 11),
+             Column("p99", ">", 11)]
+    blocks: list[tuple[str, list[dict]]] = []
     key = None
     for r in rows:
         k = (r.get("policy"), r["metric"])
         if k != key:
             key = k
             blocks.append((r["metric"] + (f"  (policy {r['policy']})" if r.get("policy") else ""), []))
-        blocks[-1][1].append([str(r[sweep]), str(r["n"]), f"{r['mean']:.5g}", f"{r['se']:.2g}", f"{r['median']:.5g}",
-                              f"{r['p90']:.5g}", f"{r['p99']:.5g}"])
-    return "\n\n".join(f"{title}\n" + render_table(columns, cells, sep=" ", rule=False, fit=False) for title, cells in blocks)
+        blocks[-1][1].append(r)
+    out = []
+    for title, block in blocks:
+        nonfinite = any(r.get("n_inf", 0) or r.get("n_nan", 0) for r in block)
+        columns = base + ([Column("n_inf", ">", 6), Column("n_nan", ">", 6)] if nonfinite else []) + stats
+        cells = []
+        for r in block:
+            counts = [str(r.get("n_inf", 0)), str(r.get("n_nan", 0))] if nonfinite else []
+            cells.append([str(r[sweep]), str(r["n"]), *counts, f"{r['mean']:.5g}", f"{r['se']:.2g}", f"{r['median']:.5g}",
+                          f"{r['p90']:.5g}", f"{r['p99']:.5g}"])
+        text = f"{title}\n" + render_table(columns, cells, sep=" ", rule=False, fit=False)
+        if nonfinite:
+            text += ("\nnote: n counts the values that are not NaN, n_inf of them infinite (KL = inf where q = 0 < p): "
+                     "the mean of a set with +inf is inf; NaN values (n_nan) are left out")
+        out.append(text)
+    return "\n\n".join(out)
 
 
 def format_results_summary(summary: Any) -> str:
@@ -52,7 +71,10 @@ def format_results_summary(summary: Any) -> str:
 
 
 def _fit_row(f: dict) -> list[str]:
-    if f["status"] != "ok":
+    if f["status"] == "not_converged":
+        shown = "  ".join(f"{k}={fmt_num(v['value'])}" for k, v in f["params"].items() if k != "rate")
+        params, mae = f"NOT CONVERGED (not used): {shown}; {f.get('optimizer') or f['reason']}", ""
+    elif f["status"] != "ok":
         params, mae = f"skipped: {f['reason']}", ""
     else:
         params = "  ".join(f"{k}={fmt_num(v['value'])}{fmt_interval(v['ci'], 3)}" for k, v in f["params"].items() if k != "rate")
@@ -70,7 +92,10 @@ def _comparison_line(c: dict) -> str:
     if c["basis"] != "extrapolation":
         return (f"{head}: no held-out windows; {c['winner']} has the lower AIC "
                 f"(relative likelihood of {c['runner_up']}: 1/{fmt_num(fac['value'], 3)})")
-    if fac["value"] is not None and fac["value"] < 1.005:  # e.g. power_floor with a zero floor = power
+    if c.get("undecided"):  # the ratio's interval contains 1: the data do not tell the two apart
+        text = (f"{head}: undecided between {c['winner']} and {c['runner_up']} in held-out extrapolation "
+                f"(error ratio {fmt_num(fac['value'], 3)}{fmt_interval(fac['ci'], 3)} contains 1)")
+    elif fac["value"] is not None and fac["value"] < 1.005:  # e.g. power_floor with a zero floor = power
         text = (f"{head}: {c['winner']} and {c['runner_up']} tie in held-out extrapolation "
                 f"(error ratio {fmt_num(fac['value'], 3)}{fmt_interval(fac['ci'], 3)})")
     else:
@@ -79,16 +104,18 @@ def _comparison_line(c: dict) -> str:
     pve = c.get("power_vs_exponential")
     if pve and {c["winner"], c["runner_up"]} != {"power", "exponential"}:
         text += f"; exponential/power error ratio {fmt_num(pve['value'], 3)}{fmt_interval(pve['ci'], 3)}"
+        if pve.get("undecided"):
+            text += " (undecided: contains 1)"
     return text
 
 
 def _curve_line(c: dict) -> str:
     hold = c["holdout_range"]
-    excl = {m: v["excluded_points"] for m, v in c["metrics"].items() if v["excluded_points"]}
+    excl = {m: v["excluded_points"] for m, v in c["metrics"].items() if v["excluded_points"]}  # reasons: the curve's notes
     return (f"{c['label']}: model {c['provenance'].get('model', '?')}, N={c['reference_context']}, {c['n_docs']} documents, "
             f"{c['n_targets']} targets; fit {c['sweep']}s {c['fit_range'][0]}..{c['fit_range'][1]}, held out "
             + (f"{hold[0]}..{hold[1]}" if hold else "none")
-            + (f"; excluded (zero or non-finite mean): {excl}" if excl else ""))
+            + (f"; excluded (zero, noise floor, infinite or no mean): {excl}" if excl else ""))
 
 
 def format_fit_report(doc: dict) -> str:
@@ -118,31 +145,51 @@ def _raw_interval(ci: Sequence[float] | None) -> str:
     return "" if ci is None else f" [{ci[0]:.4g}, {ci[1]:.4g}]"
 
 
+def _law_cell(r: Recommendation) -> str:
+    if r.law_status == "ok":
+        return f"{r.w_law:.4g}{_raw_interval(r.w_law_ci)}"
+    return {"not_reachable": "inf (eps not reachable with this law)", "not_converged": "- (law not converged)",
+            "not_fitted": "- (no law fitted)"}.get(r.law_status, "-")
+
+
+def _window_cell(r: Recommendation) -> str:
+    if r.window is None:
+        return "inf (not reachable)" if r.basis == "law" else "- (not measured)"
+    return f"{r.window}{_raw_interval(r.window_ci)} {r.basis}"
+
+
 def format_recommendations(recs: Sequence[Recommendation]) -> str:
-    """A readable table of w(eps) recommendations, then their warnings and notes."""
+    """A readable table of w(eps) recommendations, then their warnings and notes.
+
+    Columns: the power law's w(eps) with its interval ("inf" when eps is not reachable with the
+    law), the recommended window with its interval and basis ("measured" inside the measured
+    range, "law" outside it), the measured window and crossing with its interval, and the KV
+    bytes of the recommended window.
+    """
     pct = fmt_level(recs[0].level) if recs else "95%"
-    columns = [Column("curve"), Column("metric"), Column("eps"), Column(f"w(eps) law [{pct} CI]"), Column("window"),
-               Column("measured (crossing)"), Column(f"KV bytes/seq [{pct} CI]")]
+    columns = [Column("curve"), Column("metric"), Column("eps"), Column(f"w(eps) law [{pct} CI]"),
+               Column(f"window [{pct} CI] basis"), Column("measured (crossing [CI])"), Column(f"KV bytes/seq [{pct} CI]")]
     rows = []
     for r in recs:
         meas = "-" if r.measured_window is None else str(r.measured_window)
         if r.measured_crossing is not None:
-            meas += f" ({r.measured_crossing:.4g})"
+            meas += f" ({r.measured_crossing:.4g}{_raw_interval(r.measured_crossing_ci)})"
         kv = fmt_bytes(r.kv_bytes)
         if r.kv_bytes_ci is not None:
-            kv += f" [{fmt_bytes(r.kv_bytes_ci[0])}, {fmt_bytes(r.kv_bytes_ci[1])}]"
-        rows.append([r.label, r.metric, f"{r.eps:g}", f"{r.w_law:.4g}{_raw_interval(r.w_law_ci)}", str(r.window), meas, kv])
+            kv += f" [{fmt_bytes(r.kv_bytes_ci[0])}, {fmt_bytes(r.kv_bytes_ci[1]) if r.kv_bytes_ci[1] is not None else 'inf'}]"
+        rows.append([r.label, r.metric, f"{r.eps:g}", _law_cell(r), _window_cell(r), meas, kv])
     lines = [render_table(columns, rows)]
     seen = set()
     for r in recs:
         lines += [f"warning: {r.label} {r.metric} eps={r.eps:g}: {w}" for w in r.warnings]
         for n in r.notes:
-            if n.startswith("eps is outside"):
+            if n.startswith(("eps is outside", "recommended from")):
                 lines.append(f"note: {r.label} {r.metric} eps={r.eps:g}: {n}")
             elif (r.label, n) not in seen:
                 seen.add((r.label, n))
                 lines.append(f"note: {r.label}: {n}")
-    lines.append("w(eps) = (C/eps)^(1/alpha) from the power law (arXiv 2605.25085); interval: percentile bootstrap over documents")
+    lines.append("window: the measured crossing inside the measured range (interval: document bootstrap of the mean curve), "
+                 "else w(eps) = (C/eps)^(1/alpha) from the power law (arXiv 2605.25085; interval: document bootstrap of the fit)")
     return "\n".join(lines)
 
 
@@ -158,7 +205,7 @@ def format_comparison(cmp: PolicyComparison) -> str:
     for metric in cmp.metrics:
         lines.append(f"{metric}: mean per budget ({pct} bootstrap interval over documents)")
         cells = {(r["policy"], r["budget"]): f"{fmt_num(r['mean'])}{fmt_interval(r['ci'], 3)}"
-                 for r in cmp.table if r["metric"] == metric}
+                 + (f" (n_inf {r['n_inf']})" if r.get("n_inf") else "") for r in cmp.table if r["metric"] == metric}
         lines.append(render_table(columns, [[str(k)] + [cells[(p, k)] for p in cmp.policies] for k in cmp.budgets],
                                   rule=False, fit=False))
         rs = [r for r in cmp.ratios if r["metric"] == metric]

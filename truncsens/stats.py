@@ -131,6 +131,59 @@ def percentile_interval(samples: np.ndarray, level: float = 0.95, keep_inf: bool
     return out[0], out[1]
 
 
+def quantiles_with_inf(values: np.ndarray, q: Sequence[float]) -> list[float]:
+    """Quantiles (in %, linear interpolation between order statistics, as ``np.percentile``) of
+    values that may hold +inf or -inf; NaN values are dropped.
+
+    ``np.percentile`` interpolates ``inf - inf`` to NaN; here an interpolation that touches an
+    infinite order statistic is that infinity (the limit of the linear rule), and one that falls
+    exactly on a finite order statistic is that value.
+
+    Args:
+        values: [n] numbers; q: percentages in [0, 100].
+
+    Returns:
+        one float per ``q``; NaN for every ``q`` when no value is left.
+    """
+    s = np.sort(np.asarray(values, dtype=np.float64).ravel())
+    s = s[~np.isnan(s)]
+    if s.size == 0:
+        return [math.nan for _ in q]
+    if np.all(np.isfinite(s)):
+        return [float(v) for v in np.percentile(s, list(q))]
+    out = []
+    for pct in q:
+        x = pct / 100 * (s.size - 1)
+        a, b = int(math.floor(x)), int(math.ceil(x))
+        frac = x - a
+        if frac == 0 or s[a] == s[b]:
+            out.append(float(s[a]))
+        elif math.isinf(s[b]):
+            out.append(float(s[b]))
+        elif math.isinf(s[a]):
+            out.append(float(s[a]))
+        else:
+            out.append(float(s[a] + (s[b] - s[a]) * frac))
+    return out
+
+
+def mean_with_inf(finite_mean: np.ndarray, n_posinf: np.ndarray, n_neginf: np.ndarray) -> np.ndarray:
+    """The mean of a set from the mean of its finite values and its counts of +inf and -inf values:
+    +inf when it holds +inf (and no -inf), -inf for the reverse, NaN when it holds both, else the
+    finite mean (IEEE arithmetic of a sum that contains infinities).
+
+    Args:
+        finite_mean, n_posinf, n_neginf: broadcastable arrays [...].
+
+    Returns:
+        [...] float64.
+    """
+    pos = np.asarray(n_posinf) > 0
+    neg = np.asarray(n_neginf) > 0
+    m = np.asarray(finite_mean, dtype=np.float64)
+    return np.where(pos & neg, np.nan, np.where(pos, np.inf, np.where(neg, -np.inf, m)))
+
+
 def interval_or_none(samples: np.ndarray | None, level: float, keep_inf: bool = False) -> list[float] | None:
     """:func:`percentile_interval` as a list, or None when there are no resamples (``samples`` None or empty)."""
     if samples is None or np.asarray(samples).size == 0:

@@ -4,6 +4,13 @@ The standard error is the document-clustered CR1 estimator of :mod:`truncsens.st
 one document are dependent), the same one :mod:`truncsens.fitting` weights its fits with; for
 values with no document ids (:func:`summarize_values`) every value is its own cluster, which is
 the textbook s / sqrt(n).
+
+Non-finite values are counted, never silently dropped: ``n`` counts every value that is not NaN,
+``n_inf`` how many of those are infinite (KL = +inf where q = 0 < p), ``n_nan`` the NaN values
+(left out). The mean of a set that holds +inf **is** +inf (IEEE arithmetic); its standard error is
+NaN; quantiles that reach an infinite order statistic are infinite
+(:func:`truncsens.stats.quantiles_with_inf`). KL values [inf, 0.5, 0.5, 0.5] give n = 4,
+n_inf = 1, mean inf, median 0.5.
 """
 
 from __future__ import annotations
@@ -18,39 +25,46 @@ from truncsens.divergences import METRICS
 from truncsens.fitfile import sanitize
 from truncsens.reports import format_summary
 from truncsens.results import load, sweep_dim
-from truncsens.stats import cluster_mean_se
+from truncsens.stats import cluster_mean_se, quantiles_with_inf
 
+COUNTS = ("n", "n_inf", "n_nan")
 STATS = ("mean", "se", "median", "p90", "p99")
 
 
 def summarize_values(values: np.ndarray, doc: list[str] | None = None) -> dict[str, float]:
-    """Mean, clustered standard error of the mean, median, 90th and 99th percentiles.
+    """Counts, mean, clustered standard error of the mean, median, 90th and 99th percentiles.
 
     Args:
-        values: [n] numbers (non-finite ones are dropped).
+        values: [n] numbers; NaN values are counted in ``n_nan`` and left out; infinite ones are
+            kept (counted in ``n_inf``): the mean of a set with +inf is +inf.
         doc: [n] document id of each value (None: every value its own document, se = s / sqrt(n)).
 
     Returns:
-        dict with the keys of :data:`STATS` (NaN where there are no values; se NaN for fewer than
-        two documents).
+        dict with the keys of :data:`COUNTS` (ints) then :data:`STATS` (NaN where there are no
+        values; se NaN for fewer than two documents or when a value is infinite).
     """
-    values = np.asarray(values, dtype=np.float64)
-    finite = np.isfinite(values)
-    v = values[finite]
+    values = np.asarray(values, dtype=np.float64).ravel()
+    nan = np.isnan(values)
+    v = values[~nan]
+    counts = {"n": int(v.size), "n_inf": int(np.isinf(v).sum()), "n_nan": int(nan.sum())}
     if v.size == 0:
-        return {k: float("nan") for k in STATS}
-    if doc is None:
+        return {**counts, **{k: float("nan") for k in STATS}}
+    finite = np.isfinite(values)
+    if counts["n_inf"]:
+        se = np.array([np.nan])
+    elif doc is None:
         _, se = cluster_mean_se(v[:, None], [str(i) for i in range(v.size)])  # [1]
-    else:  # every document counts towards G, also one whose values are all non-finite
-        _, se = cluster_mean_se(values[:, None], doc)  # [1]
-    return {
-        "mean": float(v.mean()), "se": float(se[0]), "median": float(np.median(v)),
-        "p90": float(np.percentile(v, 90)), "p99": float(np.percentile(v, 99)),
-    }
+    else:  # every document counts towards G, also one whose values are all NaN
+        _, se = cluster_mean_se(np.where(finite, values, np.nan)[:, None], doc)  # [1]
+    with np.errstate(invalid="ignore"):
+        mean = float(np.mean(v))  # +inf with a +inf value, NaN with +inf and -inf
+    median, p90, p99 = quantiles_with_inf(v, (50, 90, 99))
+    return {**counts, "mean": mean, "se": float(se[0]), "median": median, "p90": p90, "p99": p99}
 
 
 def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
-    """One row per (policy,) sweep value and metric: ``{"policy"?, sweep, "metric", "n", stats...}``.
+    """One row per (policy,) sweep value and metric: ``{"policy"?, sweep, "metric", "n", "n_inf", "n_nan", stats...}``
+    (counts and stats of :func:`summarize_values`).
 
     ``se`` is the document-clustered standard error of the mean (:func:`truncsens.stats.cluster_mean_se`).
 
@@ -70,7 +84,7 @@ def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
         for metric in metrics:
             for value in ds[sweep].values:
                 col = sub[metric].sel({sweep: value}).values.astype(float)  # [target]
-                row = {"metric": metric, sweep: int(value), "n": int(np.isfinite(col).sum())}
+                row = {"metric": metric, sweep: int(value)}
                 if policy is not None:
                     row["policy"] = str(policy)
                 row.update(summarize_values(col, docs))
@@ -96,7 +110,7 @@ class ResultsSummary:
 
     def to_json(self) -> dict:
         """JSON-safe dict ``{"file", "attrs", "sweep", "rows"}``: numpy scalars to Python, NaN (se of one
-        document) and inf (KL of disjoint supports) to null."""
+        document) and inf (KL of disjoint supports; ``n_inf`` says how many) to null."""
         return sanitize({"file": self.file, "attrs": self.attrs, "sweep": self.sweep, "rows": self.rows})
 
 

@@ -45,9 +45,12 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], sep: 
 
 
 def fmt_num(v: float | None, digits: int = 4) -> str:
-    """``v`` with ``digits`` significant digits (``%g``); ``"-"`` for None or a non-finite number."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+    """``v`` with ``digits`` significant digits (``%g``); ``"inf"`` / ``"-inf"`` for infinities (never hidden:
+    a mean over a set with +inf is inf); ``"-"`` for None or NaN."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
     return f"{v:.{digits}g}"
 
 

@@ -1,0 +1,67 @@
+"""Conventions shared by every command: list options, output files.
+
+Lists: every option that takes a list accepts repeats **and** commas, in any mix:
+``--policy a --policy b`` == ``--policy a,b`` == ``--policy a,b --policy b`` (repeats removed,
+first order kept). JSON and figures: ``--json`` prints JSON to stdout instead of the table;
+``--json-out PATH`` (``fit``: ``--out``) writes a JSON file; ``--plot`` draws figures and
+``--plot-out PREFIX`` says where (``PREFIX.png``, ``PREFIX.pdf``). A command that writes a file
+refuses to replace an existing one unless ``--overwrite`` is given, before computing anything
+(:func:`truncsens.fitfile.check_new_files`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def split_list(values: Optional[Sequence[str]], what: str) -> Optional[list[str]]:
+    """Repeated and comma-separated values as one list (blanks dropped, duplicates removed, order kept).
+
+    Args:
+        values: what Typer collected from a repeatable option (None when not given).
+        what: the option's name, for the error.
+
+    Returns:
+        the items, or None when the option was not given.
+
+    Raises:
+        ValueError: the option was given but holds no item (e.g. ``--policy ,``).
+    """
+    if values is None or len(values) == 0:
+        return None
+    items = [v.strip() for text in values for v in str(text).split(",") if v.strip()]
+    if not items:
+        raise ValueError(f"{what} is empty")
+    return list(dict.fromkeys(items))
+
+
+def _typed_list(values: Optional[Sequence[str]], what: str, cast: Callable[[str], T], kind: str) -> Optional[list[T]]:
+    items = split_list(values, what)
+    if items is None:
+        return None
+    for text in values:  # name the value as typed in the error
+        for v in str(text).split(","):
+            try:
+                cast(v.strip()) if v.strip() else None
+            except ValueError:
+                raise ValueError(f"{what} must be comma-separated {kind}, got {text!r}") from None
+    return list(dict.fromkeys(cast(v) for v in items))
+
+
+def int_list(values: Optional[Sequence[str]], what: str) -> Optional[list[int]]:
+    """:func:`split_list` of whole numbers (``--windows 1,2 --windows 4`` -> [1, 2, 4])."""
+    return _typed_list(values, what, int, "whole numbers")
+
+
+def float_list(values: Optional[Sequence[str]], what: str) -> Optional[list[float]]:
+    """:func:`split_list` of numbers (``--eps 0.01,0.05``)."""
+    return _typed_list(values, what, float, "numbers")
+
+
+def plot_paths(prefix: Path) -> list[Path]:
+    """The files a figure with output prefix ``prefix`` is written to: ``prefix.png``, ``prefix.pdf``."""
+    prefix = Path(prefix)
+    return [prefix.with_name(prefix.name + ".png"), prefix.with_name(prefix.name + ".pdf")]

@@ -1,0 +1,166 @@
+"""One convention for every command: lists by repeats and commas, -h, --json / --json-out,
+--plot / --plot-out, --overwrite before computing, a quiet broken pipe, undecided comparisons."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from truncsens.cli.errors import BROKEN_PIPE_EXIT, user_errors
+from truncsens.cli.main import app
+from truncsens.cli.options import float_list, int_list, split_list
+from truncsens.results import save
+from truncsens.synthetic import curve_results
+
+runner = CliRunner()
+POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def code(tmp_path_factory):
+    root = tmp_path_factory.mktemp("conv")
+    ds = curve_results({"tv": lambda w: 0.02 * w**-0.5, "kl": lambda w: 1e-3 * w**-1.0}, POW2, n_docs=10, doc_noise=0.1, seed=1)
+    return save(ds, root / "code.nc")
+
+
+def test_lists_accept_repeats_and_commas():
+    assert split_list(["a", "b"], "--policy") == split_list(["a,b"], "--policy") == ["a", "b"]
+    assert split_list(["a,b", "b", " c "], "--policy") == ["a", "b", "c"]
+    assert split_list(None, "--policy") is None and split_list([], "--policy") is None
+    assert int_list(["1,2", "4"], "--windows") == [1, 2, 4]
+    assert float_list(["0.01", "0.05,0.1"], "--eps") == [0.01, 0.05, 0.1]
+    with pytest.raises(ValueError, match="--windows must be comma-separated whole numbers, got '1,four'"):
+        int_list(["1,four"], "--windows")
+    with pytest.raises(ValueError, match="--policy is empty"):
+        split_list([", ,"], "--policy")
+
+
+def test_fit_and_recommend_lists(code, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert invoke("fit", code, "--metric", "tv", "--metric", "kl", "--family", "power", "--bootstrap", 0, "--out", a).exit_code == 0
+    assert invoke("fit", code, "--metric", "tv,kl", "--family", "power", "--bootstrap", 0, "--out", b).exit_code == 0
+    da, db = json.loads(a.read_text()), json.loads(b.read_text())
+    assert da["settings"]["metrics"] == db["settings"]["metrics"] == ["tv", "kl"]
+    assert [f["params"] for f in da["fits"]] == [f["params"] for f in db["fits"]]
+    r1 = invoke("recommend-window", a, "--eps", "0.01,0.005", "--metric", "tv,kl", "--json")
+    r2 = invoke("recommend-window", a, "--eps", "0.01", "--eps", "0.005", "-m", "tv", "-m", "kl", "--json")
+    assert r1.exit_code == 0 and r1.stdout == r2.stdout
+    assert [(r["metric"], r["eps"]) for r in json.loads(r1.stdout)["recommendations"]] == [
+        ("tv", 0.01), ("tv", 0.005), ("kl", 0.01), ("kl", 0.005)]
+
+
+def test_dash_h_on_the_app_and_every_command():
+    top = invoke("-h")
+    assert top.exit_code == 0 and "Usage" in top.stdout
+    for cmd in ("measure", "show", "fit", "recommend-window", "plot", "compare-policies", "train-reference"):
+        r = invoke(cmd, "-h")
+        assert r.exit_code == 0 and "Usage" in r.stdout and "--help" in r.stdout, cmd
+
+
+def test_overwrite_is_refused_before_computing(code, tmp_path):
+    out = tmp_path / "f.json"
+    out.write_text("keep me")
+    r = invoke("fit", code, "--bootstrap", 0, "--out", out)
+    assert r.exit_code == 2 and f"error: {out} already exists; pass --overwrite" in r.stderr
+    assert out.read_text() == "keep me"
+    assert invoke("fit", code, "--bootstrap", 0, "--out", out, "--overwrite").exit_code == 0
+    assert json.loads(out.read_text())["kind"] == "truncsens-fit"
+    # figures: fit --plot-out and plot --out refuse the same way
+    (tmp_path / "fig.pdf").write_text("old")
+    r = invoke("fit", code, "--bootstrap", 0, "--out", tmp_path / "g.json", "--plot-out", tmp_path / "fig")
+    assert r.exit_code == 2 and "fig.pdf already exists" in r.stderr and not (tmp_path / "g.json").exists()
+    r = invoke("plot", code, "--out", tmp_path / "fig")
+    assert r.exit_code == 2 and "--overwrite" in r.stderr and (tmp_path / "fig.pdf").read_text() == "old"
+    r = invoke("plot", code, "--out", tmp_path / "fig", "--overwrite", "-m", "tv")
+    assert r.exit_code == 0 and (tmp_path / "fig.pdf").stat().st_size > 1000
+
+
+def test_recommend_window_law_that_barely_decays_no_traceback(tmp_path):
+    ds = curve_results({"tv": lambda w: 0.3 * w**-0.001}, POW2, n_docs=6, seed=1)
+    path = save(ds, tmp_path / "flat.nc")
+    r = invoke("recommend-window", path, "--eps", "0.1", "--bootstrap", 20)
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "inf (eps not reachable with this law)" in r.stdout and "Traceback" not in r.output
+    r = invoke("recommend-window", path, "--eps", "0.1", "--bootstrap", 20, "--json")
+    [rec] = json.loads(r.stdout)["recommendations"]
+    assert rec["law_status"] == "not_reachable" and rec["w_law"] is None and rec["window"] is None
+
+
+def test_broken_pipe_is_quiet(monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # no file descriptor: nothing is redirected in this process
+
+    def body():
+        with user_errors():
+            raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(typer.Exit) as info:
+        body()
+    assert info.value.exit_code == BROKEN_PIPE_EXIT == 141
+
+
+def test_show_into_a_closed_pipe_exits_quietly(code):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "truncsens.cli.main", "show", str(code)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line (as `| head -0`)
+    err = proc.stderr.read().decode()
+    rc = proc.wait(timeout=300)
+    assert rc in (0, BROKEN_PIPE_EXIT) and "error" not in err and "Traceback" not in err, (rc, err)
+
+
+def test_compare_policies_json_flag_and_files(tmp_path):
+    from truncsens import results
+    from truncsens.divergences import METRICS
+
+    rng = np.random.default_rng(0)
+    base = np.array([8.0, 16, 32]) ** -1.0
+    m = {name: np.zeros((2, 6, 3)) for name in METRICS}
+    m["kl"] = np.stack([base * rng.uniform(0.8, 1.2, (6, 3)), 100 * base * rng.uniform(0.8, 1.2, (6, 3))])
+    m["tv"] = np.sqrt(m["kl"])
+    ds = results.make_results(m, "budget", [8, 16, 32], [f"d{i // 2}" for i in range(6)], np.arange(6), np.zeros(6),
+                              {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "n_sink": 4,
+                               "reference_context": 64, "seed": 0, "policy": "sink_recent,random"},
+                              policies=["sink_recent", "random"])
+    path = results.save(ds, tmp_path / "p.nc")
+    r = invoke("compare-policies", path, "--bootstrap", 20, "--fit-range", "8:32", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["policies"] == ["sink_recent", "random"] and not list(tmp_path.glob("*.png"))  # no plot unless --plot
+    js = tmp_path / "c.json"
+    r = invoke("compare-policies", path, "--bootstrap", 20, "--fit-range", "8:32", "--json-out", js, "--plot", "-m", "kl,tv")
+    assert r.exit_code == 0, r.output
+    assert json.loads(js.read_text())["metrics"] == ["kl", "tv"] and (tmp_path / "p-policies.png").is_file()
+    r = invoke("compare-policies", path, "--bootstrap", 20, "--fit-range", "8:32", "--json-out", js)
+    assert r.exit_code == 2 and f"{js} already exists" in r.stderr
+
+
+def test_compare_policies_counts_an_infinite_kl():
+    from truncsens import results
+    from truncsens.divergences import METRICS
+    from truncsens.policy_compare import CompareConfig, compare_policies
+    from truncsens.reports import format_comparison
+
+    m = {name: np.full((1, 4, 2), 0.5) for name in METRICS}
+    m["kl"][0, 0, 0] = np.inf  # KL values [inf, .5, .5, .5] at budget 8
+    ds = results.make_results(m, "budget", [8, 16], ["a", "a", "b", "b"], np.arange(4), np.zeros(4),
+                              {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "n_sink": 0,
+                               "reference_context": 64, "seed": 0, "policy": "suffix"}, policies=["suffix"])
+    cmp = compare_policies(ds, CompareConfig(metrics=("kl",), n_boot=0))
+    row8, row16 = cmp.table
+    assert (row8["mean"], row8["n_inf"]) == (float("inf"), 1) and (row16["mean"], row16["n_inf"]) == (0.5, 0)
+    assert "inf (n_inf 1)" in format_comparison(cmp)
