@@ -16,8 +16,9 @@ from engine_calls import prefill_evict_logprobs, retention_targets, streaming_lo
 from oracles import windowed_prefill_evict, windowed_reencode, windowed_streaming_loop
 from truncsens.divergences import kl
 from truncsens.engine.forward import next_token_logprobs
+from truncsens.windows import cached_tokens_per_layer
 from truncsens.engine.layer_windows import (
-    FULL, SLIDING, LayerWindows, WindowError, attention_windows, cached_tokens_per_layer, layer_windows,
+    FULL, SLIDING, LayerWindows, WindowError, attention_windows, layer_windows,
     own_window_differs)
 from truncsens.engine.reference_pass import reference_pass
 from truncsens.engine.semantics import SEMANTICS, SemanticsError
@@ -111,8 +112,8 @@ def test_layer_windows_of_families():
 def test_cached_tokens_per_layer():
     assert cached_tokens_per_layer([None, 4, 4096], window=16, n_sink=4) == [20, 4, 20]
     assert cached_tokens_per_layer([8, None], window=3) == [3, 3]
-    with pytest.raises(ValueError, match="window >= 1"):
-        cached_tokens_per_layer([None], window=0)
+    with pytest.raises(ValueError, match="must be non-negative"):
+        cached_tokens_per_layer([None], window=-1)
 
 
 def test_unsupported_layers_are_refused_naming_the_window():

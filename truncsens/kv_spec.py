@@ -3,15 +3,8 @@ Hugging Face hub id whose config is already in the local cache; never fetched).
 
 Bytes of a sequence: 2 (K and V) * kv_heads * head_dim * bytes_per_element * the tokens cached
 summed over layers (:func:`truncsens.windows.kv_bytes_per_sequence`), where a sliding-window layer
-of window W caches at most W tokens. Per-layer windows come from the config
-(:func:`layer_windows_from_config`):
-
-- ``layer_types`` (transformers >= 4.5x; Gemma 2/3, Qwen 2/3, ...): ``"sliding_attention"`` layers
-  use ``sliding_window``, every other type is full attention;
-- else Qwen2's ``use_sliding_window`` / ``max_window_layers``: layers with index >=
-  ``max_window_layers`` slide (as ``Qwen2Config`` builds its ``layer_types``);
-- else a ``sliding_window`` on a config without ``layer_types`` (Mistral v0.1): every layer slides;
-- else every layer is full attention.
+of window W caches at most W tokens. Per-layer windows come from the config with the engine's rules
+(:func:`layer_windows_from_config`, :func:`truncsens.engine.layer_windows.config_windows`).
 """
 
 from __future__ import annotations
@@ -56,36 +49,25 @@ class KVSpec:
                                      self.layer_windows)
 
 
-def _get(cfg: Any, key: str) -> Any:
-    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
-
-
 def layer_windows_from_config(cfg: Any) -> tuple[int | None, ...]:
-    """Per-layer attention windows of a transformers config object or a ``config.json`` dict (rules
-    in the module docstring): one entry per layer, None for full attention, else the window W.
+    """Per-layer attention windows of a transformers config object or a ``config.json`` dict: one
+    entry per layer, None for full attention, else the window W. The rules are the engine's, which
+    masks the same windows when it measures (:func:`truncsens.engine.layer_windows.config_windows`).
 
     Raises:
-        ValueError: no ``num_hidden_layers``, ``layer_types`` of another length, or a sliding
-            layer without a positive ``sliding_window``.
+        ValueError: no number of layers, ``layer_types`` of another length, or a sliding layer
+            without a positive ``sliding_window``.
     """
-    layers = _get(cfg, "num_hidden_layers")
-    if not layers:
-        raise ValueError("the config states no num_hidden_layers")
-    W = _get(cfg, "sliding_window")
-    types = _get(cfg, "layer_types")
-    if types:
-        if len(types) != layers:
-            raise ValueError(f"layer_types has {len(types)} entries for {layers} layers")
-        sliding = [t == "sliding_attention" for t in types]
-    elif _get(cfg, "use_sliding_window") is not None:  # Qwen2 without layer_types
-        first = _get(cfg, "max_window_layers")
-        first = layers if first is None else int(first)
-        sliding = [bool(_get(cfg, "use_sliding_window")) and i >= first for i in range(layers)]
-    else:  # Mistral v0.1: a sliding_window applies to every layer
-        sliding = [W is not None] * layers
-    if any(sliding) and not (isinstance(W, int) and W > 0):
-        raise ValueError(f"the config has sliding-window layers but sliding_window = {W!r}")
-    return tuple(int(W) if s else None for s in sliding)
+    from types import SimpleNamespace
+
+    from truncsens.engine.layer_windows import SLIDING, config_windows
+
+    config = SimpleNamespace(**cfg) if isinstance(cfg, dict) else cfg
+    found = config_windows(config)  # raises WindowError, a ValueError
+    for kind, W in zip(found.layer_types, found.windows):
+        if kind == SLIDING and W is None or (W is not None and W < 1):
+            raise ValueError(f"the config has sliding-window layers but sliding_window = {getattr(config, 'sliding_window', None)!r}")
+    return tuple(found.windows)
 
 
 def kv_spec_for_model(model: str, dtype: str) -> tuple[KVSpec | None, str]:
@@ -97,14 +79,14 @@ def kv_spec_for_model(model: str, dtype: str) -> tuple[KVSpec | None, str]:
     """
     from transformers import AutoConfig
 
-    from truncsens.models import REFERENCE_DIR
+    from truncsens.models import REFERENCE_DIR, model_source
 
     unknown = f"KV memory not shown: the config of model {model!r} is not available locally"
     if model == "reference":
         path = REFERENCE_DIR
     elif model and Path(model).expanduser().is_dir():
         path = Path(model).expanduser()
-    elif model and not model.startswith("synthetic"):  # a hub id: its cached config, if any
+    elif model and model_source(model).kind == "hub":  # a hub id: its cached config, if any
         try:
             cfg = AutoConfig.from_pretrained(model, local_files_only=True)
         except (OSError, ValueError):

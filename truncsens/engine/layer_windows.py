@@ -173,6 +173,23 @@ def layer_windows(model) -> LayerWindows:
     config = getattr(model, "config", None)
     if config is None:
         return LayerWindows((None,), (FULL,))
+    windows = config_windows(config)
+    if windows.keyed and not _accepts_mask_dict(model):
+        windows = LayerWindows(windows.windows, windows.layer_types, applies_own=windows.applies_own)
+    return windows
+
+
+def config_windows(config) -> LayerWindows:
+    """The attention window of every layer from a model config alone (a transformers config, or any
+    object with its attributes). Rules, as transformers applies them: GPT-Neo's ``attention_layers``
+    ("local" layers of ``window_size``); ``layer_types`` ("sliding_attention" / "full_attention" /
+    other kinds); without it, Qwen2's ``use_sliding_window`` from layer ``max_window_layers`` on, or a
+    ``sliding_window`` on every layer (Mistral v0.1). ``keyed`` is set when layers differ (whether
+    the model's forward takes a dict of masks is checked by :func:`layer_windows`).
+
+    Raises:
+        WindowError: no number of layers, or ``layer_types`` of the wrong length.
+    """
     config = _text_config(config)
     attention_layers = getattr(config, "attention_layers", None)
     if getattr(config, "model_type", "") == "gpt_neo" and attention_layers:
@@ -182,6 +199,9 @@ def layer_windows(model) -> LayerWindows:
     n = _n_layers(config)
     layers = _per_layer(config, n)
     types = getattr(config, "layer_types", None)
+    if types is None and getattr(config, "max_window_layers", None) is not None and getattr(config, "use_sliding_window", None):
+        first = int(config.max_window_layers)  # Qwen2 without layer_types: layers from max_window_layers slide
+        types = [SLIDING if i >= first else FULL for i in range(n)]
     if types is None:
         if getattr(config, "use_sliding_window", True) is False:
             types = [FULL] * n
@@ -196,36 +216,12 @@ def layer_windows(model) -> LayerWindows:
                     for t, c in zip(types, layers))
     types = tuple(FULL if t == SLIDING and w is None else t for t, w in zip(types, windows))
     # a dict of masks is only needed (and its support only looked up) when layers differ
-    keyed = getattr(config, "layer_types", None) is not None and len(set(windows)) > 1 and _accepts_mask_dict(model)
-    return LayerWindows(windows, types, keyed=keyed)
+    return LayerWindows(windows, types, keyed=len(set(windows)) > 1)
 
 
 def attention_windows(model) -> list[int | None]:
     """Per layer, the attention window in tokens (None: full attention); see :func:`layer_windows`."""
     return list(layer_windows(model).windows)
-
-
-def cached_tokens_per_layer(windows: Sequence[int | None], window: int, n_sink: int = 0) -> list[int]:
-    """Per layer, the keys the target's query reads when ``n_sink`` sinks and the last ``window``
-    tokens are kept: ``min(window + n_sink, W)`` in a layer of window W, ``window + n_sink`` in a
-    full-attention layer. With sinks this counts them inside a windowed layer's window (exact when
-    the context is within W tokens of the sinks, an upper bound otherwise), so KV bytes built on it
-    never undercount.
-
-    Args:
-        windows: per-layer windows (:func:`attention_windows`).
-        window: recent tokens kept (>= 1); n_sink: sink tokens kept (>= 0).
-
-    Returns:
-        list of ints, one per layer (multiply by 2 · H_kv · d_head · bytes per element for KV bytes).
-
-    Raises:
-        ValueError: window < 1 or n_sink < 0.
-    """
-    if window < 1 or n_sink < 0:
-        raise ValueError(f"need window >= 1 and n_sink >= 0, got window={window}, n_sink={n_sink}")
-    kept = window + n_sink
-    return [kept if w is None else min(kept, w) for w in windows]
 
 
 def kept_attention_mask(windows: LayerWindows, keep, offset, q_pos, k_pos, dtype):
