@@ -45,6 +45,9 @@ class AttentionRecords:
         radius_eb: [...] empirical-Bernstein radius (module docstring).
         radius_normal: [...] ``z_{1−δ/2}·sqrt(V̂)``.
         o_norm: [...] ``‖o‖₂``.
+        value_range: [...] ``B̂`` (0 without kept random keys).
+        n_random: [...] int64 kept random keys n.
+        has_tail: [...] bool, whether the design had random keys.
     """
 
     o: torch.Tensor
@@ -54,6 +57,9 @@ class AttentionRecords:
     radius_eb: torch.Tensor
     radius_normal: torch.Tensor
     o_norm: torch.Tensor
+    value_range: torch.Tensor
+    n_random: torch.Tensor
+    has_tail: torch.Tensor
 
 
 def full_attention(logits: torch.Tensor, values: torch.Tensor, available: torch.Tensor) -> torch.Tensor:
@@ -132,6 +138,8 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
     terms = torch.where(kept & tail, w * spread / (pi_kept * z_hat), torch.zeros_like(w))  # [..., n]
     value_range = terms.amax(-1)  # [...]
     n_random = (kept & tail).sum(-1)  # [...]
-    radius_eb = eb_sum_radius(variance, value_range, n_random, tail.any(-1), delta)
+    has_tail = tail.any(-1)  # [...]
+    radius_eb = eb_sum_radius(variance, value_range, n_random, has_tail, delta)
     radius_normal = certificate_radius(variance, delta)
-    return AttentionRecords(o, o_hat, (o_hat - o).norm(dim=-1), variance, radius_eb, radius_normal, o.norm(dim=-1))
+    return AttentionRecords(o, o_hat, (o_hat - o).norm(dim=-1), variance, radius_eb, radius_normal, o.norm(dim=-1),
+                            value_range, n_random, has_tail)

@@ -21,7 +21,7 @@ from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs
 from truncsens.policies import Policy, PolicyError
 
-RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance")
+RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail")
 
 
 @dataclass
@@ -121,7 +121,7 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
                 kept_tokens[p, j] = kept.sum(-1).cpu()
                 for name in RECORDS:
                     values = probe.stacked(name).cpu()  # [B, L, H]
-                    if name.startswith("radius") and not hasattr(policy, "design"):
+                    if name in ("radius_eb", "radius_normal") and not hasattr(policy, "design"):
                         values = torch.full_like(values, float("nan"))
                     if name not in records:
                         records[name] = torch.full((P, K, *values.shape), float("nan"), dtype=torch.float64)

@@ -49,7 +49,8 @@ class CertifyProbe:
         n_heads_seen: layer × head count added to ``received`` by the last forward of each mode.
         kept, pi, tail: [B, T] the target query's design in "evict" mode (π = 1 on surely kept keys).
         records: per layer a dict name -> [B, H] float64 (error, variance, radius_eb,
-            radius_normal, o_norm) and "o" -> [B, H, d], filled in "evict" mode.
+            radius_normal, o_norm, value_range, n_random, has_tail) and "o" -> [B, H, d], filled in
+            "evict" mode.
     """
 
     mode: str = "prefill"
@@ -110,7 +111,9 @@ def _evict(probe: CertifyProbe, module, query: torch.Tensor, key: torch.Tensor, 
     rec = attention_records(logits, v, torch.ones(1, 1, T, dtype=torch.bool, device=logits.device),
                             probe.kept.unsqueeze(1), probe.pi.unsqueeze(1), probe.tail.unsqueeze(1), probe.delta)
     probe.records.append({"error": rec.error, "variance": rec.variance, "radius_eb": rec.radius_eb,
-                          "radius_normal": rec.radius_normal, "o_norm": rec.o_norm, "o": rec.o})
+                          "radius_normal": rec.radius_normal, "o_norm": rec.o_norm, "o": rec.o,
+                          "value_range": rec.value_range, "n_random": rec.n_random.to(torch.float64),
+                          "has_tail": rec.has_tail.to(torch.float64)})
     return rec.o_hat.unsqueeze(1).to(query.dtype)  # [B, 1, H, dv]
 
 
