@@ -14,7 +14,7 @@ import importlib
 import typer
 
 COMMAND_MODULES = (
-    "measure", "show", "train_reference", "fit", "recommend_window", "plot", "compare_policies",
+    "measure", "show", "train_reference", "fit", "recommend_window", "plot", "compare_policies", "certify",
 )
 
 app = typer.Typer(

@@ -37,8 +37,10 @@ def supported(policy_name: str, semantics_name: str) -> bool:
 RUNNABLE = [(p, s) for p, s in PAIRS if supported(p, s)]
 
 
-def test_only_poisson_under_reencode_is_refused():
-    assert sorted(set(PAIRS) - set(RUNNABLE)) == [("poisson", "reencode")]
+def test_only_score_or_offset_policies_under_reencode_are_refused():
+    needy = sorted(p for p in POLICIES if make_policy(p, n_sink=2).requirements())
+    assert "poisson" in needy and "topk" in needy and "suffix" not in needy
+    assert sorted(set(PAIRS) - set(RUNNABLE)) == [(p, "reencode") for p in needy]
 
 
 def kept_sets(policy_name: str, semantics_name: str, seeds: list[int]):

@@ -18,9 +18,10 @@ from truncsens.policies.poisson import SCORES, PoissonPolicy
 from truncsens.policies.random import RandomPolicy
 from truncsens.policies.sink_recent import SinkRecentPolicy
 from truncsens.policies.suffix import SuffixPolicy
+from truncsens.policies.topk import TopKPolicy
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (SuffixPolicy, SinkRecentPolicy, RandomPolicy, PoissonPolicy)
+    cls.name: cls for cls in (SuffixPolicy, SinkRecentPolicy, RandomPolicy, PoissonPolicy, TopKPolicy)
 }
 
 
@@ -70,5 +71,5 @@ def policy_params(policy: Policy) -> dict:
 
 __all__ = [
     "CAPABILITIES", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError", "RandomPolicy", "SCORES",
-    "SinkRecentPolicy", "SuffixPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
+    "SinkRecentPolicy", "SuffixPolicy", "TopKPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
 ]

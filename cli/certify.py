@@ -1,0 +1,74 @@
+"""``truncsens certify``: error certificates of certainty-plus-Poisson eviction, measured
+(coverage, Spearman, relative errors, output KL; arXiv 2607.21475)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from truncsens.cli.errors import user_errors
+
+
+def _plain(value):
+    """JSON-safe: non-finite floats as strings ("inf", "nan")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def certify(
+    model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id or a local checkpoint folder (a transformers model that uses the attention interface)."),
+    domain: str = typer.Option("code", help="code or nl: picks the default corpus of the domain."),
+    corpus: Optional[str] = typer.Option(None, help="Override the corpus: manifest name, .yaml manifest, folder, .txt or .jsonl."),
+    split: str = typer.Option("auto", help="heldout, train, all, or auto (held-out for builtin corpora)."),
+    reference_context: Optional[int] = typer.Option(None, help="N: tokens of context (default: model maximum)."),
+    budgets: str = typer.Option("12.5%,25%,50%", help="Comma-separated budgets: token counts or percentages of N."),
+    delta: float = typer.Option(0.05, help="Miss probability of the certificates, in (0, 1); nominal coverage 1 - delta."),
+    sinks: int = typer.Option(4, help="Sinks of poisson and topk."),
+    targets_per_doc: int = typer.Option(2, help="Targets drawn per document."),
+    max_docs: Optional[int] = typer.Option(16, help="Use at most this many (long enough) documents."),
+    seed: int = typer.Option(0, help="Seed of the target draw and the Poisson draws."),
+    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N, mps or auto."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64."),
+    batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass."),
+    out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>-certify.nc)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its shards."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing results file."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of tables."),
+) -> None:
+    """Measure the coverage and tightness of Hájek error certificates (poisson vs topk vs random)."""
+    from truncsens import results
+    from truncsens.certify.config import CertifyConfig
+    from truncsens.certify.report import format_summary, save_figures, summarize
+    from truncsens.certify.run import run_certify
+
+    with user_errors():
+        cfg = CertifyConfig(
+            model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context,
+            budgets=budgets, delta=delta, n_sink=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
+            device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
+            resume=resume, overwrite=overwrite, progress=progress, command="truncsens " + " ".join(sys.argv[1:]))
+        done = run_certify(cfg)
+        ds = results.load(done.path)
+        summary = summarize(ds, seed=cfg.seed)
+        figures = save_figures(ds, summary, Path(done.path).with_suffix(""))
+        summary["files"] = [str(done.path), *map(str, figures)]
+        if as_json:
+            typer.echo(json.dumps(_plain(summary), indent=2))
+        else:
+            typer.echo(f"wrote {done.path} and {', '.join(map(str, figures))}")
+            typer.echo(format_summary(summary))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("certify")(certify)

@@ -1,0 +1,139 @@
+"""The configuration of one ``truncsens certify`` run, which validates itself once.
+
+Budgets are token counts (``"128"``) or percentages of the reference context N (``"12.5%"``), kept
+keys of the target's query, its own token included; a percentage p gives ``round(p/100 · N)``
+tokens. Everything checkable without a model is checked at construction; budgets against N in
+:meth:`CertifyConfig.resolve_budgets`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig
+
+POLICIES = ("poisson", "topk", "random")
+DEFAULT_BUDGETS = "12.5%,25%,50%"  # the paper's budgets (arXiv 2607.21475)
+
+
+class CertifyError(ValueError):
+    """A certify run cannot run as configured; the message names the problem and the fix."""
+
+
+def parse_budgets(text: str) -> list[tuple[float, bool]]:
+    """``"12.5%,256"`` -> [(12.5, True), (256, False)].
+
+    Raises:
+        CertifyError: empty, not a number, a count below 1, a percentage outside (0, 100].
+    """
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        percent = item.endswith("%")
+        try:
+            value = float(item[:-1]) if percent else int(item)
+        except ValueError:
+            raise CertifyError(f"--budgets: {item!r} is neither a token count (128) nor a percentage (12.5%)") from None
+        if percent and not 0 < value <= 100:
+            raise CertifyError(f"--budgets: a percentage of the reference context must lie in (0%, 100%], got {item}")
+        if not percent and value < 1:
+            raise CertifyError(f"--budgets: a token count must be at least 1, got {item}")
+        out.append((value, percent))
+    if not out:
+        raise CertifyError("--budgets is empty; give token counts or percentages such as 12.5%,25%,50%")
+    return out
+
+
+@dataclass
+class CertifyConfig:
+    """Configuration of one certify run (token counts in tokens).
+
+    Attributes:
+        model, domain, corpus, split, text_field, reference_context: as in
+            :class:`~truncsens.engine.config.MeasureConfig`.
+        budgets: comma-separated token counts or percentages of N (default 12.5%,25%,50%).
+        delta: miss probability of the certificates, in (0, 1) (nominal coverage 1 − δ).
+        n_sink: sinks of poisson and topk.
+        targets_per_doc, max_docs, seed: which targets (a small default: 2 per document, 16 documents).
+        device, dtype, max_batch_tokens, docs_per_shard, out, resume, overwrite, progress, command:
+            where and how it runs; ``out`` defaults to ``results/<model>-<corpus or domain>-certify.nc``.
+
+    Raises:
+        CertifyError: δ outside (0, 1), a bad budget, a count below 1.
+    """
+
+    model: str = "reference"
+    domain: str = "code"
+    corpus: str | None = None
+    split: str = "auto"
+    text_field: str = "text"
+    reference_context: int | None = None
+    budgets: str = DEFAULT_BUDGETS
+    delta: float = 0.05
+    n_sink: int = 4
+    targets_per_doc: int = 2
+    max_docs: int | None = 16
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch_tokens: int | None = None
+    docs_per_shard: int = 8
+    out: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    command: str = ""
+    parsed_budgets: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.delta < 1:
+            raise CertifyError(f"--delta must lie strictly between 0 and 1, got {self.delta}")
+        self.parsed_budgets = parse_budgets(self.budgets)
+        for option, value in (("--targets-per-doc", self.targets_per_doc), ("--max-docs", self.max_docs),
+                              ("--reference-context", self.reference_context), ("--docs-per-shard", self.docs_per_shard)):
+            if value is not None and value < 1:
+                raise CertifyError(f"{option} must be at least 1, got {value}")
+        if self.n_sink < 0:
+            raise CertifyError(f"--sinks must be >= 0, got {self.n_sink}")
+        self.measure_config()  # checks split, policies and semantics
+        if self.out is None:
+            stem = Path(self.model.replace(":", "-")).name
+            self.out = str(Path("results") / f"{stem}-{self.corpus and Path(self.corpus).stem or self.domain}-certify.nc")
+
+    def resolve_budgets(self, reference_context: int) -> list[int]:
+        """Sorted unique budgets in tokens for a reference context of N tokens.
+
+        Raises:
+            CertifyError: a budget at or above N (nothing would be evicted), or at most ``n_sink``.
+        """
+        N = reference_context
+        out = []
+        for value, percent in self.parsed_budgets:
+            k = int(round(value / 100 * N)) if percent else int(value)
+            shown = f"{value:g}% of N = {k} tokens" if percent else f"{k} tokens"
+            if k >= N:
+                raise CertifyError(f"budget {shown} is at or above the reference context of {N} tokens: nothing would be "
+                                   "evicted; use budgets below the context")
+            if k <= self.n_sink:
+                raise CertifyError(f"budget {shown} leaves no room after the {self.n_sink} sinks; use larger budgets")
+            out.append(k)
+        return sorted(set(out))
+
+    def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
+        """The equivalent :class:`MeasureConfig` (documents, targets and provenance are shared with
+        ``truncsens measure``): policies poisson, topk, random under prefill_evict."""
+        return MeasureConfig(
+            model=self.model, domain=self.domain, corpus=self.corpus, split=self.split, text_field=self.text_field,
+            reference_context=self.reference_context, policies=list(POLICIES), budgets=budgets,
+            semantics="prefill_evict", n_sink=self.n_sink, targets_per_doc=self.targets_per_doc,
+            max_docs=self.max_docs, seed=self.seed, device=self.device, dtype=self.dtype,
+            max_batch_tokens=self.max_batch_tokens, docs_per_shard=self.docs_per_shard, out=self.out or "unused.nc",
+            resume=self.resume, overwrite=self.overwrite, progress=self.progress, command=self.command)
+
+    def fingerprint(self, **resolved) -> dict:
+        """What must match for ``--resume``: every field but those of where/how it runs, plus ``resolved``."""
+        keep = {k: v for k, v in asdict(self).items() if k not in (*RUN_ONLY_FIELDS, "parsed_budgets")}
+        keep.update(resolved)
+        return keep

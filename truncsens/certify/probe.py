@@ -1,0 +1,181 @@
+"""An attention function for transformers' attention interface that records certificates.
+
+Registered as ``truncsens_certify`` with ``transformers.AttentionInterface`` (and the ``sdpa`` mask
+builder with ``AttentionMaskInterface``); any model whose attention modules call
+``ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation, ...)`` can use it. The
+per-call state travels as the keyword ``certify_probe`` of the model's forward (transformers passes
+extra keywords down to the attention function), so nothing is global but the registration.
+
+Modes of a :class:`CertifyProbe`:
+
+- ``"prefill"``: ordinary attention (delegated to ``sdpa``); in addition the attention each key
+  receives, summed over heads and query rows, is accumulated in blocks of query rows (never
+  heads × T × T at once) — the H2O-style score of the poisson and topk policies.
+- ``"reference"``: the target's query decoded against the full cache: ordinary attention, and its
+  attention row summed over heads is added to the score.
+- ``"evict"``: the target's query decoded against the full cache; in every layer and head, from the
+  same query vector, the exact output o over all keys, the Hájek output ô over the kept keys, V̂ and
+  the radii (:func:`truncsens.certify.estimator.attention_records`); ô is returned, so the next
+  layer reads the evicted run (prefill-evict semantics, docs/method.md section 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from truncsens.certify.estimator import attention_records
+
+NAME = "truncsens_certify"
+SCORE_BLOCK = 256  # query rows per block of the score accumulation
+
+
+class CertifyModelError(ValueError):
+    """The model cannot be probed (it does not use transformers' attention interface, or has
+    attention the probe cannot reproduce); the message names the fix."""
+
+
+@dataclass
+class CertifyProbe:
+    """State of one probed forward (B sequences).
+
+    Attributes:
+        mode: "prefill", "reference" or "evict".
+        delta: miss probability of the radii.
+        received: [B, T] float32 attention received per key, summed over layers, heads and rows.
+        n_heads_seen: layer × head count added to ``received`` by the last forward of each mode.
+        kept, pi, tail: [B, T] the target query's design in "evict" mode (π = 1 on surely kept keys).
+        records: per layer a dict name -> [B, H] float64 (error, variance, radius_eb,
+            radius_normal, o_norm, value_range, n_random, has_tail) and "o" -> [B, H, d], filled in
+            "evict" mode.
+    """
+
+    mode: str = "prefill"
+    delta: float = 0.05
+    received: torch.Tensor | None = None
+    n_heads_seen: int = 0
+    kept: torch.Tensor | None = None
+    pi: torch.Tensor | None = None
+    tail: torch.Tensor | None = None
+    records: list[dict[str, torch.Tensor]] = field(default_factory=list)
+
+    def evict(self, kept: torch.Tensor, pi: torch.Tensor, tail: torch.Tensor) -> None:
+        """Switch to "evict" mode with the target query's design (each [B, T]); clears records."""
+        self.mode, self.kept, self.pi, self.tail, self.records = "evict", kept, pi, tail, []
+
+    def stacked(self, name: str) -> torch.Tensor:
+        """[B, L, H] (or [B, L, H, d] for "o") records of the last evicted forward, layers in order."""
+        return torch.stack([r[name] for r in self.records], dim=1)
+
+
+def _add_received(probe: CertifyProbe, query: torch.Tensor, key: torch.Tensor, scaling: float, n_rep: int) -> None:
+    """Add the attention each key receives (summed over heads and rows, causal) to ``probe.received``."""
+    B, H, Tq, _ = query.shape
+    Tk = key.shape[2]
+    k = key.repeat_interleave(n_rep, dim=1) if n_rep > 1 else key  # [B, H, Tk, d]
+    total = torch.zeros(B, Tk, dtype=torch.float32, device=query.device)
+    offset = Tk - Tq  # row i of the block reads keys j <= i + offset
+    cols = torch.arange(Tk, device=query.device)
+    for a in range(0, Tq, SCORE_BLOCK):
+        b = min(Tq, a + SCORE_BLOCK)
+        s = torch.matmul(query[:, :, a:b].float(), k.float().transpose(-1, -2)) * scaling  # [B, H, b-a, Tk]
+        rows = torch.arange(a, b, device=query.device) + offset
+        s = s.masked_fill(cols.unsqueeze(0) > rows.unsqueeze(1), float("-inf"))
+        total += torch.softmax(s, dim=-1).sum(dim=(1, 2))  # [B, Tk]
+    if probe.received is None:
+        probe.received = torch.zeros_like(total)
+    if probe.received.shape[1] < Tk:
+        grown = torch.zeros(B, Tk, dtype=torch.float32, device=query.device)
+        grown[:, : probe.received.shape[1]] = probe.received
+        probe.received = grown
+    probe.received[:, :Tk] += total
+    probe.n_heads_seen += H
+
+
+def _evict(probe: CertifyProbe, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           scaling: float) -> torch.Tensor:
+    """Records of the target query in every head; returns ô as [B, 1, H, d] in the query's dtype."""
+    B, H, Tq, d = query.shape
+    if Tq != 1:
+        raise RuntimeError(f"certify: the evicted pass decodes one token, got {Tq} query rows")
+    n_rep = H // key.shape[1]
+    k = key.repeat_interleave(n_rep, dim=1).to(torch.float64)  # [B, H, T, d]
+    v = value.repeat_interleave(n_rep, dim=1).to(torch.float64)  # [B, H, T, dv]
+    logits = torch.matmul(query.to(torch.float64), k.transpose(-1, -2)).squeeze(2) * scaling  # [B, H, T]
+    T = logits.shape[-1]
+    if probe.kept.shape != (B, T):
+        raise RuntimeError(f"certify: the kept set has shape {tuple(probe.kept.shape)}, the layer reads {(B, T)} keys")
+    rec = attention_records(logits, v, torch.ones(1, 1, T, dtype=torch.bool, device=logits.device),
+                            probe.kept.unsqueeze(1), probe.pi.unsqueeze(1), probe.tail.unsqueeze(1), probe.delta)
+    probe.records.append({"error": rec.error, "variance": rec.variance, "radius_eb": rec.radius_eb,
+                          "radius_normal": rec.radius_normal, "o_norm": rec.o_norm, "o": rec.o,
+                          "value_range": rec.value_range, "n_random": rec.n_random.to(torch.float64),
+                          "has_tail": rec.has_tail.to(torch.float64)})
+    return rec.o_hat.unsqueeze(1).to(query.dtype)  # [B, 1, H, dv]
+
+
+def certify_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """The attention function (transformers' interface): query [B, H, Tq, d], key/value
+    [B, H_kv, Tk, d] -> ([B, Tq, H, d], None). Without a ``certify_probe`` keyword it is ``sdpa``.
+
+    Raises:
+        CertifyModelError: a soft-capped or sliding-window layer (the records would not be the
+            model's attention).
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    probe: CertifyProbe | None = kwargs.pop("certify_probe", None)
+    if probe is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
+        raise CertifyModelError("certify: soft-capped or sliding-window attention layers are not supported")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    n_rep = query.shape[1] // key.shape[1]
+    if probe.mode == "evict":
+        return _evict(probe, module, query, key, value, scale), None
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    _add_received(probe, query, key, scale, n_rep)
+    return out, None
+
+
+def register() -> None:
+    """Register :func:`certify_attention` and the sdpa mask builder under :data:`NAME` (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, certify_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def check_model(model, name: str) -> None:
+    """Raise :class:`CertifyModelError` unless ``model`` is a transformers model that routes its
+    attention through the attention interface, with full (not sliding-window) attention layers."""
+    if not hasattr(model, "set_attn_implementation") or not getattr(type(model), "_supports_attention_backend", False):
+        raise CertifyModelError(
+            f"model {name!r} does not use transformers' attention interface (config._attn_implementation), so its "
+            "attention cannot be probed; certify needs a transformers causal LM such as Llama, Qwen2, Mistral or GPT-2")
+    from truncsens.engine.layer_windows import WindowError, layer_windows
+
+    try:
+        windowed = layer_windows(model).windowed
+    except WindowError as exc:
+        raise CertifyModelError(str(exc)) from None
+    if windowed:
+        raise CertifyModelError(f"model {name!r} has sliding-window attention layers; certify supports full attention only")
+
+
+@contextlib.contextmanager
+def probed(model) -> Iterator[None]:
+    """Run ``model`` with :data:`NAME` as its attention implementation inside the block (restored after)."""
+    register()
+    current = model.config._attn_implementation
+    model.set_attn_implementation(NAME)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(current)

@@ -1,0 +1,134 @@
+"""The ``truncsens certify`` driver: corpus -> documents -> targets -> probed passes
+(:func:`truncsens.certify.passes.certify_batch`) -> shard files -> results file.
+
+Results (NetCDF, :mod:`truncsens.results`): dims (policy, target, budget) for the output metrics
+(:data:`truncsens.divergences.METRICS`: KL, TV, top-1 agreement, NLL under the full cache
+``nll_ref`` and under the policy ``nll_kept``) and ``kept_tokens``; dims (policy, target, budget,
+layer, head) for the attention-level records of the target's query (``attn_error`` = ‖ô − o‖₂,
+``attn_norm`` = ‖o‖₂, ``radius_eb``, ``radius_normal``, ``attn_variance`` V̂, ``value_range`` B̂,
+``n_random`` kept random keys, ``has_tail``; radii NaN for topk and random). Policies poisson, topk,
+random; semantics prefill_evict; attrs add ``delta``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from truncsens import results
+from truncsens.certify.config import CertifyConfig
+from truncsens.certify.passes import certify_batch
+from truncsens.certify.probe import check_model
+from truncsens.divergences import METRICS, all_metrics
+from truncsens.engine.batching import run_in_batches
+from truncsens.engine.documents import prepare_documents
+from truncsens.engine.kernel import policy_seeds
+from truncsens.engine.measure import provenance, resolve_reference_context
+from truncsens.engine.semantics import SEMANTICS
+from truncsens.engine.shards import check_output, run_shards
+from truncsens.engine.sweep import Sweep
+from truncsens.models import LoadedModel, load_model
+from truncsens.targets import TargetSet
+
+ATTENTION_VARS = {  # results variable -> record name of certify_batch
+    "attn_error": "error", "attn_norm": "o_norm", "radius_eb": "radius_eb", "radius_normal": "radius_normal",
+    "attn_variance": "variance", "value_range": "value_range", "n_random": "n_random", "has_tail": "has_tail",
+}
+
+
+@dataclass
+class CertifySummary:
+    """What a finished run did."""
+
+    path: Path
+    n_targets: int
+    n_docs: int
+    budgets: list[int]
+    reference_context: int
+    shards_reused: int = 0
+
+
+def shard_dataset(batches: dict, plan: TargetSet, sweep: Sweep, attrs: dict):
+    """The results Dataset of one shard from the arrays of :func:`compute_arrays`."""
+    names = [p.name for p in sweep.policies]
+    ds = results.make_results(batches["metrics"], "budget", sweep.values, plan.doc, plan.position,
+                              plan.token_id.numpy(), {**attrs, "n_clamped": batches["n_clamped"]}, policies=names)
+    ds["kept_tokens"] = (("policy", "target", "budget"), batches["kept_tokens"])
+    ds["kept_tokens"].attrs["units"] = "tokens"
+    for var, rec in ATTENTION_VARS.items():
+        ds[var] = (("policy", "target", "budget", "layer", "head"), batches["records"][rec])
+    ds["attn_error"].attrs["description"] = "||o_hat - o||_2 of the target query per layer and head (values' units)"
+    ds["radius_eb"].attrs["description"] = "empirical-Bernstein certificate radius at the run's delta (NaN: no design)"
+    return ds
+
+
+def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float, device: str, batch_tokens: int,
+                   on_tokens: Callable[[int], None]) -> dict:
+    """Every pass of the targets of ``plan``: metrics [P, n, K], kept_tokens [P, n, K], records
+    name -> [P, n, K, L, H] (float64), n_clamped."""
+    n, N = plan.context.shape
+    P, K = len(sweep.policies), len(sweep.budgets)
+    metrics = {m: np.zeros((P, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
+    kept_tokens = np.zeros((P, n, K), dtype=np.int32)
+    records: dict[str, np.ndarray] = {}
+    state = {"n_clamped": 0}
+    context, token_id = plan.context.to(device), plan.token_id.to(device)
+
+    def step(sl: slice) -> None:
+        seeds = [[policy_seeds(plan, sl, seed, p.name, k) for k in sweep.budgets] for p in sweep.policies]
+        out = certify_batch(model, context[sl], sweep.policies, sweep.budgets, seeds, delta)
+        for p in range(P):
+            for j in range(K):
+                values, clamped = all_metrics(out.ref_logprobs, out.logprobs[p, j], token_id[sl])
+                state["n_clamped"] += clamped
+                for name, v in values.items():
+                    metrics[name][p, sl, j] = v.cpu().numpy()
+        kept_tokens[:, sl, :] = out.kept_tokens.permute(0, 2, 1).numpy()
+        for name, v in out.records.items():
+            if name not in records:
+                records[name] = np.full((P, n, K, *v.shape[3:]), np.nan)
+            records[name][:, sl] = v.permute(0, 2, 1, 3, 4).numpy()  # [P, K, b, L, H] -> [P, b, K, L, H]
+        on_tokens((sl.stop - sl.start) * (N + P * K))
+
+    run_in_batches(step, n, N, batch_tokens)
+    return {"metrics": metrics, "kept_tokens": kept_tokens, "records": records, "n_clamped": state["n_clamped"]}
+
+
+def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> CertifySummary:
+    """Run a certify measurement and write the results file ``cfg.out``.
+
+    Raises:
+        CertifyError: a budget at or above N or below the sinks.
+        truncsens.certify.probe.CertifyModelError: a model that does not use the attention interface.
+        MeasureError: ``cfg.out`` exists (without overwrite), bad reference context or corpus, shards of
+            another run. Nothing is written before every check has passed.
+        truncsens.models.ModelLoadError, truncsens.corpora.CorpusError: loading failed.
+    """
+    check_output(cfg.out, cfg.overwrite, cfg.resume)
+    loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
+    check_model(loaded.model, loaded.name)
+    N = resolve_reference_context(cfg.measure_config(), loaded)
+    budgets = cfg.resolve_budgets(N)
+    mcfg = cfg.measure_config(budgets)
+    policies = mcfg.build_policies()
+    for p in policies:
+        for k in budgets:
+            p.check(k, N)
+    sweep = Sweep("budget", budgets, budgets, policies, SEMANTICS["prefill_evict"])
+    docs = prepare_documents(mcfg, loaded, N)
+    attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta,
+             "certify": "attention-level certificates of the target query, arXiv 2607.21475 (truncsens certify)"}
+    batch_tokens = mcfg.batch_tokens(loaded.device)
+
+    def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
+        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens)
+        return shard_dataset(arrays, plan, sweep, attrs)
+
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, budgets_tokens=budgets)
+    path, reused, n_targets = run_shards(
+        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
+        compute_shard, N + len(policies) * len(budgets), "certify", cfg.progress)
+    return CertifySummary(path, n_targets, len(docs.used), budgets, N, reused)
