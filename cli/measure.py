@@ -46,11 +46,12 @@ def measure(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing results file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar with ETA."),
     # -- retention policies (truncsens.engine.retention): sweep budgets instead of windows --
-    policy: Optional[str] = typer.Option(None, help="Comma-separated retention policies (suffix, sink_recent, random, poisson): measure D(k) at budgets instead of windows; several share the reference pass."),
+    policy: Optional[str] = typer.Option(None, help="Comma-separated retention policies (suffix, sink_recent, random, poisson, h2o, tova, key_norm, snapkv): measure D(k) at budgets instead of windows; several share the reference pass."),
     budgets: Optional[str] = typer.Option(None, help="With --policy: comma-separated budgets k, kept tokens of the target's query, its own included (default: powers of two from 16 to N/2)."),
     semantics: Optional[str] = typer.Option(None, help="With --policy: reencode, streaming (default) or prefill_evict."),
     score: str = typer.Option("attention", help="With --policy poisson: inclusion scores, attention (default) or key_norm."),
-    per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence."),
+    per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence (not under streaming)."),
+    chunk: int = typer.Option(1, help="With --semantics streaming: tokens processed between eviction decisions (1: token by token; larger: evict at chunk ends)."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.engine.config import MeasureConfig
@@ -62,7 +63,7 @@ def measure(
             reference_context=reference_context, windows=parse_int_list(windows, "--windows"),
             policies=None if policy is None else [p.strip() for p in policy.split(",") if p.strip()],
             budgets=parse_int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
-            score=score, per_query=per_query, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
+            score=score, per_query=per_query, chunk=chunk, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
             out=None if out is None else str(out), resume=resume, overwrite=overwrite, progress=progress,
             command="truncsens " + " ".join(sys.argv[1:]),
