@@ -148,3 +148,23 @@ def test_streaming_hybrid_window_model_sequential(tmp_path):
         kept = ev.kept()
         assert_same(lp, windowed_streaming_loop(model, ids, kept.keep, kept.offset, QWEN_TYPES, QWEN_WINDOWS))
         assert int((ev.evict < T).sum()) > 0
+
+
+@pytest.mark.parametrize("name", ["h2o", "poisson"])
+def test_compacted_cache_equals_evicting_cache(tiny_llama_dir, name):
+    """Compaction at every chunk (slack 0; poisson rows cache different numbers of keys, so some rows
+    keep dead slots): still the real evicting cache, to 1e-5 with the same eviction steps."""
+    from truncsens.engine.semantics import windows_of
+    from truncsens.engine.streaming_pass import stream_online
+
+    model = load_model(tiny_llama_dir).model
+    ids = random_ids(model.config.vocab_size, 3, 30, seed=8)
+    policy = make_policy(name, n_sink=2)
+    for chunk in (1, 3):
+        fast, ev = stream_online(model, ids, policy, 8, [1, 2, 3], chunk, windows_of(model, "streaming"), slack=0)
+        slow, evict = evicting_loop(model, ids, policy, 8, [1, 2, 3], chunk)
+        assert torch.equal(ev.evict, evict)
+        assert_same(fast, slow)
+    if name == "poisson":
+        counts = ev.kept().keep.sum(-1)  # [B, T]
+        assert bool((counts != counts[:1]).any())  # rows cache different numbers of keys: dead slots exercised

@@ -7,10 +7,14 @@ Two exact ways to run the same decisions, chosen by what the policy reads:
   mask in which row q reads the keys j with ``j <= q < evict_j`` (the one-pass forward of
   :class:`truncsens.engine.semantics.Streaming`);
 - a policy with online scores (``h2o``, ``tova``, ``key_norm``, ``poisson``) runs sequentially, chunk
-  by chunk: the chunk's tokens are appended to a cache that holds every key so far (evicted keys are
-  masked with ``-inf``, which is exact: they get zero weight), each query reading the keys cached
-  before the chunk (with their Hájek offsets) and the chunk's tokens up to itself, within each
-  layer's window (:func:`truncsens.engine.layer_windows.kept_attention_mask`). The statistics the
+  by chunk, with a batched cache that evicts: evicted keys are masked with ``-inf`` (zero weight, exact)
+  and, once dead slots outnumber the cached keys (plus 32), every sequence's cache is compacted to its
+  cached keys (``kvcache.gather_slots``; sequences that cache fewer keys than others keep dead slots),
+  so the cache holds O(k + C) slots; then the chunk's tokens are appended,
+  each query reading the cached keys (with their Hájek offsets) and the chunk's tokens up to itself,
+  within each layer's window on original positions
+  (:func:`truncsens.engine.layer_windows.kept_attention_mask`). Models that apply their windows on
+  cache indices (GPT-Neo) keep every slot instead, so indices stay positions. The statistics the
   policy reads are those of this run: attention probabilities from the attention modules (eager
   attention, forward hooks) and the norms of the new keys in the cache.
 """
@@ -40,12 +44,13 @@ def decide_offline(policy: Policy, budget: int, context_len: int, chunk: int, se
 
 @torch.no_grad()
 def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int], chunk: int,
-                  windows) -> tuple[torch.Tensor, Evictions]:
+                  windows, slack: int = 32) -> tuple[torch.Tensor, Evictions]:
     """Run ``policy`` over ``input_ids`` [B, T] sequentially in chunks of ``chunk`` tokens.
 
     Args:
         model: transformers causal LM; windows: its :class:`~truncsens.engine.layer_windows.LayerWindows`.
         policy: a policy with online scores; budget: k; seeds: one per sequence.
+        slack: the cache is compacted once it holds more than ``2·(cached keys) + slack`` slots.
 
     Returns:
         (log-probabilities [B, V] float64 after the last token, :class:`Evictions`).
@@ -61,24 +66,41 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
     kw = kvcache.cache_keyword(model)
     dtype = model_dtype(model)
     collector = AttentionCollector(model) if kind in ATTENTION_KINDS else None
-    k_pos_all = torch.arange(T, device=device).expand(B, T)  # [B, T]
+    compact = not windows.applies_own  # GPT-Neo applies its windows on cache indices: keep every slot
+    state = {"slots": torch.zeros(B, 0, dtype=torch.long, device=device)}  # [B, L] position of each slot, -1: dead
     result: dict[str, torch.Tensor] = {}
 
     def observe(s: int, e: int, alive: torch.Tensor, offset: torch.Tensor) -> ChunkStats:
         c = e - s
-        q_pos = k_pos_all[:, s:e]  # [B, c]
-        keep = alive.unsqueeze(1).repeat(1, c, 1)  # [B, c, e]
-        keep[:, :, s:] = torch.ones(c, c, dtype=torch.bool, device=device).tril()  # the chunk, causally
-        mask = kept_attention_mask(windows, keep, offset.unsqueeze(1).expand(B, c, e), q_pos, k_pos_all[:, :e], dtype)
+        slots = state["slots"]  # [B, L]
+        live = (slots >= 0) & alive.gather(1, slots.clamp(min=0))  # [B, L] slots whose key is still cached
+        n = int(live.sum(1).max()) if slots.shape[1] else 0
+        if compact and slots.shape[1] > 2 * n + slack:  # compaction is amortized: dead slots are masked until then
+            index = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, :n]  # [B, n] live slots first, in order
+            kvcache.gather_slots(cache, index)
+            live = live.gather(1, index)  # [B, n]
+            slots = torch.where(live, slots.gather(1, index), torch.full_like(index, -1))
+        chunk_pos = torch.arange(s, e, device=device).expand(B, c)  # [B, c]
+        slots = torch.cat([slots, chunk_pos], 1)  # [B, L + c]
+        live = torch.cat([live, torch.ones(B, c, dtype=torch.bool, device=device)], 1)  # [B, L + c]
+        state["slots"] = slots
+        k_pos = slots.clamp(min=0)  # [B, L + c]
+        keep = live.unsqueeze(1) & (k_pos.unsqueeze(1) <= chunk_pos.unsqueeze(-1))  # [B, c, L + c]
+        off = offset.gather(1, k_pos).unsqueeze(1).expand(keep.shape)  # [B, c, L + c]
+        mask = kept_attention_mask(windows, keep, off, chunk_pos, k_pos, dtype)
         with collector.collect() if collector else contextlib.nullcontext():
-            out = model(input_ids=input_ids[:, s:e], position_ids=q_pos, attention_mask=mask, use_cache=True,
+            out = model(input_ids=input_ids[:, s:e], position_ids=chunk_pos, attention_mask=mask, use_cache=True,
                         logits_to_keep=1, **{kw: cache})
         if e == T:
             result["logprobs"] = last_logprobs(out.logits[:, -1, :])  # [B, V]
             return ChunkStats()
-        stats = ChunkStats(attention=collector.mean() if collector else None)  # [B, c, e]
+        stats = ChunkStats()
+        if collector:
+            by_slot = collector.mean() * live.unsqueeze(1)  # [B, c, L + c]
+            stats.attention = torch.zeros(B, c, e, device=device).scatter_add_(
+                2, k_pos.unsqueeze(1).expand(by_slot.shape), by_slot)  # [B, c, e] by position
         if kind == "key_norm":
-            norms = [kvcache.layer_kv(cache, layer)[0][:, :, s:e].float().norm(dim=-1).mean(1)
+            norms = [kvcache.layer_kv(cache, layer)[0][:, :, -c:].float().norm(dim=-1).mean(1)
                      for layer in range(kvcache.n_layers(cache))]  # [B, c] each
             stats.key_norm = torch.stack(norms).mean(0)  # [B, c]
         return stats
