@@ -1,16 +1,19 @@
-"""Streaming semantics: the one-pass 4D-mask forward vs the token-by-token loop, in one run.
+"""Streaming semantics: the engine's run vs a token-by-token loop that rebuilds the cache, in one run.
 
-Both compute the same thing (:mod:`truncsens.engine.streaming`; the equality is tested in
-``tests/test_masks_streaming.py``): the next-token distribution after ``--length`` tokens when every
-token was processed with its own policy-kept keys. The loop runs one forward per token against a
-cache rebuilt from the kept keys/values at every step; the mask path runs one forward per batch.
-Prints ``mask_vs_loop`` = loop seconds / mask seconds (acceptance: >= 5 on 512-token sequences on
-2 CPU cores) and the largest difference of the log-probabilities.
+Both compute the same thing (the equality is tested in ``tests/test_masks_streaming.py`` and
+``tests/test_streaming_online.py``): the next-token distribution after ``--length`` tokens of one
+cache that evicts as it goes. The engine (:meth:`truncsens.engine.semantics.Streaming.stream`, chunk
+``--chunk``) decides and runs in one go: one masked forward per batch for policies without scores
+(suffix, sink_recent, random), one batched forward per chunk with online scores otherwise (h2o, tova,
+key_norm, poisson). The loop (``tests/oracles.streaming_loop``) is then given the engine's kept sets
+and runs one forward per token and sequence against a cache rebuilt from the kept keys/values.
+Prints ``engine_vs_loop`` = loop seconds / engine seconds (acceptance: >= 5 at chunk 1 on 512-token
+sequences on 2 CPU cores) and the largest difference of the log-probabilities.
 
 Usage::
 
     python benchmarks/policies_throughput.py                    # reference model (or a random one of its size)
-    python benchmarks/policies_throughput.py --policy random --budget 128 --sequences 4 --json
+    python benchmarks/policies_throughput.py --policy sink_recent --budget 128 --sequences 4 --json
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the test oracles
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's truncsens
 
-from engine_calls import streaming_logprobs  # noqa: E402
 from oracles import streaming_loop as streaming_logprobs_loop  # noqa: E402
-from truncsens.engine.reference_pass import reference_pass  # noqa: E402
+from truncsens.engine.semantics import SEMANTICS  # noqa: E402
 from truncsens.policies import make_policy  # noqa: E402
 
 # the architecture of truncsens.reference.train.TrainConfig, for when the weights are absent
@@ -56,47 +59,55 @@ def sync(device: str) -> None:
 
 
 def main() -> None:
-    """Time the streaming mask path and the token-by-token loop on the same kept sets; print the ratio."""
+    """Time the engine's streaming run and the token-by-token loop on the same kept sets; print the ratio."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="reference")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--policy", default="sink_recent")
+    p.add_argument("--policy", default="h2o")
     p.add_argument("--budget", type=int, default=64)
+    p.add_argument("--chunk", type=int, default=1, help="streaming decision interval of the engine (tokens)")
     p.add_argument("--length", type=int, default=512, help="tokens per sequence")
-    p.add_argument("--sequences", type=int, default=2)
+    p.add_argument("--sequences", type=int, default=8, help="sequences, batched by the engine as a run batches targets")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads for both (default: torch's; on a machine whose cores are busy, 1 avoids "
+                        "thread-synchronization stalls that would dominate either timing)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model, name = build_model(args.model, args.device)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (args.sequences, args.length), generator=g).to(args.device)  # [B, T]
     policy = make_policy(args.policy)
-    queries = torch.arange(args.length, device=args.device)
-    scores = reference_pass(model, ids, attention=True).attention.cumsum(1) if policy.needs_scores else None
-    kept = policy.keep(args.length, args.budget, queries, list(range(args.sequences)), scores)
+    streaming = SEMANTICS["streaming"]
+    seeds = list(range(args.sequences))
 
-    streaming_logprobs(model, ids[:1, :64], kept.keep[:1, :64, :64], kept.offset[:1, :64, :64])  # warm-up
+    streaming.stream(model, ids[:1, :64], policy, min(args.budget, 32), seeds[:1], args.chunk)  # warm-up
     sync(args.device)
     t0 = time.perf_counter()
-    fast = streaming_logprobs(model, ids, kept.keep, kept.offset)
+    fast, evictions = streaming.stream(model, ids, policy, args.budget, seeds, args.chunk)
     sync(args.device)
-    t_mask = time.perf_counter() - t0
+    t_engine = time.perf_counter() - t0
+    kept = evictions.kept()  # [B, T, T] the engine's decisions, for the loop
     t0 = time.perf_counter()
     slow = streaming_logprobs_loop(model, ids, kept.keep, kept.offset)
     sync(args.device)
     t_loop = time.perf_counter() - t0
     out = {
         "model": name, "device": args.device, "threads": torch.get_num_threads(), "policy": args.policy,
-        "budget": args.budget, "length": args.length, "sequences": args.sequences, "mask_seconds": t_mask,
-        "loop_seconds": t_loop, "mask_vs_loop": t_loop / t_mask, "max_abs_logprob_diff": float((fast - slow).abs().max()),
+        "budget": args.budget, "chunk": args.chunk, "length": args.length, "sequences": args.sequences,
+        "engine_seconds": t_engine, "loop_seconds": t_loop, "engine_vs_loop": t_loop / t_engine,
+        "max_abs_logprob_diff": float((fast - slow).abs().max()),
     }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         print(f"{name} on {args.device} ({out['threads']} threads): {args.sequences} x {args.length} tokens, "
-              f"policy {args.policy}, budget {args.budget}")
-        print(f"mask {t_mask:.3f} s | token-by-token loop {t_loop:.2f} s | max |diff| of log-probs {out['max_abs_logprob_diff']:.2e}")
-        print(f"mask_vs_loop {t_loop / t_mask:.1f}x")
+              f"policy {args.policy}, budget {args.budget}, chunk {args.chunk}")
+        print(f"engine {t_engine:.3f} s | token-by-token loop {t_loop:.2f} s | max |diff| of log-probs "
+              f"{out['max_abs_logprob_diff']:.2e}")
+        print(f"engine_vs_loop {t_loop / t_engine:.1f}x")
 
 
 if __name__ == "__main__":

@@ -33,11 +33,12 @@ def measure(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing results file."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar with ETA."),
     # -- retention policies (truncsens.engine.retention): sweep budgets instead of windows --
-    policy: Optional[List[str]] = typer.Option(None, help="Retention policies (suffix, sink_recent, random, poisson), repeated or comma-separated: measure D(k) at budgets instead of windows; several share the reference pass."),
+    policy: Optional[List[str]] = typer.Option(None, help="Retention policies (suffix, sink_recent, random, poisson, h2o, tova, key_norm, snapkv, topk), repeated or comma-separated: measure D(k) at budgets instead of windows; several share the reference pass."),
     budgets: Optional[List[str]] = typer.Option(None, help="With --policy: budgets k, repeated or comma-separated: kept tokens of the target's query, its own included (default: powers of two from 16 to N/2)."),
     semantics: Optional[str] = typer.Option(None, help="With --policy: reencode, streaming (default) or prefill_evict."),
     score: str = typer.Option("attention", help="With --policy poisson: inclusion scores, attention (default) or key_norm."),
-    per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence."),
+    per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence (not under streaming)."),
+    chunk: int = typer.Option(1, help="With --semantics streaming: tokens processed between eviction decisions (1: token by token; larger: evict at chunk ends)."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.cli.options import int_list, split_list
@@ -50,7 +51,7 @@ def measure(
             reference_context=reference_context, windows=int_list(windows, "--windows"),
             policies=split_list(policy, "--policy"),
             budgets=int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
-            score=score, per_query=per_query, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
+            score=score, per_query=per_query, chunk=chunk, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
             out=None if out is None else str(out), resume=resume, overwrite=overwrite, progress=progress,
             command="truncsens " + " ".join(sys.argv[1:]),

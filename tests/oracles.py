@@ -296,3 +296,88 @@ def windowed_prefill_evict(model, input_ids: torch.Tensor, keep_last: torch.Tens
                     attention_mask=_window_mask_arg(offsets, dtype), use_cache=True, logits_to_keep=1, **{kw: pruned})
         rows.append(_logprobs(out.logits[:, -1, :]))
     return torch.cat(rows)
+
+
+@torch.no_grad()
+def evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, seeds: list[int], chunk: int = 1):
+    """A real streaming cache: per sequence, a transformers cache that physically drops the keys the
+    policy evicts (index_select into a new cache), fed chunk by chunk.
+
+    The prompt x[0..T-2] is fed in chunks of ``chunk`` tokens, then x[T-1] alone. Each chunk is one
+    forward against the cache (offsets of the cached keys and a causal mask within the chunk, as a
+    [1, 1, c, n + c] additive mask; ``output_attentions`` with eager attention when the policy reads
+    attention). After each prompt chunk the oracle accumulates the policy's statistics itself (attention
+    averaged over layers and heads, summed over queries; the newest query's row; key norms from the
+    cache), asks ``policy.evict`` (the decision under test) and rebuilds the cache from the kept keys.
+
+    Args:
+        input_ids: [B, T]; policy: a policy with ``evict``; budget: k; seeds: one per sequence; chunk: C.
+
+    Returns:
+        (log-probabilities [B, V] float64 after the last token, evict [B, T] int64: the first query
+        that no longer read each key, T if none).
+    """
+    from truncsens.policies.base import StreamView, uniforms
+
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    kind = policy.score_kind()
+    needs_attention = kind in ("attention", "last_attention")
+    before = model.config._attn_implementation
+    if needs_attention:
+        model.set_attn_implementation("eager")
+    prompt = T - 1
+    steps = [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [(prompt, T)]
+    rows, evicts = [], []
+    try:
+        for b in range(B):
+            cache = _new_cache(model)
+            cached: list[int] = []  # positions held by the cache, increasing
+            offsets, drawn = torch.zeros(T), torch.zeros(T, dtype=torch.bool)
+            acc, last, norms = torch.zeros(T), torch.zeros(T), torch.zeros(T)
+            evict = torch.full((T,), T, dtype=torch.long)
+            u = uniforms([seeds[b]], (T,), "cpu")  # [1, T]
+            for s, e in steps:
+                c, n = e - s, len(cached)
+                mask = torch.zeros(c, n + c)
+                mask[:, :n] = offsets[cached]
+                mask[:, n:] = torch.full((c, c), float("-inf")).triu(1)
+                out = model(input_ids=input_ids[b : b + 1, s:e], position_ids=torch.arange(s, e).unsqueeze(0),
+                            attention_mask=mask.to(dtype).view(1, 1, c, n + c), use_cache=True,
+                            output_attentions=needs_attention, **{kw: cache})
+                if e == T:
+                    rows.append(_logprobs(out.logits[0, -1]))
+                    break
+                cols = cached + list(range(s, e))
+                if needs_attention:
+                    att = torch.stack([a[0].float().mean(0) for a in out.attentions]).mean(0)  # [L, c, n+c] -> [c, n+c]
+                    last = torch.zeros(T)
+                    for i, col in enumerate(cols):
+                        acc[col] += float(att[:, i].sum())
+                        last[col] = att[-1, i]
+                if kind == "key_norm":
+                    per_layer = [_layer_kv(cache, l)[0][0, :, n:].float().norm(dim=-1).mean(0) for l in range(_n_layers(cache))]
+                    norms[s:e] = torch.stack(per_layer).mean(0)  # [c]
+                alive = torch.zeros(1, e, dtype=torch.bool)
+                alive[0, cols] = True
+                view = StreamView(alive, offsets[:e].unsqueeze(0).clone(), drawn[:e].unsqueeze(0).clone(), budget, e,
+                                  u[:, :e], accumulated=acc[:e].unsqueeze(0).clone(), last=last[:e].unsqueeze(0).clone(),
+                                  key_norm=norms[:e].unsqueeze(0).clone())
+                step = policy.evict(view)
+                keep = step.keep[0]
+                for j in cols:
+                    if not keep[j]:
+                        evict[j] = e
+                offsets[:e] = torch.where(keep, step.offset[0].float(), torch.zeros(e))
+                drawn[:e] = step.drawn[0]
+                index = torch.tensor([i for i, j in enumerate(cols) if keep[j]], dtype=torch.long)
+                pruned = _new_cache(model)
+                for layer in range(_n_layers(cache)):
+                    k, v = _layer_kv(cache, layer)  # [1, H_kv, n + c, d]
+                    pruned.update(k.index_select(2, index), v.index_select(2, index), layer)
+                cache, cached = pruned, [j for j in cols if keep[j]]
+            evicts.append(evict)
+    finally:
+        model.set_attn_implementation(before)
+    return torch.stack(rows), torch.stack(evicts)

@@ -1,10 +1,16 @@
 """One contract over every registered policy and every semantics it supports.
 
-Kept sets: causal, the query's own token kept, the budget respected (exactly for deterministic and
-uniform policies, in expectation for poisson), the same seed giving the same draw, offsets only
-where the policy declared it needs them. Engine: every (policy, semantics) pair runs end to end, and
-at a budget covering the whole context nothing is evicted, so every metric equals the full-context
-answer (KL = TV = 0 up to float32 noise).
+Per-query kept sets (``reencode``, ``prefill_evict``): causal, the query's own token kept, the budget
+respected (exactly for deterministic and uniform policies, in expectation for poisson), the same seed
+giving the same draw, offsets only where the policy declared it needs them.
+
+Streaming (one eviction step per key, :mod:`truncsens.policies.streaming`), for every chunk size: the
+kept sets are nested in time (a key evicted at step q is never read again), causal, the own token
+kept, at most k keys for the target's query, exactly min(k, q + 1) per query for deterministic and
+uniform policies at chunk 1; a policy that tries to bring a key back is refused.
+
+Engine: every (policy, semantics) pair runs end to end, and at a budget covering the whole context
+nothing is evicted, so every metric equals the full-context answer (KL = TV = 0 up to float32 noise).
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from engine_calls import retention_targets
 from truncsens.engine.semantics import SEMANTICS
 from truncsens.models import load_model
 from truncsens.policies import POLICIES, PolicyError, make_policy
-from truncsens.policies.base import LOGIT_OFFSETS
+from truncsens.policies.base import LOGIT_OFFSETS, StreamStep
+from truncsens.policies.streaming import ChunkStats, run_stream
 from truncsens.targets import TargetSet
 
 T, K = 24, 10
 PAIRS = list(itertools.product(POLICIES, SEMANTICS))
+SCORED = {"poisson", "h2o", "tova", "key_norm", "snapkv", "topk"}
 
 
 def supported(policy_name: str, semantics_name: str) -> bool:
@@ -35,12 +43,21 @@ def supported(policy_name: str, semantics_name: str) -> bool:
 
 
 RUNNABLE = [(p, s) for p, s in PAIRS if supported(p, s)]
+PER_QUERY = [(p, s) for p, s in RUNNABLE if s != "streaming"]
+STREAMING = [p for p, s in RUNNABLE if s == "streaming"]
 
 
-def test_only_score_or_offset_policies_under_reencode_are_refused():
-    needy = sorted(p for p in POLICIES if make_policy(p, n_sink=2).requirements())
-    assert "poisson" in needy and "topk" in needy and "suffix" not in needy
-    assert sorted(set(PAIRS) - set(RUNNABLE)) == [(p, "reencode") for p in needy]
+def test_refused_pairs():
+    """Policies that read scores need a semantics with a pass to read them from; SnapKV's observation
+    window exists only in a full prefill; independent per-query draws are no streaming cache."""
+    refused = sorted(set(PAIRS) - set(RUNNABLE))
+    assert refused == sorted([(p, "reencode") for p in SCORED] + [("snapkv", "streaming")])
+    with pytest.raises(PolicyError, match="random cannot be run with semantics streaming: it needs an independent kept "
+                                          "set per query .*use --semantics reencode or prefill_evict"):
+        SEMANTICS["streaming"].check_policy(make_policy("random", per_query=True))
+    with pytest.raises(PolicyError, match="snapkv cannot be run with semantics streaming: it needs the attention of an "
+                                          "observation window .*use --semantics prefill_evict"):
+        SEMANTICS["streaming"].check_policy(make_policy("snapkv"))
 
 
 def kept_sets(policy_name: str, semantics_name: str, seeds: list[int]):
@@ -51,7 +68,7 @@ def kept_sets(policy_name: str, semantics_name: str, seeds: list[int]):
     return policy, queries, policy.keep(T, K, queries, seeds, scores)
 
 
-@pytest.mark.parametrize("policy_name,semantics_name", RUNNABLE)
+@pytest.mark.parametrize("policy_name,semantics_name", PER_QUERY)
 def test_kept_set_contract(policy_name, semantics_name):
     policy, queries, kept = kept_sets(policy_name, semantics_name, [3, 4, 5])
     B, Q = 3, queries.numel()
@@ -71,6 +88,82 @@ def test_kept_set_contract(policy_name, semantics_name):
     if LOGIT_OFFSETS not in policy.requirements():
         assert not kept.has_offsets()
     assert not kept.offset[~kept.keep].any(), "offsets on dropped keys"
+
+
+def synthetic_observe(seed: int, B: int):
+    """Positive random attention over the keys each chunk query reads (rows sum to 1) and random key norms."""
+    g = torch.Generator().manual_seed(seed)
+
+    def observe(s, e, alive, offset):
+        c = e - s
+        read = alive.unsqueeze(1).repeat(1, c, 1)  # [B, c, e]
+        read[:, :, s:] = torch.ones(c, c, dtype=torch.bool).tril()
+        w = torch.rand(B, c, e, generator=g) * read
+        return ChunkStats(attention=w / w.sum(-1, keepdim=True), key_norm=torch.rand(B, c, generator=g) + 0.5)
+
+    return observe
+
+
+def streamed(policy_name: str, chunk: int, seeds: list[int]):
+    policy = make_policy(policy_name, n_sink=2)
+    return policy, run_stream(policy, K, T, chunk, seeds, synthetic_observe(11, len(seeds)))
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("policy_name", STREAMING)
+def test_streaming_kept_sets_are_nested_in_time(policy_name, chunk):
+    policy, ev = streamed(policy_name, chunk, [3, 4, 5])
+    kept = ev.kept()
+    keep = kept.keep  # [B, T, T]
+    q = torch.arange(T)
+    assert not keep[:, q.view(T, 1) < q.view(1, T)].any(), "a query keeps a later key"
+    assert keep[:, q, q].all(), "a query dropped its own token"
+    earlier = q.view(T, 1) >= q.view(1, T)  # [T, T] key j <= query q
+    back = keep[:, 1:, :] & ~keep[:, :-1, :] & earlier[:-1].unsqueeze(0)  # kept at q + 1 but not at q (j <= q)
+    assert not back.any(), "an evicted key came back"
+    counts = kept.counts  # [B, T]
+    assert int(counts[:, -1].max()) <= K and int(counts.max()) <= K + chunk - 1
+    assert int((ev.evict < T).sum()) > 0  # something was evicted: the property is not vacuous
+    if policy_name != "poisson" and chunk == 1:
+        assert torch.equal(counts, (q + 1).clamp(max=K).expand(3, T))
+    again = streamed(policy_name, chunk, [3, 4, 5])[1]
+    assert torch.equal(again.evict, ev.evict) and torch.equal(again.offset, ev.offset)
+    if LOGIT_OFFSETS not in policy.requirements():
+        assert not kept.has_offsets()
+    else:
+        assert kept.has_offsets()  # poisson drew some keys with pi < 1
+
+
+class _Readmits:
+    """A broken streaming policy: drops the oldest key at the first step, brings it back at the next."""
+
+    name = "broken"
+
+    def __init__(self, change_offset: bool = False):
+        self.calls, self.change_offset = 0, change_offset
+
+    def check(self, budget, context_len):
+        pass
+
+    def score_kind(self):
+        return None
+
+    def evict(self, view):
+        self.calls += 1
+        keep = view.alive.clone()
+        if self.change_offset:
+            drawn = torch.ones_like(view.drawn)
+            return StreamStep(keep, view.offset + (self.calls > 1), drawn)
+        keep[:, 0] = self.calls > 1
+        return StreamStep(keep, view.offset, view.drawn)
+
+
+def test_run_stream_refuses_readmission_and_redrawn_offsets():
+    observe = lambda s, e, alive, offset: ChunkStats()  # noqa: E731
+    with pytest.raises(PolicyError, match="kept a key it had evicted"):
+        run_stream(_Readmits(), 20, 8, 1, [0], observe)
+    with pytest.raises(PolicyError, match="changed the offset of a key drawn earlier"):
+        run_stream(_Readmits(change_offset=True), 20, 8, 1, [0], observe)
 
 
 @pytest.mark.parametrize("policy_name,semantics_name", RUNNABLE)

@@ -59,6 +59,8 @@ class MeasureConfig:
         n_sink: first tokens kept (None: 0 for windows, 4 for policies).
         positions: "original" (kept tokens keep their position ids) or "reindexed".
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
+        chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
+            token; :mod:`truncsens.policies.streaming`).
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
         docs_per_shard, out, resume, overwrite, progress, command: shards, results file (None: see
@@ -66,8 +68,9 @@ class MeasureConfig:
             reports, the command line recorded in the results.
 
     Raises:
-        MeasureError: a count below 1, negative sinks, an unknown split or position mode, windows
-            together with policies, budgets or semantics without policies.
+        MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
+            position mode, windows together with policies, budgets or semantics without policies,
+            a chunk other than 1 outside ``streaming``.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -89,6 +92,7 @@ class MeasureConfig:
     per_query: bool = False
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
+    chunk: int = 1
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
@@ -107,7 +111,7 @@ class MeasureConfig:
             raise MeasureError(f"--split must be one of auto, {', '.join(SPLITS)}; got {self.split!r}")
         for option, value in (("--docs-per-shard", self.docs_per_shard), ("--max-docs", self.max_docs),
                               ("--targets-per-doc", self.targets_per_doc), ("--batch-tokens", self.max_batch_tokens),
-                              ("--reference-context", self.reference_context)):
+                              ("--reference-context", self.reference_context), ("--chunk", self.chunk)):
             if value is not None and value < 1:
                 raise MeasureError(f"{option} must be at least 1, got {value}")
         if self.n_sink is not None and self.n_sink < 0:
@@ -130,6 +134,9 @@ class MeasureConfig:
             self.semantics = self.semantics or "streaming"
             self.n_sink = DEFAULT_POLICY_SINKS if self.n_sink is None else self.n_sink
         semantics = semantics_for(self.semantics)
+        if self.chunk != 1 and self.semantics != "streaming":
+            raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
+                               "decides once per target (leave --chunk at 1)")
         semantics.check_positions(self.positions)
         for policy in self.build_policies():
             semantics.check_policy(policy)
@@ -160,5 +167,7 @@ class MeasureConfig:
         """What must match for ``--resume`` to reuse shards: every field except :data:`RUN_ONLY_FIELDS`,
         plus ``resolved`` values (N, corpus hash, the sweep)."""
         keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
+        if keep.get("chunk") == 1:  # the default: runs from before --chunk existed keep their fingerprint
+            del keep["chunk"]
         keep.update(resolved)
         return keep

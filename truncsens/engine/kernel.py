@@ -55,6 +55,7 @@ def policy_seeds(targets: TargetSet, sl: slice, seed: int, policy: str, budget: 
 def measure_targets(
     model, targets: TargetSet, policies: Sequence[Policy], budgets: Sequence[int], semantics: Semantics,
     positions: str, seed: int, device: str, max_batch_tokens: int, on_tokens: Callable[[int], None] | None = None,
+    chunk: int = 1,
 ) -> KernelOutput:
     """Metrics of every (policy, target, budget).
 
@@ -67,6 +68,7 @@ def measure_targets(
         seed: run seed (see :func:`policy_seeds`).
         max_batch_tokens: token budget of one forward pass.
         on_tokens: progress callback (forward tokens processed).
+        chunk: streaming decisions every ``chunk`` tokens (:mod:`truncsens.policies.streaming`).
 
     Returns:
         :class:`KernelOutput`.
@@ -100,11 +102,9 @@ def measure_targets(
             ref = semantics.reference(model, ids, policies)
             progress(ids.numel())
             for p, policy in enumerate(policies):
-                scores = semantics.scores(policy, ref, queries)  # [b, Q, N] or None
                 for j, k in enumerate(budgets):
-                    kept = policy.keep(N, k, queries, policy_seeds(targets, sl, seed, policy.name, k), scores)
-                    lp = semantics.kept_logprobs(model, ids, kept, ref, positions)
-                    keep_last = kept.keep[:, -1, :]  # [b, N]
+                    lp, keep_last = semantics.policy_logprobs(  # [b, V], [b, N]
+                        model, ids, policy, k, policy_seeds(targets, sl, seed, policy.name, k), ref, positions, chunk)
                     record(p, j, sl, ref.logprobs, lp, keep_last)
                     if lost is not None and ref.last_attention is not None:
                         lost[p, sl, j] = (ref.last_attention * (~keep_last).float()).sum(-1).cpu().numpy()

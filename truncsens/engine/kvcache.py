@@ -78,3 +78,19 @@ def new_full_cache(model):
     from transformers import DynamicCache
 
     return DynamicCache()
+
+
+def gather_slots(cache, index: torch.Tensor) -> None:
+    """Keep, per sequence, the cache slots ``index`` [B, L] (int64, in the order given) of every layer, in place.
+
+    Rows may select different slots (each sequence of a batch evicts its own keys); keys and values
+    of shape [B, H_kv, T, d] become [B, H_kv, L, d].
+    """
+    for layer in range(n_layers(cache)):
+        k, v = layer_kv(cache, layer)  # [B, H_kv, T, d]
+        B, H, _, d = k.shape
+        at = index.view(B, 1, -1, 1).expand(B, H, index.shape[1], d)  # [B, H_kv, L, d]
+        if hasattr(cache, "layers"):
+            cache.layers[layer].keys, cache.layers[layer].values = k.gather(2, at), v.gather(2, at)
+        else:  # transformers 4.x
+            cache.key_cache[layer], cache.value_cache[layer] = k.gather(2, at), v.gather(2, at)

@@ -7,7 +7,8 @@ writes what it returns with :mod:`truncsens.results`.
 
 Results: dims (target, window) for a window sweep; (target, budget), or (policy, target, budget)
 when several policies run, for a policy sweep, whose attrs add ``policy`` (names in order),
-``policy_params`` (JSON) and ``budget_counts``, and whose data vars add ``kept_tokens`` (int32,
+``policy_params`` (JSON), ``budget_counts``, ``score_source`` (where scores came from) and, for
+streaming, ``chunk`` (tokens between eviction decisions), and whose data vars add ``kept_tokens`` (int32,
 keys the target's query kept; random for ``poisson``) and, for streaming and prefill-evict,
 ``evicted_attention_mass`` (float32: the attention probability mass the full-context target query
 puts on the keys its policy evicted, mean over layers and heads).
@@ -33,6 +34,13 @@ from truncsens.engine.sweep import Sweep, resolve_sweep
 from truncsens.models import LoadedModel, load_model
 from truncsens.policies import policy_params
 from truncsens.targets import TargetSet
+
+
+SCORE_SOURCES = {  # where policies that read scores take them from, per semantics
+    "streaming": "online: attention and key norms computed by the evicted streaming run itself",
+    "prefill_evict": "the full-context prefill (reference pass)",
+    "reencode": "none (policies that read scores are refused)",
+}
 
 
 @dataclass
@@ -100,7 +108,10 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
             "policy": ",".join(p.name for p in sweep.policies),
             "policy_params": json.dumps({p.name: policy_params(p) for p in sweep.policies}, sort_keys=True),
             "budget_counts": "kept keys of the target's query, its own token included",
+            "score_source": SCORE_SOURCES[sweep.semantics.name],
         })
+        if sweep.semantics.name == "streaming":
+            attrs["chunk"] = cfg.chunk
     return attrs
 
 
@@ -162,7 +173,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_targets(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
-                              cfg.seed, loaded.device, batch_tokens, on_tokens)
+                              cfg.seed, loaded.device, batch_tokens, on_tokens, chunk=cfg.chunk)
         return shard_results(out, plan, sweep, attrs, docs.bos_id)
 
     per_target = N + len(sweep.policies) * sum(sweep.semantics.cost(N, k) for k in sweep.budgets)

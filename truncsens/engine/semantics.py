@@ -5,9 +5,12 @@ Every result says which one produced it (the ``semantics`` attr), and they are n
 - ``reencode``: the model reads only the kept tokens of the target's query, as a fresh sequence
   (positions ``original`` or ``reindexed``); a suffix window of w tokens is the ``suffix`` policy at
   budget w (arXiv 2605.25085).
-- ``streaming``: every token was processed when the cache held only its policy's kept keys. With
-  original positions this is one parallel forward with a 4D float mask (0 keep, -inf drop,
-  ``log(1/π)`` Hájek offset), since row q of every layer reads only the keys row q kept.
+- ``streaming``: one cache that evicts as it goes, so every token was processed when the cache held
+  only the keys its policy had kept so far; an evicted key never comes back, and the policy decides
+  only from what this evicted run computed (online scores). Decisions are one eviction step per key
+  (:mod:`truncsens.policies.streaming`), taken every ``chunk`` tokens, and run by
+  :mod:`truncsens.engine.streaming_pass`: one parallel forward with a 4D float mask (0 keep, -inf
+  drop, ``log(1/π)`` Hájek offset) when the policy reads no scores, else chunk by chunk.
 - ``prefill_evict``: keys and values computed with the full context, then evicted before the
   target's query reads them (the kvpress convention): the last token is decoded against the
   full-context cache of the first T - 1 tokens with the evicted keys masked out.
@@ -35,14 +38,20 @@ from truncsens.engine.forward import last_logprobs, model_dtype, next_token_logp
 from truncsens.engine.layer_windows import WindowError, kept_attention_mask, layer_windows, own_window_differs
 from truncsens.engine.masks import check_causal
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
-from truncsens.policies.base import ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, Kept, Policy, PolicyError
+from truncsens.engine.streaming_pass import decide_offline, stream_online
+from truncsens.policies.base import (
+    ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS, Kept, Policy, PolicyError,
+)
 
 POSITIONS = ("original", "reindexed")
 _CAPABILITY_TEXT = {
     LOGIT_OFFSETS: "attention-logit offsets on kept keys",
     ATTENTION_SCORES: "attention scores",
     KEY_NORM_SCORES: "key norms",
+    OBSERVATION_WINDOW: "the attention of an observation window of a full prefill",
+    PER_QUERY_DRAWS: "an independent kept set per query (--per-query; a streaming cache evicts once per key)",
 }
+ATTENTION_KINDS = ("attention", "last_attention", "window_attention")
 
 
 class SemanticsError(ValueError):
@@ -106,22 +115,43 @@ class Semantics:
     def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
         """Full-context pass over ``input_ids`` [B, T] with what ``policies`` and the kept passes need."""
         kinds = {p.score_kind() for p in policies}
-        return reference_pass(model, input_ids, last_attention=True, attention="attention" in kinds,
+        return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
                               key_norm="key_norm" in kinds, keep_cache=False)
 
     def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor) -> torch.Tensor | None:
-        """[B, Q, T] scores for ``policy`` from the reference pass, or None when it needs none.
+        """[B, Q, T] scores for ``policy`` from the full-context reference pass, or None when it needs none.
 
         ``attention``: attention each key received, accumulated over layers, heads and the queries
-        up to each query (H2O-style, arXiv 2306.14048); ``key_norm``: mean L2 norm of each key.
+        up to each query (H2O-style, arXiv 2306.14048); ``last_attention``: the attention row of the
+        query before each query (TOVA, arXiv 2401.06104; zeros for query 0); ``window_attention``: the
+        policy's :meth:`~truncsens.policies.base.Policy.window_scores` of the attention rows (SnapKV,
+        arXiv 2404.14469); ``key_norm``: mean L2 norm of each key.
         """
         kind = policy.score_kind()
         if kind is None:
             return None
         if kind == "attention":
             return ref.attention.cumsum(1)[:, queries, :]  # [B, Q, T]
+        if kind == "last_attention":
+            rows = ref.attention[:, (queries - 1).clamp(min=0), :]  # [B, Q, T]
+            return torch.where((queries > 0).view(1, -1, 1), rows, torch.zeros_like(rows))
+        if kind == "window_attention":
+            return policy.window_scores(ref.attention, queries)  # [B, Q, T]
         B, T = ref.key_norm.shape
         return ref.key_norm.unsqueeze(1).expand(B, queries.numel(), T)  # [B, Q, T]
+
+    def policy_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
+                        ref: ReferencePass | None, positions: str, chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``policy`` at ``budget`` on ``input_ids`` [B, T]: per-query kept sets from the reference
+        pass's scores (:meth:`scores`), then :meth:`kept_logprobs`.
+
+        Returns:
+            (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read).
+        """
+        T = input_ids.shape[1]
+        queries = self.queries(T, input_ids.device)  # [Q]
+        kept = policy.keep(T, budget, queries, seeds, self.scores(policy, ref, queries) if ref is not None else None)
+        return self.kept_logprobs(model, input_ids, kept, ref, positions), kept.keep[:, -1, :]
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:  # pragma: no cover - abstract
@@ -149,6 +179,7 @@ class Reencode(Semantics):
 
     name = "reencode"
     positions = POSITIONS
+    provides = frozenset({PER_QUERY_DRAWS})
     needs_transformers = False
     reference_state = False
 
@@ -207,10 +238,41 @@ class Reencode(Semantics):
 
 
 class Streaming(Semantics):
-    """Every token was processed with its own policy-kept cache: one forward with a 4D float mask."""
+    """One cache evicting as it goes, decisions from online scores (module docstring)."""
 
     name = "streaming"
     provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
+
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
+        """Reference log-probabilities and the target query's attention row (for the evicted mass);
+        policies take no score from it (their scores are online)."""
+        return reference_pass(model, input_ids, last_attention=True)
+
+    def policy_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
+                        ref: ReferencePass | None, positions: str, chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``policy`` as one evicting cache over ``input_ids`` [B, T] in chunks of ``chunk`` tokens
+        (:mod:`truncsens.engine.streaming_pass`).
+
+        Returns:
+            (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read).
+
+        Raises:
+            PolicyError: a bad chunk or budget (see :func:`truncsens.policies.streaming.run_stream`).
+        """
+        lp, evictions = self.stream(model, input_ids, policy, budget, seeds, chunk)
+        return lp, evictions.last()
+
+    @torch.no_grad()
+    def stream(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
+               chunk: int = 1):
+        """(log-probabilities [B, V] float64, :class:`~truncsens.policies.streaming.Evictions`) of one
+        streaming run: offline decisions and one masked forward when the policy reads no scores,
+        else the sequential run with online scores."""
+        B, T = input_ids.shape
+        if policy.needs_scores:
+            return stream_online(model, input_ids, policy, budget, seeds, chunk, windows_of(model, self.name))
+        evictions = decide_offline(policy, budget, T, chunk, seeds, input_ids.device)
+        return self.kept_logprobs(model, input_ids, evictions.kept(), None, "original"), evictions
 
     def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
         """Every position 0..T-1: each token was processed under its own kept set."""
@@ -236,7 +298,7 @@ class PrefillEvict(Semantics):
     """Full-context keys and values, evicted before the target's query reads them (kvpress convention)."""
 
     name = "prefill_evict"
-    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
+    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS})
 
     def cost(self, context_len: int, budget: int) -> int:
         """One token: the target's query is decoded against the prefilled cache."""
@@ -245,7 +307,7 @@ class PrefillEvict(Semantics):
     def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
         """The reference pass, keeping the full-context cache of the first T - 1 tokens."""
         kinds = {p.score_kind() for p in policies}
-        return reference_pass(model, input_ids, last_attention=True, attention="attention" in kinds,
+        return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
                               key_norm="key_norm" in kinds, keep_cache=True)
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,

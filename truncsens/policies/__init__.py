@@ -14,14 +14,19 @@ from __future__ import annotations
 import dataclasses
 
 from truncsens.policies.base import CAPABILITIES, Kept, Policy, PolicyError
+from truncsens.policies.h2o import H2OPolicy
+from truncsens.policies.key_norm import KeyNormPolicy
 from truncsens.policies.poisson import SCORES, PoissonPolicy
 from truncsens.policies.random import RandomPolicy
 from truncsens.policies.sink_recent import SinkRecentPolicy
+from truncsens.policies.snapkv import SnapKVPolicy
 from truncsens.policies.suffix import SuffixPolicy
 from truncsens.policies.topk import TopKPolicy
+from truncsens.policies.tova import TOVAPolicy
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (SuffixPolicy, SinkRecentPolicy, RandomPolicy, PoissonPolicy, TopKPolicy)
+    cls.name: cls for cls in (SuffixPolicy, SinkRecentPolicy, RandomPolicy, PoissonPolicy, H2OPolicy, TOVAPolicy,
+                              SnapKVPolicy, KeyNormPolicy, TopKPolicy)
 }
 
 
@@ -70,6 +75,6 @@ def policy_params(policy: Policy) -> dict:
 
 
 __all__ = [
-    "CAPABILITIES", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError", "RandomPolicy", "SCORES",
-    "SinkRecentPolicy", "SuffixPolicy", "TopKPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
+    "CAPABILITIES", "H2OPolicy", "KeyNormPolicy", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError",
+    "RandomPolicy", "SCORES", "SinkRecentPolicy", "SnapKVPolicy", "SuffixPolicy", "TOVAPolicy", "TopKPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
 ]

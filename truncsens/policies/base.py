@@ -11,6 +11,16 @@ Conventions (shared by all policies, [ours]):
   design (Hájek correction), and ignored on dropped keys;
 - randomness comes from one seed per sequence (see :func:`uniforms`), so a target's draw does not
   depend on batching, sharding or resuming.
+
+Two representations of a decision (docs/method.md, section 3):
+
+- per query (:meth:`Policy.keep` -> :class:`Kept`): used by ``reencode`` and ``prefill_evict``, where
+  each target's query has its own cache;
+- one eviction step per key (:meth:`Policy.evict`, driven by
+  :func:`truncsens.policies.streaming.run_stream`): used by ``streaming``, where one cache evicts as it
+  goes. At each chunk end the policy sees a :class:`StreamView` (the keys still cached and the
+  statistics the evicted run itself computed) and returns the keys it keeps (a subset: an evicted key
+  never comes back).
 """
 
 from __future__ import annotations
@@ -25,7 +35,12 @@ import torch
 LOGIT_OFFSETS = "logit_offsets"  # additive attention-logit offsets on kept keys (the Hájek correction)
 ATTENTION_SCORES = "attention_scores"  # attention each key received, from the attention weights of a pass
 KEY_NORM_SCORES = "key_norm_scores"  # L2 norms of the cached keys
-CAPABILITIES = (LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES)
+OBSERVATION_WINDOW = "observation_window"  # attention rows of the last prompt queries of a full prefill (SnapKV)
+PER_QUERY_DRAWS = "per_query_draws"  # an independent kept set per query (not one cache evicting as it goes)
+CAPABILITIES = (LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS)
+# score kinds (Policy.score_kind) -> the capability they need
+SCORE_KINDS = {"attention": ATTENTION_SCORES, "last_attention": ATTENTION_SCORES, "key_norm": KEY_NORM_SCORES,
+               "window_attention": OBSERVATION_WINDOW}
 
 
 class PolicyError(ValueError):
@@ -70,7 +85,15 @@ class Policy:
     name: ClassVar[str] = ""
 
     def score_kind(self) -> str | None:
-        """Which ``scores`` :meth:`keep` needs: None, "attention" or "key_norm"."""
+        """Which ``scores`` :meth:`keep` and :meth:`evict` need (a key of :data:`SCORE_KINDS`), or None:
+
+        - ``"attention"``: attention each key received, accumulated over the queries so far (mean over
+          layers and heads; H2O, arXiv 2306.14048);
+        - ``"last_attention"``: attention of the newest processed query (TOVA, arXiv 2401.06104);
+        - ``"key_norm"``: L2 norm of each key (mean over layers and key/value heads);
+        - ``"window_attention"``: attention of an observation window of prompt queries (SnapKV,
+          arXiv 2404.14469; per-query only, see :meth:`window_scores`).
+        """
         return None
 
     @property
@@ -80,7 +103,35 @@ class Policy:
 
     def requirements(self) -> frozenset[str]:
         """Capabilities (of :data:`CAPABILITIES`) the semantics must provide for this policy."""
-        return frozenset({f"{self.score_kind()}_scores"} if self.needs_scores else ())
+        return frozenset({SCORE_KINDS[self.score_kind()]} if self.needs_scores else ())
+
+    def window_scores(self, attention: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """[B, Q, T] scores from full-prefill attention [B, T, T] (only for ``window_attention`` policies)."""
+        raise NotImplementedError
+
+    def stream_protected(self, end: int, budget: int, device) -> torch.Tensor:
+        """[end] bool keys surely kept at a chunk end of ``end`` processed tokens (default: none)."""
+        return torch.zeros(end, dtype=torch.bool, device=device)
+
+    def stream_value(self, view: "StreamView") -> torch.Tensor:  # pragma: no cover - abstract
+        """[B, end] float: the higher, the later a key is evicted (see :meth:`evict`)."""
+        raise NotImplementedError(f"policy {self.name} has no streaming eviction rule")
+
+    def evict(self, view: "StreamView") -> "StreamStep":
+        """One streaming eviction step: keep the :meth:`stream_protected` keys and, of the other cached
+        keys, those of highest :meth:`stream_value`, at most ``budget - 1`` in all (the next query's own
+        token fills the budget). Rows that hold at most ``budget - 1`` keys keep them all.
+
+        Args:
+            view: :class:`StreamView` at a chunk end.
+
+        Returns:
+            :class:`StreamStep` (offsets and draws unchanged).
+        """
+        protected = self.stream_protected(view.end, view.budget, view.alive.device).unsqueeze(0) & view.alive  # [B, e]
+        free = (view.budget - 1 - protected.sum(-1)).clamp(min=0)  # [B]
+        keep = protected | top_per_row(self.stream_value(view), view.alive & ~protected, free)
+        return StreamStep(keep, view.offset, view.drawn)
 
     def min_budget(self) -> int:
         """Smallest budget the policy accepts (tokens)."""
@@ -99,6 +150,97 @@ class Policy:
              scores: torch.Tensor | None = None) -> Kept:  # pragma: no cover - abstract
         """Kept keys and offsets for ``len(seeds)`` sequences; see the subclasses."""
         raise NotImplementedError
+
+
+@dataclass
+class StreamView:
+    """What a streaming policy sees at a chunk end, after ``end`` tokens were processed (B sequences).
+
+    Attributes:
+        alive: [B, end] bool keys still cached (the chunk just processed included).
+        offset: [B, end] float32 logit offsets of cached keys (fixed when a key is drawn).
+        drawn: [B, end] bool keys that were already drawn at random (random policies draw once per key).
+        budget: k, kept keys of a query, its own included: at most k - 1 keys stay cached.
+        end: tokens processed.
+        uniforms: [B, end] float64, one uniform per key from the sequence's seed (:func:`uniforms`).
+        accumulated: [B, end] float32 attention each key received from the processed queries of the
+            evicted run (mean over layers and heads), or None when the policy needs none.
+        last: [B, end] float32 attention of the newest processed query, or None.
+        key_norm: [B, end] float32 key L2 norms (mean over layers and key/value heads), or None.
+    """
+
+    alive: torch.Tensor
+    offset: torch.Tensor
+    drawn: torch.Tensor
+    budget: int
+    end: int
+    uniforms: torch.Tensor
+    accumulated: torch.Tensor | None = None
+    last: torch.Tensor | None = None
+    key_norm: torch.Tensor | None = None
+
+    def scores(self, kind: str) -> torch.Tensor:
+        """[B, end] online scores of a kind (``attention``, ``last_attention`` or ``key_norm``).
+
+        Raises:
+            PolicyError: the kind has no online version (``window_attention``) or was not computed.
+        """
+        value = {"attention": self.accumulated, "last_attention": self.last, "key_norm": self.key_norm}.get(kind)
+        if value is None:
+            raise PolicyError(f"no online {kind} scores in this streaming step")
+        return value
+
+
+@dataclass
+class StreamStep:
+    """A policy's answer to a :class:`StreamView`: keep [B, end] bool (a subset of ``alive``),
+    offset [B, end] float32 and drawn [B, end] bool (see :class:`StreamView`)."""
+
+    keep: torch.Tensor
+    offset: torch.Tensor
+    drawn: torch.Tensor
+
+
+def top_per_row(values: torch.Tensor, allowed: torch.Tensor, counts: torch.Tensor | int) -> torch.Tensor:
+    """[B, T] bool marking, in each row, the ``counts[b]`` allowed entries of largest ``values``
+    (ties: the later position first; every allowed entry where a row has fewer).
+
+    Args:
+        values: [B, T] float; allowed: [B, T] bool; counts: [B] int64 or an int, >= 0.
+    """
+    B, T = values.shape
+    counts = torch.as_tensor(counts, device=values.device).expand(B)  # [B]
+    pos = torch.arange(T, device=values.device, dtype=torch.float64)
+    masked = torch.where(allowed, values.to(torch.float64), torch.full_like(pos, float("-inf")).expand(B, T))  # [B, T]
+    # sort by value descending, ties by position descending: sort on (value, position) pairs
+    order = torch.argsort(pos.expand(B, T), dim=-1, descending=True)  # [B, T] positions, latest first
+    by_value = torch.sort(masked.gather(-1, order), dim=-1, descending=True, stable=True).indices  # [B, T]
+    ranked = order.gather(-1, by_value)  # [B, T] positions in keep order
+    rank = torch.empty_like(ranked)
+    rank.scatter_(-1, ranked, torch.arange(T, device=values.device).expand(B, T))  # [B, T]
+    return allowed & (rank < counts.unsqueeze(-1))
+
+
+def keep_top(context_len: int, budget: int, queries: torch.Tensor, protected: torch.Tensor,
+             scores: torch.Tensor) -> Kept:
+    """Per-query kept sets: the ``protected`` keys (and the query's own token) plus the available keys
+    of highest score, ``budget`` in all (everything for queries with ``q + 1 <= budget``).
+
+    Args:
+        context_len: T; budget: k; queries: [Q] int64; protected: [Q, T] bool; scores: [B, Q, T].
+
+    Returns:
+        :class:`Kept` with zero offsets.
+    """
+    B, Q, T = scores.shape
+    avail = causal(context_len, queries)  # [Q, T]
+    own = torch.arange(T, device=queries.device).unsqueeze(0) == queries.unsqueeze(1)  # [Q, T]
+    prot = ((protected | own) & avail).unsqueeze(0).expand(B, Q, T)  # [B, Q, T]
+    free = (budget - prot.sum(-1)).clamp(min=0).reshape(B * Q)  # [B*Q]
+    rest = (avail.unsqueeze(0) & ~prot).reshape(B * Q, T)  # [B*Q, T]
+    top = top_per_row(scores.reshape(B * Q, T), rest, free).view(B, Q, T)  # [B, Q, T]
+    keep = prot | top
+    return Kept(keep, torch.zeros(keep.shape, dtype=torch.float32, device=keep.device), queries)
 
 
 def causal(context_len: int, queries: torch.Tensor) -> torch.Tensor:

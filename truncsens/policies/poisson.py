@@ -12,6 +12,15 @@ and top slices are fractions of the budget (defaults 1/4 each), which keeps half
 the random tail. Scores are per query: by default the attention each key received in the
 full-context reference pass, accumulated over layers, heads and the queries up to the current one
 (H2O-style, Zhang et al. arXiv 2306.14048); ``key_norm`` uses the key's L2 norm instead.
+
+Streaming [ours] (:meth:`PoissonPolicy.evict`, scores online: the evicted run's own accumulated
+attention or key norms): the certain set is the sinks, the r - 1 most recent cached keys and the
+top t cached keys by score that were never drawn. A key is drawn once, at the chunk end where it
+leaves the certain set: ``π_j = min(1, c·score_j)`` with ``c`` such that the π of the drawn-and-kept
+tail keys plus those leaving now sum to the tail budget m (:func:`inclusion_probabilities`); it is
+kept with probability π_j, and its offset ``log(1/π_j)`` is fixed for its life in the cache. When
+more than m drawn keys are cached, those of lowest score are evicted (deterministically; the offsets
+then describe the draw, not the later capacity eviction).
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ import torch
 
 from truncsens.certificates import PoissonDesignError, draw, hajek_offsets, inclusion_probabilities
 from truncsens.policies.base import (
-    LOGIT_OFFSETS, Kept, Policy, PolicyError, causal, not_full, recent, sinks, smallest_k, uniforms,
+    LOGIT_OFFSETS, Kept, Policy, PolicyError, StreamStep, StreamView, causal, not_full, recent, sinks, smallest_k,
+    top_per_row, uniforms,
 )
 
 SCORES = ("attention", "key_norm")
@@ -135,3 +145,42 @@ class PoissonPolicy(Policy):
             raise PolicyError(str(exc)) from None
         pi = torch.where(base | top, torch.ones_like(pi), pi)  # [B, Q, T]
         return pi, tail
+
+    def evict(self, view: StreamView) -> StreamStep:
+        """One streaming step (module docstring): certain keys kept, keys leaving the certain set drawn
+        once with fixed π and offset, the drawn tail capped at m keys by score.
+
+        Args:
+            view: :class:`~truncsens.policies.base.StreamView` with online scores of :meth:`score_kind`.
+
+        Returns:
+            :class:`~truncsens.policies.base.StreamStep`: rows holding at most k - 1 keys unchanged.
+
+        Raises:
+            PolicyError: scores negative or not finite, or all zero on a tail that must be drawn from.
+        """
+        k = view.budget
+        r, t, m = self.slices(k)
+        score = view.scores(self.score)  # [B, e]
+        pos = torch.arange(view.end, device=score.device)
+        base = ((pos < self.n_sink) | (pos >= view.end - (r - 1))).unsqueeze(0) & view.alive  # [B, e] certain
+        undrawn = view.alive & ~base & ~view.drawn  # [B, e]
+        top = top_per_row(score, undrawn, t)  # [B, e]
+        leaving = undrawn & ~top  # [B, e] drawn now
+        pool = view.alive & ~base & ~top  # [B, e] drawn tail keys and the keys leaving now
+        positive = (pool & (score > 0)).sum(-1)  # [B]
+        full = (view.alive.sum(-1) > k - 1).unsqueeze(-1)  # [B, 1] rows that must evict
+        if m > 0 and bool((full[:, 0] & pool.any(-1) & (positive == 0)).any()):
+            raise PolicyError("poisson scores are all zero: no tail token can be drawn; use --score attention, or a "
+                              "model whose keys are not all zero")
+        expected = torch.clamp(positive.to(torch.float64), max=float(m))  # [B]
+        try:
+            pi = inclusion_probabilities(score, pool, expected)  # [B, e]
+        except PoissonDesignError as exc:
+            raise PolicyError(str(exc)) from None
+        new = draw(torch.where(leaving, pi, torch.zeros_like(pi)), view.uniforms) & leaving  # [B, e]
+        offset = torch.where(new, hajek_offsets(pi, new).to(torch.float32), view.offset)  # [B, e]
+        tail = top_per_row(score, (view.alive & view.drawn) | new, m)  # [B, e] at most m drawn keys, by score
+        keep = base | top | tail
+        return StreamStep(torch.where(full, keep, view.alive), torch.where(full, offset, view.offset),
+                          torch.where(full, view.drawn | leaving, view.drawn))

@@ -12,7 +12,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.policies.base import Kept, Policy, causal, smallest_k, uniforms
+from truncsens.policies.base import PER_QUERY_DRAWS, Kept, Policy, StreamView, causal, smallest_k, uniforms
 
 
 @dataclass
@@ -25,11 +25,23 @@ class RandomPolicy(Policy):
             are nested over time (an evicted key never returns), so this is a cache that a server
             could run (evict the lowest-priority key when full), and at each query the k − 1 kept
             earlier keys are a uniform random subset. True: every query draws its own independent
-            uniform subset (not realizable as one cache; the same marginal law per query).
+            uniform subset (not realizable as one cache; the same marginal law per query), so it is
+            refused under ``streaming``.
+
+    Streaming (:meth:`evict`): the cached key of highest priority ``u_j`` is evicted, so with chunks of
+    one token the kept sets equal those of :meth:`keep` (the k - 1 earlier keys of lowest priority).
     """
 
     name: ClassVar[str] = "random"
     per_query: bool = False
+
+    def requirements(self) -> frozenset[str]:
+        """With ``per_query``: independent kept sets per query (no single cache evicting as it goes)."""
+        return frozenset({PER_QUERY_DRAWS}) if self.per_query else frozenset()
+
+    def stream_value(self, view: StreamView) -> torch.Tensor:
+        """[B, end] minus the key's priority ``u_j`` (drawn once per key): the highest priority goes first."""
+        return -view.uniforms
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:

@@ -12,7 +12,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.policies.base import Kept, Policy, PolicyError, expand, recent, sinks
+from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, expand, recent, sinks
 
 
 @dataclass
@@ -33,6 +33,14 @@ class SinkRecentPolicy(Policy):
     def min_budget(self) -> int:
         """``n_sink + 1``: the query's own token needs a slot after the sinks."""
         return self.n_sink + 1
+
+    def stream_protected(self, end: int, budget: int, device) -> torch.Tensor:
+        """[end] bool the sinks ``0..n_sink-1``."""
+        return torch.arange(end, device=device) < self.n_sink
+
+    def stream_value(self, view: StreamView) -> torch.Tensor:
+        """[B, end] the key's position: the oldest non-sink key is evicted first."""
+        return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:

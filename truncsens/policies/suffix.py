@@ -11,14 +11,19 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.policies.base import Kept, Policy, expand, recent
+from truncsens.policies.base import Kept, Policy, StreamView, expand, recent
 
 
 @dataclass
 class SuffixPolicy(Policy):
-    """Keep the ``k`` most recent keys of each query, the query itself included."""
+    """Keep the ``k`` most recent keys of each query, the query itself included (streaming: evict
+    the oldest cached key)."""
 
     name: ClassVar[str] = "suffix"
+
+    def stream_value(self, view: StreamView) -> torch.Tensor:
+        """[B, end] the key's position: the oldest is evicted first."""
+        return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:

@@ -16,7 +16,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.policies.base import Kept, Policy, PolicyError, causal, not_full, recent, sinks, smallest_k
+from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, causal, not_full, recent, sinks, smallest_k
 from truncsens.policies.poisson import SCORES
 
 
@@ -51,6 +51,20 @@ class TopKPolicy(Policy):
         """The configured score: "attention" or "key_norm"."""
         return self.score
 
+    def n_recent(self, budget: int) -> int:
+        """Recent keys R kept surely at budget k, the query's own included: ``min(k - n_sink, max(1, ⌊recent_fraction·k⌋))``."""
+        return min(budget - self.n_sink, max(1, int(self.recent_fraction * budget)))
+
+    def stream_protected(self, end: int, budget: int, device) -> torch.Tensor:
+        """[end] bool: the sinks and the ``R - 1`` most recent cached keys (the next query is the last recent one)."""
+        keys = torch.arange(end, device=device)
+        return (keys < self.n_sink) | (keys >= end - (self.n_recent(budget) - 1))
+
+    def stream_value(self, view: StreamView) -> torch.Tensor:
+        """[B, end] the configured score from the evicted run (accumulated attention or key norm): the
+        lowest-scoring unprotected key is evicted first."""
+        return view.scores(self.score)
+
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:
         """Kept keys of ``len(seeds)`` sequences (the seeds are unused: the policy is deterministic).
@@ -71,13 +85,12 @@ class TopKPolicy(Policy):
         if scores is None or tuple(scores.shape) != (B, Q, T):
             raise PolicyError(f"policy topk needs scores of shape {(B, Q, T)}, got "
                               f"{None if scores is None else tuple(scores.shape)}")
-        free = budget - self.n_sink
-        r = min(free, max(1, int(self.recent_fraction * budget)))
+        r = self.n_recent(budget)
         avail = causal(T, queries)  # [Q, T]
         full = ~not_full(T, queries, budget)  # [Q] queries that must evict
         base = (sinks(T, queries, self.n_sink) | recent(T, queries, r) | ~full.unsqueeze(1)) & avail  # [Q, T]
         base = base.unsqueeze(0).expand(B, Q, T)  # [B, Q, T]
         rest = avail.unsqueeze(0).expand(B, Q, T) & ~base  # [B, Q, T]
-        top = smallest_k(-scores.to(torch.float64), rest, free - r)  # [B, Q, T]
+        top = smallest_k(-scores.to(torch.float64), rest, budget - self.n_sink - r)  # [B, Q, T]
         keep = base | (top & full.view(1, Q, 1))  # [B, Q, T]
         return Kept(keep, torch.zeros(keep.shape, dtype=torch.float32, device=scores.device), queries)

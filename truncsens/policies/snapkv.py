@@ -1,0 +1,80 @@
+"""``snapkv``: keep the keys an observation window of the prompt's last queries votes for.
+
+Source: Y. Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation"
+(arXiv 2404.14469). After a full prefill, the last ``w`` prompt queries (the observation window) vote:
+``v_j = Σ_{i ∈ window} a_{i,j}``; the votes are pooled over neighbouring keys (1-D average pooling,
+kernel ``p``, stride 1, the released code's default pooling); the cache keeps the window's own keys and
+the keys of largest pooled vote. The released defaults are w = 32, p = 5; [ours] w = 8 by default
+because budgets here go down to 16 tokens, and one kept set for all layers and heads (attention
+averaged over layers and heads). It needs the attention rows of a full prefill, so it runs under
+``prefill_evict`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import torch
+
+from truncsens.policies.base import Kept, Policy, PolicyError, keep_top, recent
+from truncsens.policies.h2o import _check_scores
+
+
+@dataclass
+class SnapKVPolicy(Policy):
+    """Observation-window votes, pooled.
+
+    Attributes:
+        window: w, prompt queries in the observation window (tokens), >= 1.
+        kernel: p, odd pooling kernel over keys (tokens), >= 1.
+    """
+
+    name: ClassVar[str] = "snapkv"
+    window: int = 8
+    kernel: int = 5
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0:
+            raise PolicyError(f"snapkv needs window >= 1 and an odd kernel >= 1, got {self.window}, {self.kernel}")
+
+    def score_kind(self) -> str:
+        """``"window_attention"``."""
+        return "window_attention"
+
+    def window_scores(self, attention: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        """Pooled votes of the observation window of each query.
+
+        Args:
+            attention: [B, T, T] attention rows of a full prefill (mean over layers and heads).
+            queries: [Q] int64; the window of query q is the prompt queries ``max(0, q - w) .. q - 1``.
+
+        Returns:
+            [B, Q, T] float32 pooled votes (keys j >= q get 0 before pooling).
+        """
+        B, T, _ = attention.shape
+        rows = torch.arange(T, device=attention.device)
+        out = []
+        for q in queries.tolist():
+            in_window = (rows < q) & (rows >= q - self.window)  # [T]
+            votes = (attention * in_window.view(1, T, 1)).sum(1)  # [B, T]
+            votes = torch.where(rows < q, votes, torch.zeros_like(votes))
+            pooled = torch.nn.functional.avg_pool1d(votes.unsqueeze(1), self.kernel, stride=1, padding=self.kernel // 2,
+                                                    count_include_pad=False)  # [B, 1, T]
+            out.append(pooled[:, 0])
+        return torch.stack(out, 1)  # [B, Q, T]
+
+    def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
+             scores: torch.Tensor | None = None) -> Kept:
+        """Kept keys: the observation window (and the query) plus the keys of largest pooled vote.
+
+        Args:
+            context_len: T; budget: k; queries: [Q]; seeds: unused; scores: [B, Q, T] from :meth:`window_scores`.
+
+        Raises:
+            PolicyError: budget out of range or scores missing / misshapen.
+        """
+        self.check(budget, context_len)
+        _check_scores(self.name, scores, (len(seeds), queries.numel(), context_len))
+        protected = recent(context_len, queries, min(self.window, budget - 1) + 1)  # [Q, T] window + the query
+        return keep_top(context_len, budget, queries, protected, scores)

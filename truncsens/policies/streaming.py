@@ -1,0 +1,142 @@
+"""Streaming decisions as one eviction step per key: the loop every streaming run shares.
+
+A cache that evicts as it goes (docs/method.md, section 3): the context x[0..T-1] is processed in
+order; the prompt x[0..T-2] in chunks of C tokens, then the target's query x[T-1] alone (a decode
+step). Before a chunk the cache holds at most k - 1 keys (k: the budget, the query's own token
+included); the chunk's tokens read the cache and the chunk's earlier tokens (the chunked-prefill
+convention: the cache holds up to C - 1 extra keys during a chunk); at the chunk's end the policy
+evicts down to k - 1 keys (:meth:`truncsens.policies.base.Policy.evict`). With C = 1 every decision
+is taken token by token, and the target's query reads at most k keys for every C.
+
+A decision is recorded as ``evict[b, j]``: key j is read by the queries q with ``j <= q < evict[b, j]``
+(``T``: never evicted within the context). Kept sets are therefore nested in time by construction;
+:func:`run_stream` refuses a policy that tries to bring back an evicted key.
+
+Statistics come only from the evicted run itself (``observe``): attention of the chunk's queries over
+the keys they read, and the norms of the chunk's new keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, uniforms
+
+
+@dataclass
+class ChunkStats:
+    """What processing one chunk of queries s..e-1 computed (B sequences, c = e - s).
+
+    Attributes:
+        attention: [B, c, e] float attention probabilities of each chunk query over keys 0..e-1 (0 on
+            keys it did not read; mean over layers and heads), or None.
+        key_norm: [B, c] float L2 norms of the chunk's keys (mean over layers and key/value heads), or None.
+    """
+
+    attention: torch.Tensor | None = None
+    key_norm: torch.Tensor | None = None
+
+
+@dataclass
+class Evictions:
+    """Streaming decisions of B sequences of T tokens.
+
+    Attributes:
+        evict: [B, T] int64, key j is read by queries ``j <= q < evict[b, j]`` (T: never evicted).
+        offset: [B, T] float32 logit offset of each key for its life in the cache (0 if certain).
+    """
+
+    evict: torch.Tensor
+    offset: torch.Tensor
+
+    def kept(self) -> Kept:
+        """Per-query kept sets [B, T, T] (query rows 0..T-1) with the keys' offsets."""
+        B, T = self.evict.shape
+        q = torch.arange(T, device=self.evict.device)
+        keep = (q.view(1, T, 1) >= q.view(1, 1, T)) & (q.view(1, T, 1) < self.evict.unsqueeze(1))  # [B, T, T]
+        offset = torch.where(keep, self.offset.unsqueeze(1).expand(B, T, T), torch.zeros((), device=keep.device))
+        return Kept(keep, offset, q)
+
+    def last(self) -> torch.Tensor:
+        """[B, T] bool keys the target's query (T - 1) read."""
+        return self.evict >= self.evict.shape[1]
+
+
+def chunk_bounds(context_len: int, chunk: int) -> list[tuple[int, int]]:
+    """(start, end) of each step: the prompt 0..T-2 in chunks of ``chunk`` tokens, then (T-1, T).
+
+    Raises:
+        PolicyError: chunk < 1 or T < 1.
+    """
+    if chunk < 1:
+        raise PolicyError(f"--chunk must be at least 1 token, got {chunk}")
+    if context_len < 1:
+        raise PolicyError("a streaming run needs at least one token")
+    prompt = context_len - 1
+    return [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [(prompt, context_len)]
+
+
+Observe = Callable[[int, int, torch.Tensor, torch.Tensor], ChunkStats]
+
+
+def run_stream(policy: Policy, budget: int, context_len: int, chunk: int, seeds: Sequence[int], observe: Observe,
+               device: torch.device | str = "cpu") -> Evictions:
+    """Run a streaming policy over B = ``len(seeds)`` sequences of T tokens.
+
+    Args:
+        policy: the policy (its :meth:`~truncsens.policies.base.Policy.evict`).
+        budget: k >= the policy's minimum; context_len: T; chunk: C >= 1 (see :func:`chunk_bounds`).
+        seeds: one seed per sequence (one uniform per key, :func:`~truncsens.policies.base.uniforms`).
+        observe: ``observe(s, e, alive [B, e] bool, offset [B, e] float32) -> ChunkStats`` processes
+            the queries s..e-1, query q reading the keys ``alive[:, :s]`` and the chunk's tokens up to q
+            with their offsets (the model run of the engine, or a synthetic source in tests).
+
+    Returns:
+        :class:`Evictions`.
+
+    Raises:
+        PolicyError: bad budget or chunk, a policy that keeps a key already evicted, more than k - 1
+            keys, or changes the offset of a key it drew earlier.
+    """
+    policy.check(budget, context_len)
+    B, T = len(seeds), context_len
+    kind = policy.score_kind()
+    alive = torch.zeros(B, T, dtype=torch.bool, device=device)
+    drawn = torch.zeros(B, T, dtype=torch.bool, device=device)
+    offset = torch.zeros(B, T, dtype=torch.float32, device=device)
+    evict = torch.full((B, T), T, dtype=torch.long, device=device)
+    u = uniforms(seeds, (T,), device)  # [B, T]
+    acc = torch.zeros(B, T, dtype=torch.float32, device=device)
+    last = torch.zeros(B, T, dtype=torch.float32, device=device)
+    norms = torch.zeros(B, T, dtype=torch.float32, device=device)
+    for s, e in chunk_bounds(T, chunk):
+        alive[:, s:e] = True
+        stats = observe(s, e, alive[:, :e], offset[:, :e])
+        if e == T:
+            break
+        if stats.attention is not None:
+            acc[:, :e] += stats.attention.float().sum(1)  # [B, e]
+            last[:, :e] = stats.attention[:, -1].float()
+        if stats.key_norm is not None:
+            norms[:, s:e] = stats.key_norm.float()
+        view = StreamView(alive[:, :e].clone(), offset[:, :e].clone(), drawn[:, :e].clone(), budget, e, u[:, :e],
+                          accumulated=acc[:, :e] if kind == "attention" else None,
+                          last=last[:, :e] if kind == "last_attention" else None,
+                          key_norm=norms[:, :e] if kind == "key_norm" else None)
+        step = policy.evict(view)
+        before = alive[:, :e]
+        if bool((step.keep & ~before).any()):
+            raise PolicyError(f"policy {policy.name} kept a key it had evicted: a streaming cache cannot bring it back")
+        if bool((step.keep.sum(-1) > budget - 1).any()):
+            raise PolicyError(f"policy {policy.name} kept more than budget - 1 = {budget - 1} keys between queries")
+        redrawn = drawn[:, :e] & step.keep & (step.offset != offset[:, :e])
+        if bool(redrawn.any()):
+            raise PolicyError(f"policy {policy.name} changed the offset of a key drawn earlier (fixed for its life)")
+        evict[:, :e] = torch.where(before & ~step.keep, torch.full_like(evict[:, :e], e), evict[:, :e])
+        alive[:, :e] = step.keep
+        offset[:, :e] = torch.where(step.keep, step.offset.float(), torch.zeros_like(offset[:, :e]))
+        drawn[:, :e] = step.drawn
+    return Evictions(evict, offset)
