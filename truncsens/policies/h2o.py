@@ -6,8 +6,13 @@ query so far, ``s_j = Σ_{i <= q} a_{i,j}`` (the paper's accumulated attention, 
 cache keeps the most recent keys and the "heavy hitters" of largest ``s_j``, the budget split equally
 between the two (the paper's default). [ours] One kept set for all layers and heads: ``a_{i,j}`` is
 the attention averaged over layers and heads (the paper evicts per head). Under ``streaming`` the
-attention is the evicted run's own (over the keys each query read); under ``prefill_evict`` it is the
-full prefill's.
+attention is the evicted run's own: the softmax over the pruned cache as each query read it (no
+renormalisation), a query's attention to its own key included (i = j), positions numbered from the
+start of the reference context. Exactly: at budget k the cache holds at most k − 1 keys before the
+next query; ``n_recent = max(1, int(recent_ratio·k))`` recent keys are kept, the next query's own
+included (so n_recent − 1 cached ones are protected), and the other slots go to the largest
+accumulated scores, ties to the later position (:func:`truncsens.policies.base.top_per_row`).
+Under ``prefill_evict`` the attention is the full prefill's.
 """
 
 from __future__ import annotations
