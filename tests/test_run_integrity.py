@@ -124,3 +124,18 @@ def test_two_concurrent_runs_on_one_output(tiny_llama_dir, corpus_dir, tmp_path)
             np.testing.assert_array_equal(got[m].values, want[m].values)
         assert got.attrs["model"] == want.attrs["model"]
         assert sorted(p.name for p in tmp_path.iterdir() if f"shared-{trial}" in p.name) == [out.name]  # no temp, lock or shards left
+
+
+def test_a_run_stopped_before_its_first_shard_leaves_nothing(tiny_llama_dir, corpus_dir, tmp_path, monkeypatch):
+    from truncsens.models import load_model
+
+    loaded = load_model(tiny_llama_dir)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loaded.model, "forward", interrupted)
+    out = tmp_path / "r.nc"
+    with pytest.raises(KeyboardInterrupt):
+        run_measure(cfg(tiny_llama_dir, corpus_dir, out), loaded=loaded)
+    assert list(tmp_path.iterdir()) == []  # no shard folder, no lock, no temporary file

@@ -82,6 +82,8 @@ def kv_spec_for_model(model: str, dtype: str) -> tuple[KVSpec | None, str]:
     from truncsens.models import REFERENCE_DIR, model_source
 
     unknown = f"KV memory not shown: the config of model {model!r} is not available locally"
+    if model and model_source(model).kind == "synthetic":
+        return None, f"KV memory not shown: {model!r} is a synthetic source, not a transformer with a KV cache"
     if model == "reference":
         path = REFERENCE_DIR
     elif model and Path(model).expanduser().is_dir():

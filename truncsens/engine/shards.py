@@ -138,8 +138,13 @@ def run_shards(
     shard_dir = shard_dir_for(out)
     ranks = ranks or Ranks()
     with OutputLock(out, enabled=ranks.is_main):  # held by rank 0 from the first shard to the merge
-        return _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard,
-                           fingerprint, resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards)
+        try:
+            return _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard,
+                               fingerprint, resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards)
+        except BaseException:
+            if ranks.is_main and shard_dir.is_dir() and not kept_shards(out):  # nothing finished: leave no folder
+                shutil.rmtree(shard_dir, ignore_errors=True)
+            raise
 
 
 def _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard, fingerprint,
@@ -218,6 +223,6 @@ class ShardProgress:
         self.shards += 1
         if self.enabled and not self.interactive:
             elapsed = time.monotonic() - self.start
-            eta = elapsed / self.done * (self.total - self.done) if self.done and not reused else float("nan")
+            eta = f"ETA {elapsed / self.done * (self.total - self.done):.0f} s" if self.done and not reused else "ETA -"
             print(f"{self.desc}: shard {self.shards}/{self.n_shards} {'reused' if reused else 'done'}, "
-                  f"{self.done}/{self.total} tokens, {elapsed:.0f} s elapsed, ETA {eta:.0f} s", file=sys.stderr, flush=True)
+                  f"{self.done}/{self.total} tokens, {elapsed:.0f} s elapsed, {eta}", file=sys.stderr, flush=True)
