@@ -73,7 +73,7 @@ def test_kv_bytes_by_hand(tmp_path):
     assert spec.bytes_for(10, 2) == 2 * 3 * 2 * 16 * 2 * 12
     assert "3 layers" in note
     none, note = kv_spec_for_model("synthetic:0.5", "float32")
-    assert none is None and "not available" in note
+    assert none is None and "is a synthetic source, not a transformer with a KV cache" in note
 
 
 def _fit_doc(tmp_path, model="synthetic-curve", n_sink=0, C=0.02, alpha=0.5, max_context=None):
@@ -101,7 +101,7 @@ def test_recommend_is_the_law_exactly_with_interval_and_warnings(tmp_path):
     assert inside.window_ci == tuple(float(math.ceil(c)) for c in inside.measured_crossing_ci)
     assert inside.eps_in_measured_range and not inside.warnings
     assert beyond.basis == "law" and beyond.window == math.ceil(beyond.w_law)
-    assert inside.kv_bytes is None and any("not available" in n for n in inside.notes)
+    assert inside.kv_bytes is None and any("synthetic source" in n for n in inside.notes)
     assert beyond.w_law == pytest.approx((0.02 / 1e-4) ** 2, rel=0.15)  # ~40000 tokens
     assert any("beyond the largest measured window" in w for w in beyond.warnings)
     assert any("reaches the reference context N = 1024" in w for w in beyond.warnings)
