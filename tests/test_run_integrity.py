@@ -139,3 +139,17 @@ def test_a_run_stopped_before_its_first_shard_leaves_nothing(tiny_llama_dir, cor
     with pytest.raises(KeyboardInterrupt):
         run_measure(cfg(tiny_llama_dir, corpus_dir, out), loaded=loaded)
     assert list(tmp_path.iterdir()) == []  # no shard folder, no lock, no temporary file
+
+
+def test_a_file_finished_while_waiting_for_the_lock_is_not_overwritten(tiny_llama_dir, corpus_dir, tmp_path, monkeypatch):
+    """The early check passed (the other run had not finished yet); once the lock is held the file
+    exists: the waiting run must refuse, not replace it."""
+    import truncsens.engine.measure as driver
+
+    out = tmp_path / "r.nc"
+    run_measure(cfg(tiny_llama_dir, corpus_dir, out))
+    before = out.read_bytes()
+    monkeypatch.setattr(driver, "check_output", lambda *args: None)  # as if checked before the file appeared
+    with pytest.raises(MeasureError, match="already exists: pass --overwrite"):
+        run_measure(cfg(tiny_llama_dir, corpus_dir, out))
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["r.nc"]

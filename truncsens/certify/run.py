@@ -130,5 +130,5 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, budgets_tokens=budgets)
     path, reused, n_targets = run_shards(
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, N + len(policies) * len(budgets), "certify", cfg.progress)
+        compute_shard, N + len(policies) * len(budgets), "certify", cfg.progress, overwrite=cfg.overwrite)
     return CertifySummary(path, n_targets, len(docs.used), budgets, N, reused)

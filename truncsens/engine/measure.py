@@ -181,7 +181,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
     path, reused, n_targets = run_shards(
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, per_target, desc, cfg.progress, stop_after_shards, ranks)
+        compute_shard, per_target, desc, cfg.progress, stop_after_shards, ranks, cfg.overwrite)
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
     return MeasureSummary(
         path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),

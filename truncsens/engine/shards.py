@@ -109,7 +109,7 @@ def run_shards(
     docs_per_shard: int, fingerprint: dict, resume: bool,
     compute_shard: Callable[[TargetSet, Callable[[int], None]], "results.xr.Dataset"],
     tokens_per_target: int, desc: str, progress: bool = True, stop_after_shards: int | None = None,
-    ranks: Ranks | None = None,
+    ranks: Ranks | None = None, overwrite: bool = False,
 ) -> tuple[Path, int, int]:
     """Process documents in shards, write each shard file, merge them into ``out``.
 
@@ -126,6 +126,8 @@ def run_shards(
         desc: progress bar label; progress: show it.
         stop_after_shards: raise :class:`MeasureInterrupted` after this many new shards (tests).
         ranks: this process's place in a multi-process run (default: a single process).
+        overwrite: whether an existing ``out`` may be replaced (checked again once the lock is held,
+            so a run that finished in the meantime is never overwritten by one that waited).
 
     Returns:
         (path of the merged file, shards reused, number of targets; -1 on ranks other than 0).
@@ -139,6 +141,8 @@ def run_shards(
     ranks = ranks or Ranks()
     with OutputLock(out, enabled=ranks.is_main):  # held by rank 0 from the first shard to the merge
         try:
+            if ranks.is_main:
+                check_output(out, overwrite, resume)
             return _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard,
                                fingerprint, resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards)
         except BaseException:
