@@ -39,11 +39,11 @@ from truncsens.engine.layer_windows import WindowError, kept_attention_mask, lay
 from truncsens.engine.masks import check_causal
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
 from truncsens.engine.streaming_pass import decide_offline, stream_online
+from truncsens.results import POSITIONS, SEMANTICS as SEMANTICS_NAMES  # the results file's vocabulary
 from truncsens.policies.base import (
     ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS, Kept, Policy, PolicyError,
 )
 
-POSITIONS = ("original", "reindexed")
 _CAPABILITY_TEXT = {
     LOGIT_OFFSETS: "attention-logit offsets on kept keys",
     ATTENTION_SCORES: "attention scores",
@@ -330,6 +330,8 @@ class PrefillEvict(Semantics):
 
 
 SEMANTICS: dict[str, Semantics] = {s.name: s for s in (Reencode(), Streaming(), PrefillEvict())}
+if tuple(SEMANTICS) != SEMANTICS_NAMES:  # pragma: no cover - a new semantics must be named in the results schema too
+    raise ImportError(f"semantics registry {tuple(SEMANTICS)} differs from the results schema {SEMANTICS_NAMES}")
 
 
 def semantics_for(name: str) -> Semantics:
