@@ -9,9 +9,8 @@ tokens. Everything checkable without a model is checked at construction; budgets
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig
+from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig, default_out
 
 POLICIES = ("poisson", "topk", "random")
 DEFAULT_BUDGETS = "12.5%,25%,50%"  # the paper's budgets (arXiv 2607.21475)
@@ -91,16 +90,9 @@ class CertifyConfig:
         if not 0 < self.delta < 1:
             raise CertifyError(f"--delta must lie strictly between 0 and 1, got {self.delta}")
         self.parsed_budgets = parse_budgets(self.budgets)
-        for option, value in (("--targets-per-doc", self.targets_per_doc), ("--max-docs", self.max_docs),
-                              ("--reference-context", self.reference_context), ("--docs-per-shard", self.docs_per_shard)):
-            if value is not None and value < 1:
-                raise CertifyError(f"{option} must be at least 1, got {value}")
-        if self.n_sink < 0:
-            raise CertifyError(f"--sinks must be >= 0, got {self.n_sink}")
-        self.measure_config()  # checks split, policies and semantics
+        self.measure_config()  # the run options are checked once, by MeasureConfig (counts, sinks, split, policies)
         if self.out is None:
-            stem = Path(self.model.replace(":", "-")).name
-            self.out = str(Path("results") / f"{stem}-{self.corpus and Path(self.corpus).stem or self.domain}-certify.nc")
+            self.out = str(default_out(self.model, self.corpus, self.domain, "-certify"))
 
     def resolve_budgets(self, reference_context: int) -> list[int]:
         """Sorted unique budgets in tokens for a reference context of N tokens.

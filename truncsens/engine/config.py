@@ -30,13 +30,13 @@ class MeasureError(ValueError):
     """A measurement cannot run as configured; the message names the problem and the fix."""
 
 
-def default_out(model: str, corpus: str | None, domain: str, policies: bool) -> Path:
-    """``results/<model name>-<corpus stem or domain>[-policies].nc`` (``:`` of synthetic specs as ``-``;
-    a synthetic source with its own corpus has no domain in the name)."""
+def default_out(model: str, corpus: str | None, domain: str, suffix: str = "") -> Path:
+    """``results/<model name>-<corpus stem or domain><suffix>.nc`` (``:`` of synthetic specs as ``-``;
+    a synthetic source with its own corpus has no domain in the name). Suffixes in use: "" (window
+    sweeps), "-policies" (policy sweeps), "-certify" (``truncsens certify``)."""
     from truncsens.models import model_source
 
     stem = Path(model.replace(":", "-")).name
-    suffix = "-policies" if policies else ""
     if model_source(model).has_own_corpus and corpus in (None, "synthetic"):
         return Path("results") / f"{stem}{suffix}.nc"
     return Path("results") / f"{stem}-{corpus and Path(corpus).stem or domain}{suffix}.nc"
@@ -141,7 +141,7 @@ class MeasureConfig:
         for policy in self.build_policies():
             semantics.check_policy(policy)
         if self.out is None:
-            self.out = str(default_out(self.model, self.corpus, self.domain, self.policies is not None))
+            self.out = str(default_out(self.model, self.corpus, self.domain, "" if self.policies is None else "-policies"))
 
     @property
     def sweep_dim(self) -> str:

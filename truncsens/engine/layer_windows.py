@@ -23,7 +23,6 @@ Heterogeneous configs (``config.per_layer_config``) give each layer its own ``sl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
