@@ -13,7 +13,7 @@ Everything that can be checked without loading a model or a corpus is checked in
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from truncsens.corpora.document import SPLITS
@@ -59,6 +59,7 @@ class MeasureConfig:
         n_sink: first tokens kept (None: 0 for windows, 4 for policies).
         positions: "original" (kept tokens keep their position ids) or "reindexed".
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
+        policy_args: parameters of ``kvpress:<PressClass>`` policies (``--policy-arg key=value``), or None.
         chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
             token; :mod:`truncsens.policies.streaming`).
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
@@ -70,7 +71,7 @@ class MeasureConfig:
     Raises:
         MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
-            a chunk other than 1 outside ``streaming``.
+            a chunk other than 1 outside ``streaming``, ``policy_args`` without a policy that takes them.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -92,6 +93,7 @@ class MeasureConfig:
     per_query: bool = False
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
+    policy_args: dict | None = None
     chunk: int = 1
     targets_per_doc: int | None = 8
     max_docs: int | None = None
@@ -138,6 +140,8 @@ class MeasureConfig:
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
         semantics.check_positions(self.positions)
+        if self.policy_args and not any("policy_args" in {f.name for f in fields(policy_class(n))} for n in self.policies or ()):
+            raise MeasureError("--policy-arg sets parameters of kvpress:<PressClass> policies; none is given")
         for policy in self.build_policies():
             semantics.check_policy(policy)
         if self.out is None:
@@ -151,7 +155,7 @@ class MeasureConfig:
     def policy_params(self) -> dict:
         """The options that configure policies (each policy takes those it has)."""
         return dict(n_sink=self.n_sink, score=self.score, per_query=self.per_query,
-                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction)
+                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction, policy_args=self.policy_args)
 
     def build_policies(self) -> list:
         """The configured policies (none for a window sweep, whose policy follows from the sinks)."""
@@ -169,5 +173,7 @@ class MeasureConfig:
         keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
         if keep.get("chunk") == 1:  # the default: runs from before --chunk existed keep their fingerprint
             del keep["chunk"]
+        if keep.get("policy_args") is None:  # likewise for runs from before --policy-arg
+            del keep["policy_args"]
         keep.update(resolved)
         return keep
