@@ -144,6 +144,7 @@ def decode_gathered(model, input_ids: torch.Tensor, kept: Kept, cache, reindex: 
     B, T = input_ids.shape
     inv_freq = rope_inv_freq(model) if reindex else None
     L = kvcache.n_layers(cache)
+    own_offset = kept.offset[:, -1, T - 1 :].float()  # [B, 1] the query's own key
     if isinstance(kept, HeadKept) and kept.heads is not None:
         index = kept.heads  # [L, B, H, n]
         valid = torch.ones(B, index.shape[-1], dtype=torch.bool, device=index.device)  # [B, n]
@@ -171,7 +172,7 @@ def decode_gathered(model, input_ids: torch.Tensor, kept: Kept, cache, reindex: 
         q_pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)  # [B, 1]
     own = torch.ones(B, 1, dtype=torch.bool, device=valid.device)
     keep = torch.cat((valid, own), -1).unsqueeze(1)  # [B, 1, n+1]
-    off = torch.cat((offset, torch.zeros(B, 1, device=offset.device)), -1).unsqueeze(1)  # [B, 1, n+1]
+    off = torch.cat((offset.float(), own_offset), -1).unsqueeze(1)  # [B, 1, n+1]
     mask = additive_mask(keep, off, model_dtype(model))  # [B, 1, 1, n+1]
     out = model(input_ids=input_ids[:, T - 1 :], position_ids=q_pos, attention_mask=mask, use_cache=True,
                 logits_to_keep=1, **{kvcache.cache_keyword(model): small})
