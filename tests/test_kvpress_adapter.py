@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from truncsens.cli.main import app
-from truncsens.engine.config import MeasureConfig, MeasureError
+from truncsens.engine.config import MeasureConfig
 from truncsens.engine.semantics import semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import compression_ratio, parse_policy_args
@@ -121,8 +121,7 @@ def test_registry_and_press_arguments(fake_kvpress):
     cls = policy_class("kvpress:StreamingLLMPress")
     assert cls.name == "kvpress:StreamingLLMPress" and cls.press == "StreamingLLMPress"
     assert make_policy("kvpress:StreamingLLMPress", policy_args={"n_sink": 2}, n_sink=9).policy_args == {"n_sink": 2}
-    with pytest.raises(PolicyError, match="has no parameter window"):
-        make_policy("kvpress:KnormPress", policy_args={"window": 3})
+    assert make_policy("kvpress:KnormPress", policy_args={"n_sink": 2}).policy_args is None  # not a Knorm parameter
     with pytest.raises(PolicyError, match="compression_ratio follows from --budgets"):
         make_policy("kvpress:KnormPress", policy_args={"compression_ratio": 0.5})
 
@@ -131,8 +130,13 @@ def test_wrong_semantics_and_stray_policy_args(fake_kvpress):
     for semantics in ("streaming", "reencode"):
         with pytest.raises(PolicyError, match="use --semantics prefill_evict"):
             MeasureConfig(policies=["kvpress:KnormPress"], semantics=semantics, out="x.nc")
-    with pytest.raises(MeasureError, match="--policy-arg sets parameters of kvpress"):
+    with pytest.raises(PolicyError, match="--policy-arg sets parameters of kvpress"):
         MeasureConfig(policies=["suffix"], semantics="prefill_evict", policy_args={"n_sink": 2}, out="x.nc")
+    both = ["kvpress:KnormPress", "kvpress:StreamingLLMPress"]
+    cfg = MeasureConfig(policies=both, semantics="prefill_evict", policy_args={"n_sink": 2}, out="x.nc")
+    assert [p.policy_args for p in cfg.build_policies()] == [None, {"n_sink": 2}]
+    with pytest.raises(PolicyError, match="n_sinks: no parameter of press KnormPress, StreamingLLMPress; their parameters: n_sink"):
+        MeasureConfig(policies=both, semantics="prefill_evict", policy_args={"n_sinks": 2}, out="x.nc")
     cfg = MeasureConfig(policies=["kvpress:KnormPress"], semantics="prefill_evict", out="x.nc")
     assert "policy_args" not in cfg.fingerprint()  # runs without --policy-arg keep their fingerprint
 
@@ -160,7 +164,7 @@ def test_compression_ratio_keeps_k_minus_1_as_kvpress_counts():
     (["--policy", "kvpress:KnormPress", "--semantics", "streaming"], "use --semantics prefill_evict"),
     (["--policy", "kvpress:KnormPress", "--semantics", "prefill_evict", "--policy-arg", "bogus"], "key=value"),
     (["--policy", "kvpress:StreamingLLMPress", "--semantics", "prefill_evict", "--policy-arg", "n_sinks=2"],
-     "has no parameter n_sinks"),
+     "n_sinks: no parameter of press StreamingLLMPress"),
 ])
 def test_cli_one_error_line_exit_2_nothing_written(fake_kvpress, tmp_path, extra, message):
     out = tmp_path / "r.nc"

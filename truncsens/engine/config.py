@@ -13,12 +13,13 @@ Everything that can be checked without loading a model or a corpus is checked in
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from truncsens.corpora.document import SPLITS
 from truncsens.engine.semantics import semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
+from truncsens.policies.kvpress_adapter import check_policy_args
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
@@ -71,9 +72,9 @@ class MeasureConfig:
     Raises:
         MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
-            a chunk other than 1 outside ``streaming``, ``policy_args`` without a policy that takes them.
+            a chunk other than 1 outside ``streaming``.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
-            cannot run.
+            cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
     """
 
@@ -140,8 +141,7 @@ class MeasureConfig:
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
         semantics.check_positions(self.positions)
-        if self.policy_args and not any("policy_args" in {f.name for f in fields(policy_class(n))} for n in self.policies or ()):
-            raise MeasureError("--policy-arg sets parameters of kvpress:<PressClass> policies; none is given")
+        check_policy_args([policy_class(n) for n in self.policies or ()], self.policy_args)
         for policy in self.build_policies():
             semantics.check_policy(policy)
         if self.out is None:

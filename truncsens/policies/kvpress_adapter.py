@@ -112,10 +112,12 @@ class KVPressPolicy(Policy):
 
     Attributes:
         policy_args: the press's own parameters (``--policy-arg``; ``compression_ratio`` follows from
-            the budget and is not one of them).
+            the budget and is not one of them). Parameters the press does not have are dropped (one
+            set of ``--policy-arg`` configures several presses, as ``make_policy`` does for the
+            other options; :func:`check_policy_args` refuses those no press takes).
 
     Raises:
-        PolicyError: kvpress missing, unknown press, or arguments the press does not take.
+        PolicyError: kvpress missing, unknown press, ``compression_ratio`` given, or values the press refuses.
     """
 
     name: ClassVar[str] = PREFIX
@@ -123,17 +125,18 @@ class KVPressPolicy(Policy):
     policy_args: dict | None = None
 
     def __post_init__(self) -> None:
-        cls = press_class(self.press)
-        known = {f.name for f in dataclasses.fields(cls)} - {"compression_ratio"}
         args = dict(self.policy_args or {})
         if "compression_ratio" in args:
             raise PolicyError(f"policy {self.name}: compression_ratio follows from --budgets (k - 1 of the T - 1 "
                               "prefix keys are kept); do not pass it")
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise PolicyError(f"press {self.press} has no parameter {', '.join(unknown)}; "
-                              f"its parameters: {', '.join(sorted(known)) or 'none'}")
+        known = type(self).parameters()
+        self.policy_args = {k: v for k, v in args.items() if k in known} or None
         self.build(0.0)  # the press's own checks of its arguments, once
+
+    @classmethod
+    def parameters(cls) -> set[str]:
+        """The press's parameters that ``--policy-arg`` may set (its dataclass fields but ``compression_ratio``)."""
+        return {f.name for f in dataclasses.fields(press_class(cls.press))} - {"compression_ratio"}
 
     def build(self, ratio: float):
         """The press with ``compression_ratio=ratio`` and :attr:`policy_args`.
@@ -217,6 +220,29 @@ class KVPressPolicy(Policy):
         keep[:, -1] = True
         keep = keep.unsqueeze(1)  # [B, 1, T]
         return HeadKept(keep, torch.zeros(keep.shape, dtype=torch.float32, device=keep.device), queries, heads)
+
+
+def check_policy_args(classes: Sequence[type], args: dict | None) -> None:
+    """Refuse ``--policy-arg`` keys that none of the run's kvpress policies takes.
+
+    Args:
+        classes: the run's policy classes; args: the parsed ``--policy-arg`` values.
+
+    Raises:
+        PolicyError: arguments without a kvpress policy, or a key no press of the run has (the
+            message lists their parameters).
+    """
+    if not args:
+        return
+    presses = [c for c in classes if isinstance(c, type) and issubclass(c, KVPressPolicy)]
+    if not presses:
+        raise PolicyError(f"--policy-arg sets parameters of {PREFIX}<PressClass> policies; none is given")
+    known = set().union(*(c.parameters() for c in presses))
+    unknown = sorted(set(args) - known - {"compression_ratio"})
+    if unknown:
+        names = ", ".join(c.press for c in presses)
+        raise PolicyError(f"--policy-arg {', '.join(unknown)}: no parameter of press {names}; "
+                          f"their parameters: {', '.join(sorted(known)) or 'none'}")
 
 
 def kvpress_policy_class(name: str) -> type[KVPressPolicy]:
