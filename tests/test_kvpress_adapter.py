@@ -51,6 +51,7 @@ def stand_in_kvpress() -> types.ModuleType:
 
         def score(self, module, hidden_states, keys, values, attentions, kwargs):
             k_len = keys.shape[2]
+            assert k_len > self.n_sink, f"Input should contain more tokens than n_sink={self.n_sink}"
             pruned = k_len - int(k_len * (1 - self.compression_ratio))
             scores = torch.ones_like(keys[..., 0])
             scores[:, :, self.n_sink: self.n_sink + pruned] = 0
@@ -186,6 +187,8 @@ def test_streaming_llm_press_equals_sink_recent(fake_kvpress):
         lp_ref, keep_ref = run(model, x, make_policy("sink_recent", n_sink=4), k)
         assert torch.equal(keep, keep_ref)
         assert (lp - lp_ref).abs().max() < 1e-5
+    with pytest.raises(PolicyError, match="cannot score layer 0"):  # the press's own check, as one clear error
+        run(model, x[:, :5], make_policy("kvpress:StreamingLLMPress", policy_args={"n_sink": 4}), 3)
 
 
 def test_knorm_press_keeps_lowest_norm_keys_per_head(fake_kvpress):

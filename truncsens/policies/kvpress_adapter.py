@@ -21,6 +21,9 @@ wrapped itself (use its inner press with ``--positions reindexed``).
 The token-level view the results record (``kept_tokens``, ``evicted_attention_mass``) is [ours]:
 the k - 1 prefix keys kept by the most (layer, head) pairs (ties: the later key) and the query;
 it is exact when every head keeps the same keys (``StreamingLLMPress``), an approximation otherwise.
+
+Importing kvpress patches transformers' attention functions (its head-wise masking for AdaKV-style
+presses); the patch acts only on modules that carry ``masked_key_indices``, which this adapter never sets.
 """
 
 from __future__ import annotations
@@ -168,6 +171,9 @@ class KVPressPolicy(Policy):
         Args:
             budget: k; layers: :class:`~truncsens.engine.prefill_layers.PrefillLayers`; cache: the
                 prefill cache (T - 1 positions).
+
+        Raises:
+            PolicyError: the press refuses to score (e.g. ``StreamingLLMPress`` with more sinks than keys).
         """
         from truncsens.engine import kvcache
 
@@ -183,6 +189,8 @@ class KVPressPolicy(Policy):
                 module.rotary_emb = rotary
             try:
                 scores = press.score(module, layers.hidden_states[layer], keys, values, None, layers.kwargs[layer])
+            except (AssertionError, ValueError, NotImplementedError) as exc:  # the press's own checks
+                raise PolicyError(f"press {self.press} cannot score layer {layer} at budget {budget}: {exc}") from None
             finally:
                 if added:
                     del module.rotary_emb
