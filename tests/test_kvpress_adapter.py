@@ -238,3 +238,21 @@ def test_parity_with_kvpress():
             rerotation = kvpress.KeyRerotationPress(getattr(kvpress, press_name)(compression_ratio=ratio, **args))
             ours = run(model, x, policy, k, "reindexed")[0]
             assert (ours - kvpress_logprobs(model, x, rerotation, True)).abs().max() < 1e-5
+
+
+def test_record_prefill_keeps_each_layers_prefill_inputs():
+    """Hidden states of the prefill only (not the decode), and the cache under both keyword conventions."""
+    from truncsens.engine.prefill_layers import PrefillReference, record_prefill
+
+    model, x = tiny_llama(), ids()
+    sem = semantics_for("prefill_evict")
+    with record_prefill(model) as layers:
+        ref = sem.reference(model, x, [make_policy("suffix")])
+    assert len(layers.modules) == 2 and [h.shape for h in layers.hidden_states] == [(2, T - 1, 32)] * 2
+    # layer 0's input is the normalised embedding of the prefill tokens
+    layer0 = model.model.layers[0].input_layernorm(model.model.embed_tokens(x[:, : T - 1]))
+    assert torch.allclose(layers.hidden_states[0], layer0, atol=1e-6)
+    assert layers.kwargs[1]["past_key_values"] is ref.cache
+    assert layers.kwargs[0]["cache_position"].tolist()[-1] == T - 2
+    attached = PrefillReference.of(ref, layers)
+    assert attached.logprobs is ref.logprobs and attached.layers is layers
