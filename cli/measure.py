@@ -38,12 +38,14 @@ def measure(
     semantics: Optional[str] = typer.Option(None, help="With --policy: reencode, streaming (default) or prefill_evict."),
     score: str = typer.Option("attention", help="With --policy poisson: inclusion scores, attention (default) or key_norm."),
     per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence (not under streaming)."),
+    policy_arg: Optional[List[str]] = typer.Option(None, help="With --policy kvpress:<PressClass>: a press parameter key=value (repeatable; int, float, true/false or text), e.g. n_sink=8."),
     chunk: int = typer.Option(1, help="With --semantics streaming: tokens processed between eviction decisions (1: token by token; larger: evict at chunk ends)."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.cli.options import int_list, split_list
     from truncsens.engine.config import MeasureConfig
     from truncsens.engine.measure import run_measure
+    from truncsens.policies.kvpress_adapter import parse_policy_args
 
     with user_errors():
         cfg = MeasureConfig(
@@ -51,7 +53,7 @@ def measure(
             reference_context=reference_context, windows=int_list(windows, "--windows"),
             policies=split_list(policy, "--policy"),
             budgets=int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
-            score=score, per_query=per_query, chunk=chunk, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
+            score=score, per_query=per_query, policy_args=parse_policy_args(policy_arg), chunk=chunk, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
             out=None if out is None else str(out), resume=resume, overwrite=overwrite, progress=progress,
             command="truncsens " + " ".join(sys.argv[1:]),

@@ -19,6 +19,7 @@ from pathlib import Path
 from truncsens.corpora.document import SPLITS
 from truncsens.engine.semantics import semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
+from truncsens.policies.kvpress_adapter import check_policy_args
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
@@ -59,6 +60,7 @@ class MeasureConfig:
         n_sink: first tokens kept (None: 0 for windows, 4 for policies).
         positions: "original" (kept tokens keep their position ids) or "reindexed".
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
+        policy_args: parameters of ``kvpress:<PressClass>`` policies (``--policy-arg key=value``), or None.
         chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
             token; :mod:`truncsens.policies.streaming`).
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
@@ -72,7 +74,7 @@ class MeasureConfig:
             position mode, windows together with policies, budgets or semantics without policies,
             a chunk other than 1 outside ``streaming``.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
-            cannot run.
+            cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
     """
 
@@ -92,6 +94,7 @@ class MeasureConfig:
     per_query: bool = False
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
+    policy_args: dict | None = None
     chunk: int = 1
     targets_per_doc: int | None = 8
     max_docs: int | None = None
@@ -138,6 +141,7 @@ class MeasureConfig:
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
         semantics.check_positions(self.positions)
+        check_policy_args([policy_class(n) for n in self.policies or ()], self.policy_args)
         for policy in self.build_policies():
             semantics.check_policy(policy)
         if self.out is None:
@@ -151,7 +155,7 @@ class MeasureConfig:
     def policy_params(self) -> dict:
         """The options that configure policies (each policy takes those it has)."""
         return dict(n_sink=self.n_sink, score=self.score, per_query=self.per_query,
-                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction)
+                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction, policy_args=self.policy_args)
 
     def build_policies(self) -> list:
         """The configured policies (none for a window sweep, whose policy follows from the sinks)."""
@@ -169,5 +173,7 @@ class MeasureConfig:
         keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
         if keep.get("chunk") == 1:  # the default: runs from before --chunk existed keep their fingerprint
             del keep["chunk"]
+        if keep.get("policy_args") is None:  # likewise for runs from before --policy-arg
+            del keep["policy_args"]
         keep.update(resolved)
         return keep

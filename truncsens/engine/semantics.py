@@ -29,6 +29,7 @@ is refused with an error naming its windows.
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar, Sequence
 
 import torch
@@ -37,12 +38,15 @@ from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs, model_dtype, next_token_logprobs
 from truncsens.engine.layer_windows import WindowError, kept_attention_mask, layer_windows, own_window_differs
 from truncsens.engine.masks import check_causal
+from truncsens.engine.prefill_layers import PrefillReference, record_prefill
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
+from truncsens.engine.rerotation import HeadKept, decode_gathered
 from truncsens.engine.streaming_pass import decide_offline, stream_online
 from truncsens.results import POSITIONS, SEMANTICS as SEMANTICS_NAMES  # the results file's vocabulary
 from truncsens.policies.base import (
     ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS, Kept, Policy, PolicyError,
 )
+from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 
 _CAPABILITY_TEXT = {
     LOGIT_OFFSETS: "attention-logit offsets on kept keys",
@@ -50,6 +54,7 @@ _CAPABILITY_TEXT = {
     KEY_NORM_SCORES: "key norms",
     OBSERVATION_WINDOW: "the attention of an observation window of a full prefill",
     PER_QUERY_DRAWS: "an independent kept set per query (--per-query; a streaming cache evicts once per key)",
+    PREFILL_LAYERS: "each attention layer's inputs and keys of a full prefill (a kvpress press)",
 }
 ATTENTION_KINDS = ("attention", "last_attention", "window_attention")
 
@@ -81,9 +86,10 @@ class Semantics:
         if positions not in POSITIONS:
             raise SemanticsError(f"--positions must be one of {POSITIONS}, got {positions!r}")
         if positions not in self.positions:
+            able = " or ".join(s.name for s in SEMANTICS.values() if positions in s.positions)
             raise SemanticsError(
                 f"semantics {self.name} keeps original positions (keys are computed once, at their own position); "
-                "--positions reindexed works only with --semantics reencode")
+                f"--positions {positions} works only with --semantics {able}")
 
     def check_policy(self, policy: Policy) -> None:
         """Raise :class:`~truncsens.policies.PolicyError` when the policy needs what this semantics lacks."""
@@ -295,32 +301,63 @@ class Streaming(Semantics):
 
 
 class PrefillEvict(Semantics):
-    """Full-context keys and values, evicted before the target's query reads them (kvpress convention)."""
+    """Full-context keys and values, evicted before the target's query reads them (kvpress convention).
+
+    With ``--positions reindexed`` the kept keys are re-rotated to positions 0..k-2 and the query
+    decoded at k - 1 (RoPE models; :mod:`truncsens.engine.rerotation`, kvpress's KeyRerotationPress)."""
 
     name = "prefill_evict"
-    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS})
+    positions = ("original", "reindexed")
+    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
+                          PREFILL_LAYERS})
 
     def cost(self, context_len: int, budget: int) -> int:
         """One token: the target's query is decoded against the prefilled cache."""
         return 1
 
     def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
-        """The reference pass, keeping the full-context cache of the first T - 1 tokens."""
+        """The reference pass, keeping the full-context cache of the first T - 1 tokens (and, for
+        policies that need :data:`PREFILL_LAYERS`, each attention layer's prefill inputs:
+        :class:`~truncsens.engine.prefill_layers.PrefillReference`)."""
         kinds = {p.score_kind() for p in policies}
-        return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
-                              key_norm="key_norm" in kinds, keep_cache=True)
+        wants_layers = any(PREFILL_LAYERS in p.requirements() for p in policies)
+        with record_prefill(model) if wants_layers else contextlib.nullcontext() as layers:
+            ref = reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
+                                 key_norm="key_norm" in kinds, keep_cache=True)
+        return ref if layers is None else PrefillReference.of(ref, layers)
+
+    def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor):
+        """As :meth:`Semantics.scores`; for :data:`PREFILL_LAYERS` policies the pair
+        (:class:`~truncsens.engine.prefill_layers.PrefillLayers`, prefill cache)."""
+        if PREFILL_LAYERS in policy.requirements():
+            return ref.layers, ref.cache
+        return super().scores(policy, ref, queries)
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:
         """Decode token T - 1 against ``ref.cache`` (every key of every layer, see
         :func:`~truncsens.engine.reference_pass.reference_pass`) with a [B, 1, 1, T] mask of the kept
         keys within each layer's window (a dict of them per layer type when windows differ); the
-        cache is truncated back to T - 1 tokens afterwards, so one prefill serves every pass."""
+        cache is truncated back to T - 1 tokens afterwards, so one prefill serves every pass.
+        Per-head kept sets (:class:`~truncsens.engine.rerotation.HeadKept`) and ``reindexed``
+        positions decode against a cache gathered from ``ref.cache`` instead
+        (:func:`~truncsens.engine.rerotation.decode_gathered`; ``ref.cache`` is left unchanged).
+
+        Raises:
+            SemanticsError: gathered decoding on a model with sliding-window layers.
+            truncsens.engine.rerotation.RotaryError: ``reindexed`` on a model without a fixed RoPE.
+        """
         B, T = input_ids.shape
+        windows = windows_of(model, self.name)
+        if positions == "reindexed" or isinstance(kept, HeadKept):
+            if windows.windowed:
+                raise SemanticsError(f"per-head kept sets and --positions reindexed under {self.name} need a model "
+                                     f"without sliding-window layers; this one has {windows.describe()}")
+            return decode_gathered(model, input_ids, kept, ref.cache, positions == "reindexed")
         keep_last, offset_last = kept.keep[:, -1:, :], kept.offset[:, -1:, :]  # [B, 1, T] each
         pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)  # [B, 1]
         k_pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
-        mask = kept_attention_mask(windows_of(model, self.name), keep_last, offset_last, pos, k_pos, model_dtype(model))
+        mask = kept_attention_mask(windows, keep_last, offset_last, pos, k_pos, model_dtype(model))
         try:
             out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos, attention_mask=mask, use_cache=True,
                         logits_to_keep=1, **{kvcache.cache_keyword(model): ref.cache})
