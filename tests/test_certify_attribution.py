@@ -206,3 +206,39 @@ def test_cli_bad_input_one_error_line(tmp_path):
         lines = [line for line in result.output.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and message in lines[0]
         assert not out.exists()
+
+
+def test_small_run_on_a_tiny_llama(tmp_path, tiny_llama_dir, corpus_dir):
+    import json
+
+    from truncsens import results
+    from truncsens.cli.main import app
+
+    out = tmp_path / "a.nc"
+    res = CliRunner().invoke(app, [
+        "certify-attribution", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", "64",
+        "--budgets", "25%,32", "--copy-rule", "token", "--kv-docs", "0", "--max-docs", "3", "--copy-per-doc", "2",
+        "--trajectory", "2", "--trajectory-budget", "16", "--out", str(out), "--no-progress", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{"):])
+    ds = results.load(out)
+    assert dict(ds.sizes) == {"policy": 3, "target": 6, "budget": 2, "layer": 2, "head": 4}
+    assert set(ds["task_kind"].values.tolist()) == {"copy"} and int(ds.attrs["min_distance"]) == 16
+    distance = ds["position"].values - ds["source_position"].values
+    assert ((16 <= distance) & (distance <= 64)).all()
+    # the stored top-1 ids agree with the stored metrics
+    agree = ds["argmax_kept"].values == ds["argmax_ref"].values[None, :, None]
+    np.testing.assert_array_equal(agree, ds["top1_agree"].values.astype(bool))
+    right = ds["argmax_ref"].values == ds["token_id"].values
+    nll_ref = ds["nll_ref"].sel(policy="poisson", budget=16).values
+    np.testing.assert_allclose(ds["confidence_ref"].values[right], np.exp(-nll_ref[right]), rtol=1e-5)
+    # failure counts follow from the file
+    sel = ds.sel(policy="topk", budget=32)
+    fail = (sel["argmax_kept"].values != ds["token_id"].values) | (sel["nll_kept"].values > FAILURE_NLL)
+    fail_ref = ~right | (nll_ref > FAILURE_NLL)
+    counts = summary["budgets"][1]["counts"]["topk"]
+    assert (counts["failures"], counts["eviction_caused"], counts["inherent"]) == (
+        int(fail.sum()), int((fail & ~fail_ref).sum()), int((fail & fail_ref).sum()))
+    traj = summary["trajectory"]
+    assert traj["n_steps"] == 2 and traj["streams"] == 8 and traj["prefix_tokens"] == 62 and traj["budget"] == 16
+    assert all((tmp_path / p.split("/")[-1]).is_file() for p in summary["files"])
