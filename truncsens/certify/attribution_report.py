@@ -172,10 +172,11 @@ def save_curves(ds, stem: str | Path) -> Path:
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), squeeze=False)
     for ax, (title, k) in zip(axes[0], panels):
         a = _arrays(ds, k)
-        curves = removal_curves(a["cert"], a["conf_kept"], a["fail_kept"] & ~a["fail_ref"], CURVE_FRACTIONS)
+        caused = a["fail_kept"] & ~a["fail_ref"]
+        curves = removal_curves(a["cert"], a["conf_kept"], caused, CURVE_FRACTIONS)
         for name, style in (("certificate", "o-"), ("confidence", "s-"), ("random", "k:")):
             ax.plot(CURVE_FRACTIONS, curves[name], style, ms=2, label=name)
-        ax.set_title(title)
+        ax.set_title(f"{title}: {int(caused.sum())} eviction-caused of {caused.size}", fontsize=9)
         ax.set_xlabel("share of targets recomputed")
     axes[0][0].set_ylabel("eviction-caused failures removed")
     axes[0][0].legend()
