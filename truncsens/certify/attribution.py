@@ -186,12 +186,12 @@ def by_documents(cert, conf_kept, conf_ref, fail_kept, fail_ref, doc, n_boot: in
 def verdict_above(stat: dict, reference: float = 0.0) -> str:
     """Fixed rule: "holds" when the interval lies above ``reference``; "not shown" when the estimate
     does but the interval does not; "fails" otherwise (NaN: "not measurable")."""
-    v, (lo, _hi) = stat["value"], stat["ci"]
+    v, lo = stat["value"], stat["ci"][0]
     if math.isnan(v):
         return "not measurable"
     if v > reference and lo > reference:
         return "holds"
-    return "not shown (interval includes it)" if v > reference else "fails"
+    return f"not shown (interval reaches {reference:g})" if v > reference else "fails"
 
 
 def removal_curves(cert: np.ndarray, conf_kept: np.ndarray, caused: np.ndarray, fractions: np.ndarray) -> dict:

@@ -58,10 +58,10 @@ def _flip(stat: dict) -> dict:
 
 def _verdicts(stats: dict) -> dict:
     conf = stats["auc_attribution_confidence"]
-    lo = conf["ci"][0]
+    lo = conf["ci"][0] if math.isfinite(conf["ci"][0]) else conf["value"]
+    at_chance = "holds" if lo <= 0.5 else "fails (confidence separates them)"
     out = {"certificate_attributes": verdict_above(stats["auc_attribution_certificate"], 0.5),
-           "confidence_at_chance": "not measurable" if math.isnan(conf["value"]) else
-           ("holds" if (lo <= 0.5 if math.isfinite(lo) else conf["value"] <= 0.5) else "fails (confidence separates them)"),
+           "confidence_at_chance": "not measurable" if math.isnan(conf["value"]) else at_chance,
            "confidence_predicts_failure_better": verdict_above(_flip(stats["diff_auc_failure"]))}
     for f in GATE_FRACTIONS:
         out[f"gating_beats_random_{f:g}"] = verdict_above(stats[f"diff_removed_random_{f:g}"])
@@ -82,7 +82,8 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
         rows.append({"budget": k, "percent": 100 * k / N, "counts": {p: _counts(ds, p, k) for p in policies},
                      "poisson": stats, "verdicts": _verdicts(stats)})
     a = _arrays(ds, None)
-    pooled = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"], n_boot, seed)
+    pooled = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"], n_boot,
+                          seed)
     fail_ref = _arrays(ds, int(ds["budget"].values[0]))["fail_ref"]
     traj = ds.attrs.get("trajectory")
     return {
@@ -120,7 +121,8 @@ def format_attribution(s: dict) -> str:
         for b in s["budgets"]]
     lines += [render_table(cols, rows), ""]
     table = [*((f"{b['budget']}", b["poisson"]) for b in s["budgets"]), ("pooled", s["pooled"]["poisson"])]
-    cols = [Column("poisson budget", ">"), Column("AUC attrib. certificate", ">"), Column("AUC attrib. -confidence", ">"),
+    cols = [Column("poisson budget", ">"), Column("AUC attrib. certificate", ">"),
+            Column("AUC attrib. -confidence", ">"),
             Column("AUC attrib. -conf. full", ">"), Column("AUC failure certificate", ">"),
             Column("AUC failure -confidence", ">")]
     rows = [[name, _ci(t["auc_attribution_certificate"]), _ci(t["auc_attribution_confidence"]),
@@ -138,8 +140,8 @@ def format_attribution(s: dict) -> str:
     lines += ["claims of the paper (pooled over budgets) -> on this model:",
               f"  certificate tells eviction-caused from inherent failures (AUC {paper}): "
               f"{_ci(s['pooled']['poisson']['auc_attribution_certificate'])} -> {v['certificate_attributes']}",
-              f"  output confidence at or below chance for that: {_ci(s['pooled']['poisson']['auc_attribution_confidence'])}"
-              f" -> {v['confidence_at_chance']}",
+              "  output confidence at or below chance for that: "
+              f"{_ci(s['pooled']['poisson']['auc_attribution_confidence'])} -> {v['confidence_at_chance']}",
               f"  confidence predicts failure better than the certificate: -(certificate - confidence) AUC "
               f"{_ci(_flip(s['pooled']['poisson']['diff_auc_failure']))} -> {v['confidence_predicts_failure_better']}"]
     for f in GATE_FRACTIONS:
@@ -147,8 +149,8 @@ def format_attribution(s: dict) -> str:
                      f"{v[f'gating_beats_random_{f:g}']} / {v[f'gating_beats_confidence_{f:g}']}")
     t = s.get("trajectory")
     if t:
-        lines += ["", f"trajectory: {t['n_steps']} greedy steps from {t['prefix_tokens']} tokens of {t['doc']}, poisson "
-                      f"budget {t['budget']}, {t['streams']} layer x head streams, delta = {t['delta']:g}",
+        lines += ["", f"trajectory: {t['n_steps']} greedy steps from {t['prefix_tokens']} tokens of {t['doc']}, "
+                      f"poisson budget {t['budget']}, {t['streams']} layer x head streams, delta = {t['delta']:g}",
                   f"  misses per step (level delta_t): {t['misses_per_step']}",
                   f"  misses per step (naive, level delta): {t['naive_misses_per_step']}",
                   f"  streams whose confidence sequence was violated: {t['violated_streams']} of {t['streams']} (valid "

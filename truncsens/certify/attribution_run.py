@@ -6,8 +6,8 @@ results file; optionally a greedy trajectory under eviction (:mod:`truncsens.cer
 Results file: the layout of :mod:`truncsens.certify.run` (dims policy × target × budget [× layer ×
 head]) plus, per target, ``task_kind`` ("copy" or "kv") and ``source_position`` (the earlier
 occurrence of the target token); attrs add ``min_distance``, ``copy_per_doc``, ``kv_docs``,
-``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON). The run is small (a few minutes on 2 CPU cores), so it is written at the end in
-one piece, not in resumable shards.
+``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON). The run is small (a
+few minutes on 2 CPU cores), so it is written at the end in one piece, not in resumable shards.
 """
 
 from __future__ import annotations
@@ -135,8 +135,9 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     budgets = ccfg.resolve_budgets(N)
     traj_budget = CertifyConfig(budgets=cfg.trajectory_budget, n_sink=cfg.n_sink).resolve_budgets(N)[0]
     if cfg.trajectory and N - cfg.trajectory <= traj_budget:
-        raise CertifyError(f"--trajectory {cfg.trajectory} leaves a prefix of {N - cfg.trajectory} tokens, not above the "
-                           f"trajectory budget of {traj_budget} tokens; use fewer steps or a smaller --trajectory-budget")
+        raise CertifyError(f"--trajectory {cfg.trajectory} leaves a prefix of {N - cfg.trajectory} tokens, not above "
+                           f"the trajectory budget of {traj_budget} tokens; use fewer steps or a smaller "
+                           "--trajectory-budget")
     mcfg = ccfg.measure_config(budgets)
     policies = mcfg.build_policies()
     for p in policies:
@@ -150,7 +151,8 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     tasks = build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N, D,
                            cfg.copy_per_doc, cfg.kv_docs, cfg.seed, induction=cfg.copy_rule == "induction")
     attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta, "targets_per_doc": 0,
-             "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs, "failure_nll": FAILURE_NLL,
+             "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs,
+             "failure_nll": FAILURE_NLL,
              "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",
              "created": results.utc_now()}
     plan = tasks.targets

@@ -81,8 +81,8 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
     P, K = len(sweep.policies), len(sweep.budgets)
     metrics = {m: np.zeros((P, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
     kept_tokens = np.zeros((P, n, K), dtype=np.int32)
-    top = {"argmax_ref": np.zeros(n, np.int64), "confidence_ref": np.zeros(n), "argmax_kept": np.zeros((P, n, K), np.int64),
-           "confidence_kept": np.zeros((P, n, K))}
+    top = {"argmax_ref": np.zeros(n, np.int64), "confidence_ref": np.zeros(n),
+           "argmax_kept": np.zeros((P, n, K), np.int64), "confidence_kept": np.zeros((P, n, K))}
     records: dict[str, np.ndarray] = {}
     state = {"n_clamped": 0}
     context, token_id = plan.context.to(device), plan.token_id.to(device)

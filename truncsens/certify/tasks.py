@@ -14,7 +14,8 @@ Two kinds of target (a document id and a position t; the reference context is ``
   al., arXiv 2209.11895), so the full-cache model can find the answer. (This rule was added after a
   first look at full-cache accuracy only: the bundled reference model gets 15 % of the plain
   ``token``-rule targets of its held-out code right and 22 % of the induction-rule ones, at N = 512;
-  no attribution statistic had been computed.) The default D = N/4 lies beyond the surely kept recent keys of poisson and topk at every budget
+  no attribution statistic had been computed.) The default D = N/4 lies beyond the surely kept
+  recent keys of poisson and topk at every budget
   up to 100 % of N (their recent slice is 25 % of the budget), so a window or an eviction can lose
   the answer while the full cache holds it.
 - ``kv``: synthetic key–value recall documents (:func:`kv_document`): lines ``key_17 = "ab3x"``
@@ -133,7 +134,8 @@ def previous_occurrence(ids: Sequence[int], t: int) -> int:
 
 
 def copy_tasks(docs: Sequence[TokenDoc], eligible: np.ndarray, reference_context: int, min_distance: int,
-               per_doc: int, seed: int, induction: bool = True) -> tuple[list[str], list[int], list[torch.Tensor], list[int]]:
+               per_doc: int, seed: int,
+               induction: bool = True) -> tuple[list[str], list[int], list[torch.Tensor], list[int]]:
     """Up to ``per_doc`` copy targets per document, drawn without replacement by a generator seeded by
     ``(seed, "copy:" + doc id)`` (independent of the other documents).
 
@@ -166,7 +168,8 @@ HEADER = '"""Configuration values of the service, loaded once at start-up and re
 
 
 def kv_document(encode: Callable[[str], list[int]], reference_context: int, min_distance: int, seed: int,
-                n_keys: int = 6, query_template: str = 'assert {key} == "', max_tries: int = 20) -> tuple[list[int], int]:
+                n_keys: int = 6, query_template: str = 'assert {key} == "',
+                max_tries: int = 20) -> tuple[list[int], int]:
     """One synthetic key–value recall document: (token ids of length N + 1, source position).
 
     Text: :data:`HEADER`, ``n_keys`` lines ``key_<i> = "<value>"`` (distinct two-digit keys, values of

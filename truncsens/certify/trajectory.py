@@ -61,7 +61,8 @@ class Trajectory:
         return self.error > self.radius_naive
 
     def e_values(self) -> np.ndarray:
-        """[L, H, n] the e-process ``E_t`` of each (layer, head) stream (:func:`~truncsens.certify.eprocess.e_process`)."""
+        """[L, H, n] the e-process ``E_t`` of each (layer, head) stream
+        (:func:`~truncsens.certify.eprocess.e_process`)."""
         return e_process(np.moveaxis(self.misses, 0, -1), self.delta)
 
 
