@@ -222,7 +222,7 @@ def test_small_run_on_a_tiny_llama(tmp_path, tiny_llama_dir, corpus_dir):
     assert res.exit_code == 0, res.output
     summary = json.loads(res.output[res.output.index("{"):])
     ds = results.load(out)
-    assert dict(ds.sizes) == {"policy": 3, "target": 6, "budget": 2, "layer": 2, "head": 4}
+    assert dict(ds.sizes) == {"policy": 3, "target": 6, "budget": 2, "layer": 2, "head": 4, "step": 2}
     assert set(ds["task_kind"].values.tolist()) == {"copy"} and int(ds.attrs["min_distance"]) == 16
     distance = ds["position"].values - ds["source_position"].values
     assert ((16 <= distance) & (distance <= 64)).all()
@@ -240,5 +240,7 @@ def test_small_run_on_a_tiny_llama(tmp_path, tiny_llama_dir, corpus_dir):
     assert (counts["failures"], counts["eviction_caused"], counts["inherent"]) == (
         int(fail.sum()), int((fail & ~fail_ref).sum()), int((fail & fail_ref).sum()))
     traj = summary["trajectory"]
+    misses = ds["trajectory_error"].values > ds["trajectory_radius_step"].values  # [step, layer, head]
+    assert traj["misses_per_step"] == misses.reshape(2, -1).sum(1).tolist()
     assert traj["n_steps"] == 2 and traj["streams"] == 8 and traj["prefix_tokens"] == 62 and traj["budget"] == 16
     assert all((tmp_path / p.split("/")[-1]).is_file() for p in summary["files"])

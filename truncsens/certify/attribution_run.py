@@ -6,8 +6,10 @@ results file; optionally a greedy trajectory under eviction (:mod:`truncsens.cer
 Results file: the layout of :mod:`truncsens.certify.run` (dims policy × target × budget [× layer ×
 head]) plus, per target, ``task_kind`` ("copy" or "kv") and ``source_position`` (the earlier
 occurrence of the target token); attrs add ``min_distance``, ``copy_per_doc``, ``kv_docs``,
-``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON). The run is small (a
-few minutes on 2 CPU cores), so it is written at the end in one piece, not in resumable shards.
+``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON) and the variables
+``trajectory_error``, ``trajectory_radius_step`` (EB radius at δ_t), ``trajectory_radius_naive``
+(at δ), dims (step, layer, head), and ``trajectory_token`` (dim step). The run is small (a few
+minutes on 2 CPU cores), so it is written at the end in one piece, not in resumable shards.
 """
 
 from __future__ import annotations
@@ -174,5 +176,9 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
         traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed)
         trajectory = {"doc": first.id, **trajectory_summary(traj)}
         ds.attrs["trajectory"] = json.dumps(trajectory)
+        for name, values in (("trajectory_error", traj.error), ("trajectory_radius_step", traj.radius_step),
+                             ("trajectory_radius_naive", traj.radius_naive)):
+            ds[name] = (("step", "layer", "head"), values)  # [n, L, H]
+        ds["trajectory_token"] = (("step",), traj.tokens.numpy())
     path = results.save(ds, cfg.out)
     return AttributionRun(path, results.load(path), tasks, budgets, N, trajectory)
