@@ -39,6 +39,9 @@ def measure(
     score: str = typer.Option("attention", help="With --policy poisson: inclusion scores, attention (default) or key_norm."),
     per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence (not under streaming)."),
     chunk: int = typer.Option(1, help="With --semantics streaming: tokens processed between eviction decisions (1: token by token; larger: evict at chunk ends)."),
+    protocol: str = typer.Option("exact", help="exact (one pass per target and window) or block (K consecutive targets per pass; window sweeps, docs/method.md)."),
+    block_fraction: float = typer.Option(0.125, help="With --protocol block: targets per pass as a fraction of the window, K = max(1, min(block size, floor(w x fraction)))."),
+    block_size: int = typer.Option(64, help="With --protocol block: at most this many targets per pass (and per block)."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.cli.options import int_list, split_list
@@ -51,7 +54,8 @@ def measure(
             reference_context=reference_context, windows=int_list(windows, "--windows"),
             policies=split_list(policy, "--policy"),
             budgets=int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
-            score=score, per_query=per_query, chunk=chunk, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
+            score=score, per_query=per_query, chunk=chunk, protocol=protocol, block_fraction=block_fraction,
+            block_size=block_size, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
             out=None if out is None else str(out), resume=resume, overwrite=overwrite, progress=progress,
             command="truncsens " + " ".join(sys.argv[1:]),
