@@ -9,9 +9,10 @@ protocol"):
 
 - a **block** is B consecutive targets t0 .. t0+B-1 of one document,
   ``B = block_length(N) = K(N)`` with ``K(x) = max(1, min(block_size, floor(x * block_fraction)))``;
-- its **reference pass** reads the N tokens x[r : r+N], r = t0 + B - 1 - N (it ends just before the
-  block's last target, so it never exceeds the model's positions when N is its maximum), and gives
-  target t0 + j the reference distribution with context ``N - B + 1 + j`` (positions 0 .. N-1);
+- its **reference pass** reads the N + e tokens x[r : t0+B-1], r = t0 + B - 1 - N - e, with
+  ``e = min(B - 1, max_context - N)`` (room left by the model's positions), and gives target t0 + j
+  the reference distribution with context ``N + e - B + 1 + j`` (positions 0 .. N+e-1): N .. N+B-1
+  when the model has room for B - 1 more positions, N - B + 1 .. N when N is its maximum context;
 - for window w the block is cut into **chunks** of K(w) targets (the last may be shorter); one pass
   per chunk reads the S sinks x[r : r+S] and x[tc - w : tc + k - 1] (tc its first target, k its
   size), and gives target tc + i the re-encode distribution of window ``w + i`` with those sinks.
@@ -43,20 +44,30 @@ def block_length(reference_context: int, block_fraction: float, block_size: int)
     return targets_per_pass(reference_context, block_fraction, block_size)
 
 
-def check_block_windows(windows: list[int], reference_context: int, n_sink: int, block: int) -> None:
-    """Every window fits inside the shortest actual reference context N - B + 1 of a block:
-    ``w <= N - B`` and ``n_sink + w <= N - B + 1`` (as ``w < N`` and ``n_sink + w <= N`` for the
-    exact protocol).
+def extra_context(size: int, room: int) -> int:
+    """e = min(size - 1, room): tokens the reference pass of a block of ``size`` targets reads beyond
+    N (``room`` = the model's maximum context - N, >= 0)."""
+    return min(size - 1, max(0, room))
+
+
+def shortest_context(reference_context: int, block: int, room: int) -> int:
+    """The shortest actual reference context of any block: N - B + 1 + min(B - 1, room)."""
+    return reference_context - block + 1 + extra_context(block, room)
+
+
+def check_block_windows(windows: list[int], reference_context: int, n_sink: int, block: int, room: int = 0) -> None:
+    """Every window fits inside the shortest actual reference context c (:func:`shortest_context`):
+    ``w <= c - 1`` and ``n_sink + w <= c`` (as ``w < N`` and ``n_sink + w <= N`` for the exact protocol).
 
     Raises:
         MeasureError: a window that does not fit (naming the largest that does).
     """
-    shortest = reference_context - block + 1
+    shortest = shortest_context(reference_context, block, room)
     for w in windows:
         if w > shortest - 1 or n_sink + w > shortest:
             raise MeasureError(
                 f"window {w} does not fit the block protocol's shortest reference context {shortest} "
-                f"(N {reference_context} - block {block} + 1{f', {n_sink} sinks' if n_sink else ''}): use windows up to "
+                f"(N {reference_context}, block {block}{f', {n_sink} sinks' if n_sink else ''}): use windows up to "
                 f"{min(shortest - 1, shortest - n_sink)}, a smaller --block-size, or --protocol exact")
 
 
@@ -99,11 +110,11 @@ def blocks_of(doc: list[str], position: np.ndarray, block: np.ndarray) -> Blocks
     return Blocks(np.asarray(starts, np.int64), sizes)
 
 
-def actual_contexts(blocks: Blocks, reference_context: int) -> np.ndarray:
-    """[n] int64 actual reference context of every target: ``N - size + 1 + j`` for the j-th target
-    of a block of ``size`` targets."""
-    return np.concatenate([reference_context - k + 1 + np.arange(k) for k in blocks.size]).astype(np.int64) \
-        if len(blocks.size) else np.zeros(0, np.int64)
+def actual_contexts(blocks: Blocks, reference_context: int, room: int = 0) -> np.ndarray:
+    """[n] int64 actual reference context of every target: ``N + e - size + 1 + j`` for the j-th
+    target of a block of ``size`` targets (e = :func:`extra_context`)."""
+    parts = [reference_context + extra_context(int(k), room) - k + 1 + np.arange(k) for k in blocks.size]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
 
 
 def actual_windows(blocks: Blocks, window: int, per_pass: int) -> np.ndarray:
@@ -114,12 +125,12 @@ def actual_windows(blocks: Blocks, window: int, per_pass: int) -> np.ndarray:
 
 
 def forward_tokens(block_sizes: list[int], reference_context: int, windows: list[int], n_sink: int,
-                   block_fraction: float, block_size: int) -> int:
-    """Forward tokens of the block protocol for blocks of the given sizes: N per block (reference)
-    plus ``n_sink + w + k - 1`` per pass of k targets at window w."""
+                   block_fraction: float, block_size: int, room: int = 0) -> int:
+    """Forward tokens of the block protocol for blocks of the given sizes: N + e per block
+    (reference) plus ``n_sink + w + k - 1`` per pass of k targets at window w."""
     total = 0
     for size in block_sizes:
-        total += reference_context
+        total += reference_context + extra_context(size, room)
         for w in windows:
             total += sum(n_sink + w + (b - a) - 1 for a, b in chunks(size, targets_per_pass(w, block_fraction, block_size)))
     return total

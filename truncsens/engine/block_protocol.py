@@ -20,7 +20,7 @@ import torch
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.block_plan import (
-    Blocks, actual_contexts, actual_windows, blocks_of, chunks, targets_per_pass,
+    Blocks, actual_contexts, actual_windows, blocks_of, chunks, extra_context, targets_per_pass,
 )
 from truncsens.engine.config import MeasureError
 from truncsens.engine.forward import last_logprobs
@@ -108,13 +108,12 @@ def pass_logprobs(model, ids: torch.Tensor, pos: torch.Tensor, keep: int) -> tor
 
 @dataclass(frozen=True)
 class PassGroup:
-    """Passes of equal length: for each, the row of ``rows`` it reads, the columns of that row, the
-    position ids and the targets it measures.
+    """Passes of equal length: for each, the block row it reads (x[t0-N : t0+B-1] of its block,
+    see :func:`block_rows`), the columns of that row, the position ids and the targets it measures.
 
     Attributes:
-        row: [P] int64 index of the target whose reference context row (x[r : r+N]) is read.
-        cols: [P, L] int64 columns of that row; pos: [P, L] int64 position ids.
-        targets: [P, k] int64 target indices (the last k positions of each pass).
+        row: [P] int64 block index; cols: [P, L] int64 columns of that block's row; pos: [P, L]
+            int64 position ids; targets: [P, k] int64 target indices (the last k positions of each pass).
     """
 
     row: torch.Tensor
@@ -123,31 +122,57 @@ class PassGroup:
     targets: torch.Tensor
 
 
-def window_passes(blocks: Blocks, position: np.ndarray, reference_context: int, window: int, per_pass: int,
-                  n_sink: int, positions: str) -> list[PassGroup]:
-    """The passes of one window, grouped by length (module docstring of :mod:`truncsens.engine.block_plan`)."""
+def block_rows(context: torch.Tensor, token_id: torch.Tensor, blocks: Blocks) -> torch.Tensor:
+    """[b, N + B - 1] int64 tokens x[t0-N : t0+size-1] of every block (t0 its first target; the
+    first target's context followed by the block's target tokens but the last), zero-padded to the
+    largest block B. Column c holds document position t0 - N + c."""
+    n_blocks, N = len(blocks.size), context.shape[1]
+    rows = torch.zeros(n_blocks, N + int(blocks.size.max()) - 1, dtype=context.dtype, device=context.device)
+    for i, (start, size) in enumerate(zip(blocks.start.tolist(), blocks.size.tolist())):
+        rows[i, :N] = context[start]
+        rows[i, N : N + size - 1] = token_id[start : start + size - 1]
+    return rows
+
+
+def reference_passes(blocks: Blocks, reference_context: int, room: int) -> list[PassGroup]:
+    """One reference pass per block, grouped by block size: columns ``size-1-e .. N+size-2`` of the
+    block row (x[r : t0+size-1]), positions 0 .. N+e-1, all ``size`` targets."""
     N = reference_context
     groups: dict[int, list] = {}
-    for start, size in zip(blocks.start.tolist(), blocks.size.tolist()):
-        last = start + size - 1
-        r = int(position[last]) - N  # document position of the row's first token
+    for i, (start, size) in enumerate(zip(blocks.start.tolist(), blocks.size.tolist())):
+        e = extra_context(size, room)
+        cols = list(range(size - 1 - e, N + size - 1))
+        groups.setdefault(size, []).append((i, cols, list(range(len(cols))), list(range(start, start + size))))
+    return [_group(groups[k]) for k in sorted(groups)]
+
+
+def window_passes(blocks: Blocks, reference_context: int, window: int, per_pass: int, n_sink: int, positions: str,
+                  room: int) -> list[PassGroup]:
+    """The passes of one window, grouped by length (module docstring of :mod:`truncsens.engine.block_plan`):
+    the sinks x[r : r+S] and x[tc-w : tc+k-1] of each chunk, at positions (document position - r)
+    under ``original``, 0 .. L-1 under ``reindexed``."""
+    N = reference_context
+    groups: dict[int, list] = {}
+    for i, (start, size) in enumerate(zip(blocks.start.tolist(), blocks.size.tolist())):
+        r_col = size - 1 - extra_context(size, room)  # column of x[r]
         for a, b in chunks(size, per_pass):
             k = b - a
-            first = int(position[start + a]) - r  # column of the pass's first target
-            cols = [*range(n_sink), *range(first - window, first + k - 1)]  # [S + w + k - 1]
-            pos = cols if positions == "original" else list(range(len(cols)))
-            groups.setdefault(k, []).append((last, cols, pos, list(range(start + a, start + b))))
-    out = []
-    for k in sorted(groups):
-        rows, cols, pos, targets = zip(*groups[k])
-        out.append(PassGroup(torch.tensor(rows), torch.tensor(cols), torch.tensor(pos), torch.tensor(targets)))
-    return out
+            cols = [*range(r_col, r_col + n_sink), *range(N + a - window, N + a + k - 1)]  # [S + w + k - 1]
+            pos = [c - r_col for c in cols] if positions == "original" else list(range(len(cols)))
+            groups.setdefault(k, []).append((i, cols, pos, list(range(start + a, start + b))))
+    return [_group(groups[k]) for k in sorted(groups)]
+
+
+def _group(items: list) -> PassGroup:
+    rows, cols, pos, targets = zip(*items)
+    return PassGroup(torch.tensor(rows), torch.tensor(cols), torch.tensor(pos), torch.tensor(targets))
 
 
 @torch.no_grad()
 def measure_blocks(
     model, targets: TargetSet, windows: Sequence[int], n_sink: int, positions: str, block_fraction: float,
     block_size: int, device: str, max_batch_tokens: int, on_tokens: Callable[[int], None] | None = None,
+    room: int = 0,
 ) -> BlockOutput:
     """Metrics of every (target, window) by the block protocol.
 
@@ -159,6 +184,8 @@ def measure_blocks(
         n_sink: sinks kept in front of every window; positions: "original" or "reindexed".
         block_fraction, block_size: K(w) of :func:`truncsens.engine.block_plan.targets_per_pass`.
         max_batch_tokens: token budget of one forward pass; on_tokens: progress (forward tokens).
+        room: positions the model has beyond N (its maximum context - N); reference passes read up
+            to ``min(B - 1, room)`` more tokens (:func:`truncsens.engine.block_plan.extra_context`).
 
     Returns:
         :class:`BlockOutput`.
@@ -173,51 +200,41 @@ def measure_blocks(
     if targets.block is None:
         raise ValueError("the block protocol needs targets drawn in blocks (select_block_targets)")
     blocks = blocks_of(targets.doc, targets.position, targets.block)
-    out = BlockOutput(metrics, np.zeros((n, S), np.int64), actual_contexts(blocks, N))
+    out = BlockOutput(metrics, np.zeros((n, S), np.int64), actual_contexts(blocks, N, room))
     if n == 0:
         return out
-    context = targets.context.to(device)  # [n, N]
+    rows = block_rows(targets.context, targets.token_id, blocks).to(device)  # [b, N + B - 1]
     token_id = targets.token_id.to(device)  # [n]
+    store: dict[str, torch.Tensor] = {}
 
-    def progress(tokens: int) -> None:
-        out.forward_tokens += tokens
-        if on_tokens:
-            on_tokens(tokens)
+    def run(group: PassGroup, j: int | None) -> None:
+        k = group.targets.shape[1]
 
-    ref_lp: torch.Tensor | None = None  # [n, V]
-    for size in sorted(set(blocks.size.tolist())):
-        sel = blocks.start[blocks.size == size]  # [b] first target of each block of this size
-
-        def ref_step(sl: slice, sel=sel, size=size) -> None:
-            nonlocal ref_lp
-            first = torch.as_tensor(sel[sl], device=device)  # [b]
-            ids = context[first + size - 1]  # [b, N] x[r : r+N]
-            pos = torch.arange(N, device=device).expand_as(ids)  # [b, N]
-            lp = pass_logprobs(model, ids, pos, size)  # [b, size, V]
-            if ref_lp is None:
-                ref_lp = torch.empty(n, lp.shape[-1], dtype=lp.dtype, device=device)
-            index = first[:, None] + torch.arange(size, device=device)  # [b, size]
-            ref_lp[index.reshape(-1)] = lp.reshape(-1, lp.shape[-1])
-            progress(ids.numel())
-
-        run_in_batches(ref_step, len(sel), N, max_batch_tokens)
-
-    for j, w in enumerate(windows):
-        per_pass = targets_per_pass(w, block_fraction, block_size)
-        out.actual_window[:, j] = actual_windows(blocks, w, per_pass)
-        for group in window_passes(blocks, targets.position, N, w, per_pass, n_sink, positions):
-            k = group.targets.shape[1]
-
-            def step(sl: slice, group=group, k=k, j=j) -> None:
-                rows = context[group.row[sl].to(device)]  # [P, N]
-                ids = rows.gather(1, group.cols[sl].to(device))  # [P, L]
-                lp = pass_logprobs(model, ids, group.pos[sl].to(device), k)  # [P, k, V]
-                idx = group.targets[sl].reshape(-1).to(device)  # [P*k]
-                values, n_clamped = all_metrics(ref_lp[idx], lp.reshape(-1, lp.shape[-1]), token_id[idx])
+        def step(sl: slice) -> None:
+            ids = rows[group.row[sl].to(device)].gather(1, group.cols[sl].to(device))  # [P, L]
+            lp = pass_logprobs(model, ids, group.pos[sl].to(device), k)  # [P, k, V]
+            lp = lp.reshape(-1, lp.shape[-1])  # [P*k, V]
+            idx = group.targets[sl].reshape(-1).to(device)  # [P*k]
+            if j is None:  # reference pass
+                if "ref" not in store:
+                    store["ref"] = torch.empty(n, lp.shape[-1], dtype=lp.dtype, device=device)
+                store["ref"][idx] = lp
+            else:
+                values, n_clamped = all_metrics(store["ref"][idx], lp, token_id[idx])
                 out.n_clamped += n_clamped
                 for name, v in values.items():
                     metrics[name][idx.cpu().numpy(), j] = v.cpu().numpy()
-                progress(ids.numel())
+            out.forward_tokens += ids.numel()
+            if on_tokens:
+                on_tokens(ids.numel())
 
-            run_in_batches(step, group.row.shape[0], group.cols.shape[1], max_batch_tokens)
+        run_in_batches(step, group.row.shape[0], group.cols.shape[1], max_batch_tokens)
+
+    for group in reference_passes(blocks, N, room):
+        run(group, None)
+    for j, w in enumerate(windows):
+        per_pass = targets_per_pass(w, block_fraction, block_size)
+        out.actual_window[:, j] = actual_windows(blocks, w, per_pass)
+        for group in window_passes(blocks, N, w, per_pass, n_sink, positions, room):
+            run(group, j)
     return out

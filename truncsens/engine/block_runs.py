@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import xarray as xr
 
-from truncsens.engine.block_plan import block_length, check_block_windows, forward_tokens
+from truncsens.engine.block_plan import block_length, check_block_windows, extra_context, forward_tokens
 from truncsens.engine.block_protocol import check_block_model, choose_attention, measure_blocks
 from truncsens.engine.kernel import KernelOutput
 from truncsens.engine.measure import shard_results
@@ -49,22 +49,23 @@ def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: di
     """
     N = reference_context
     B = block_length(N, cfg.block_fraction, cfg.block_size)
-    check_block_windows(sweep.values, N, cfg.n_sink, B)
+    room = max(0, loaded.max_context - N)  # positions the model has beyond N
+    check_block_windows(sweep.values, N, cfg.n_sink, B, room)
     check_block_model(loaded.model, loaded.name)
     attrs = {**attrs, "protocol": "block", "block_fraction": float(cfg.block_fraction), "block_size": int(cfg.block_size),
-             "block_length": B, "attention_implementation": choose_attention(loaded.model, loaded.device)}
+             "block_length": B, "block_extra_context": extra_context(B, room), "attention_implementation": choose_attention(loaded.model, loaded.device)}
     batch_tokens = cfg.batch_tokens(loaded.device)
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_blocks(loaded.model, plan, sweep.values, cfg.n_sink, cfg.positions, cfg.block_fraction,
-                             cfg.block_size, loaded.device, batch_tokens, on_tokens)
+                             cfg.block_size, loaded.device, batch_tokens, on_tokens, room)
         kernel = KernelOutput({m: v[None] for m, v in out.metrics.items()}, np.zeros((1, *out.actual_window.shape), np.int32),
                               None, out.n_clamped)
         ds = shard_results(kernel, plan, sweep, attrs, docs.bos_id)
         return ds.assign_coords(actual_window=(("target", "window"), out.actual_window.astype(np.int32)),
                                 actual_context=("target", out.actual_context.astype(np.int32)))
 
-    per_target = max(1, forward_tokens([B], N, sweep.values, cfg.n_sink, cfg.block_fraction, cfg.block_size) // B)
+    per_target = max(1, forward_tokens([B], N, sweep.values, cfg.n_sink, cfg.block_fraction, cfg.block_size, room) // B)
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, windows=sweep.values)
     return run_shards(
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
