@@ -10,8 +10,10 @@ bootstraps over documents (:func:`truncsens.fitting.fit_results`, default fit ra
 Equal-width ratio: an interval's width scales as 1 / sqrt(documents), and so do forward tokens at
 a fixed design, so the tokens a protocol needs for a given width are proportional to
 ``tokens x width^2``; the ratio printed is ``(T_exact W_exact^2) / (T_block W_block^2)`` per
-exponent. The N = 32,768 projection uses the token counts per target of both protocols
-(:mod:`truncsens.engine.block_plan`) and assumes the width-per-token factor measured here.
+exponent. The N = 8,192 and 32,768 projections use the forward tokens per document of both designs
+(:mod:`truncsens.engine.block_plan`) and assume the width factor ``(W_exact / W_block)^2`` measured
+here carries over. ``--exact-results`` reuses an exact run on the same documents (to try block
+designs without measuring the exact protocol again).
 
 Usage::
 
@@ -55,12 +57,16 @@ def power_alpha(report, metric: str) -> tuple[float, list[float] | None]:
     return float(a["value"]), a["ci"]
 
 
-def projection(N: int, fraction: float, size: int) -> dict:
-    """Forward tokens per target of both protocols at reference context N (default windows, no sinks)."""
+def projection(N: int, fraction: float, size: int, exact_targets: int, block_targets: int) -> dict:
+    """Forward tokens per target and per document of both protocols at reference context N (default
+    windows, no sinks, no room beyond N), for the per-document designs of this benchmark."""
     windows = default_windows(N)
     B = block_length(N, fraction, size)
+    sizes = [B] * (block_targets // B) + ([block_targets % B] if block_targets % B else [])
     return {"N": N, "exact_per_target": exact_forward_tokens(1, N, windows, 0),
-            "block_per_target": forward_tokens([B], N, windows, 0, fraction, size) / B}
+            "block_per_target": forward_tokens([B], N, windows, 0, fraction, size) / B,
+            "exact_per_doc": exact_forward_tokens(exact_targets, N, windows, 0),
+            "block_per_doc": forward_tokens(sizes, N, windows, 0, fraction, size)}
 
 
 def main() -> None:
@@ -75,6 +81,7 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--out-dir", default="runs/protocol_efficiency")
+    ap.add_argument("--exact-results", default=None, help="reuse this exact-protocol results file (same documents) instead of measuring")
     args = ap.parse_args()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +90,21 @@ def main() -> None:
     rows = {}
     for protocol, tpd in (("exact", args.exact_targets), ("block", args.block_targets)):
         path = out_dir / f"{protocol}.nc"
+        if protocol == "exact" and args.exact_results:
+            path = Path(args.exact_results)
+            ds = results.load(path)
+            windows = [int(w) for w in ds["window"].values]
+            n = int(ds.sizes["target"])
+            report = fit_results([str(path)], FitConfig(metrics=("tv", "kl"), families=("power",), n_boot=args.bootstrap))
+            row = {"targets": n, "docs": len(set(ds["doc"].values.tolist())),
+                   "forward_tokens": exact_forward_tokens(n, N, windows, 0), "seconds": None, "reused": str(path)}
+            for metric in ("tv", "kl"):
+                value, ci = power_alpha(report, metric)
+                row[f"alpha_{metric}"], row[f"alpha_{metric}_ci"] = value, ci
+                row[f"width_{metric}"] = None if ci is None else ci[1] - ci[0]
+            rows[protocol] = row
+            print(f"{protocol}: {json.dumps(row)}", flush=True)
+            continue
         cfg = MeasureConfig(model=args.model, domain=args.domain, reference_context=N, targets_per_doc=tpd,
                             max_docs=args.docs, protocol=protocol, block_fraction=args.block_fraction,
                             block_size=args.block_size, out=str(path), overwrite=True, progress=False)
@@ -110,17 +132,21 @@ def main() -> None:
         out[f"alpha_{metric}_agree"] = bool(ce and cb and ce[0] <= b[f"alpha_{metric}"] <= ce[1]
                                             and cb[0] <= e[f"alpha_{metric}"] <= cb[1])
     widths = [out[f"equal_width_ratio_{m}"] / out["raw_token_ratio"] for m in ("tv", "kl") if out[f"equal_width_ratio_{m}"]]
-    width_factor = float(np.mean(widths)) if widths else 1.0  # (W_exact / W_block)^2 per token, measured here
-    proj = [projection(n, args.block_fraction, args.block_size) for n in (N, 8192, 32768)]
+    width_factor = float(np.mean(widths)) if widths else 1.0  # (W_exact / W_block)^2 of these designs, measured here
+    out["width_factor"] = width_factor
+    proj = [projection(n, args.block_fraction, args.block_size, args.exact_targets, args.block_targets)
+            for n in (N, 8192, 32768)]
     for p in proj:
         p["raw_token_ratio"] = p["exact_per_target"] / p["block_per_target"]
-        p["equal_width_ratio_projected"] = p["raw_token_ratio"] * width_factor
+        p["equal_width_ratio_projected"] = p["exact_per_doc"] / p["block_per_doc"] * width_factor
     out["projection"] = proj
     for key in ("raw_token_ratio", "equal_width_ratio_tv", "equal_width_ratio_kl", "alpha_tv_agree", "alpha_kl_agree"):
         print(f"{key}: {out[key]}")
     for p in proj:
-        print(f"N={p['N']}: exact {p['exact_per_target']} tokens/target, block {p['block_per_target']:.1f} tokens/target, "
-              f"raw ratio {p['raw_token_ratio']:.1f}x, equal-width ratio (projected) {p['equal_width_ratio_projected']:.1f}x")
+        print(f"N={p['N']}: exact {p['exact_per_target']} tokens/target, block {p['block_per_target']:.1f} tokens/target "
+              f"(per target {p['raw_token_ratio']:.1f}x); per document {p['exact_per_doc']} vs {p['block_per_doc']} tokens; "
+              f"equal-width ratio (projected with the measured width factor {width_factor:.2f}) "
+              f"{p['equal_width_ratio_projected']:.1f}x")
     (out_dir / "summary.json").write_text(json.dumps(out, indent=2))
     print(f"wrote {out_dir / 'summary.json'}")
 

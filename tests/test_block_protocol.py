@@ -215,3 +215,41 @@ def test_exact_fingerprint_unchanged_and_block_fingerprint_differs():
     assert "protocol" not in exact and "block_size" not in exact
     block = MeasureConfig(out="x.nc", protocol="block").fingerprint()
     assert block["protocol"] == "block" and block["block_fraction"] == 0.125 and block["block_size"] == 64
+
+
+# ----------------------------------------------------------------------------- long documents offline
+
+
+def test_long_documents_concatenate_whole_packages(tmp_path):
+    from truncsens.corpora.builtin import long_documents
+
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text('"""The package docstring, long enough to be kept as prose."""\n')
+    (tmp_path / "pkg" / "b.py").write_text("x = 2\n")
+    (tmp_path / "pkg" / "sub" / "a.py").write_text('def f():\n    """A function docstring, long enough to be kept too."""\n')
+    (tmp_path / "loose.py").write_text("y = 1\n")  # not in a package: not a long document
+    (tmp_path / "nopkg").mkdir()
+    (tmp_path / "nopkg" / "c.py").write_text("z = 3\n")  # a folder without __init__.py
+    docs = {d.id: d.text for d in long_documents(tmp_path)}
+    assert docs["long/code/pkg"] == ('# file: pkg/__init__.py\n"""The package docstring, long enough to be kept as prose."""\n\n'
+                                     "# file: pkg/b.py\nx = 2\n\n"
+                                     '# file: pkg/sub/a.py\ndef f():\n    """A function docstring, long enough to be kept too."""\n')
+    assert docs["long/nl/pkg"] == ("The package docstring, long enough to be kept as prose.\n\n"
+                                   "A function docstring, long enough to be kept too.")
+    assert not any("loose" in i or "nopkg" in i for i in docs)
+    assert "long/nl/pydoc-topics" in docs
+
+
+def test_stdlib_long_heldout_has_documents_of_8k_tokens():
+    from truncsens.corpora import load_corpus
+
+    corpus = load_corpus("stdlib-long", "code")
+    assert corpus.split == "heldout" and corpus.domain == "long"
+    tokenizer = load_model("reference").tokenizer
+    candidates = sorted((d for d in corpus.documents if len(d.text) > 8192), key=lambda d: len(d.text))
+    longest = 0
+    for d in candidates:  # the shortest candidates first: tokenizing the largest package takes long
+        longest = max(longest, len(tokenizer(d.text[:200_000], add_special_tokens=False)["input_ids"]))
+        if longest >= 8192:
+            break
+    assert longest >= 8192
