@@ -253,3 +253,24 @@ def test_stdlib_long_heldout_has_documents_of_8k_tokens():
         if longest >= 8192:
             break
     assert longest >= 8192
+
+
+def test_suffix_and_sink_recent_budget_sweeps_equal_window_sweeps(tmp_path):
+    from truncsens.engine.measure import run_measure
+
+    def run(name, **kw):
+        cfg = MeasureConfig(model="synthetic:0.5:256", reference_context=64, max_docs=3, protocol="block", block_size=4,
+                            out=str(tmp_path / f"{name}.nc"), progress=False, **kw)
+        run_measure(cfg)
+        return results.load(cfg.out)
+
+    windows = run("windows", windows=[4, 16, 32], n_sink=2)
+    budgets = run("budgets", policies=["sink_recent"], budgets=[6, 18, 34], semantics="reencode", n_sink=2)
+    assert np.array_equal(budgets["tv"].values, windows["tv"].values)
+    assert np.array_equal(budgets["actual_budget"].values, windows["actual_window"].values + 2)
+    assert np.array_equal(budgets["kept_tokens"].values, budgets["actual_budget"].values)
+    curve = curves_of(budgets, ["tv"])[0]
+    assert np.allclose(curve.fit_x, windows["actual_window"].values.mean(0) + 2)
+    suffix = run("suffix", policies=["suffix"], budgets=[4, 16, 32], semantics="reencode")
+    plain = run("plain", windows=[4, 16, 32])
+    assert np.array_equal(suffix["kl"].values, plain["kl"].values)

@@ -38,8 +38,8 @@ class Curve:
         points: [S] int sweep points in tokens (windows or budgets), ascending.
         sums, counts: metric -> [G, S] per-document sums / counts of the finite values
             (see :func:`truncsens.stats.doc_sums`).
-        x: [S] float64 abscissa of each point for the fits: the mean actual window of its targets
-            (block protocol, coord ``actual_window``), or None: the points themselves (see :attr:`fit_x`).
+        x: [S] float64 abscissa of each point for the fits: the mean actual window (budget) of its
+            targets (block protocol, coord ``actual_window`` / ``actual_budget``), or None: the points themselves (see :attr:`fit_x`).
         n_posinf, n_neginf, n_nan: metric -> [S] number of targets whose value is +inf (KL where
             q = 0 < p), -inf, or NaN at each point; they are never silently dropped: a point with an
             infinite value has an infinite mean (:meth:`mean_se`).
@@ -124,8 +124,8 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
     except (TypeError, ValueError):
         n_ref = 0
     x = None
-    if "actual_window" in ds.coords and sweep == "window":  # block protocol: mean actual window per nominal one
-        x = np.asarray(ds["actual_window"].transpose("target", sweep).values, np.float64).mean(0)[order]  # [S]
+    if f"actual_{sweep}" in ds.coords:  # block protocol: mean actual window (budget) per nominal one
+        x = np.asarray(ds[f"actual_{sweep}"].transpose("target", sweep).values, np.float64).mean(0)[order]  # [S]
     out = []
     for policy in policies:
         sub = ds if policy is None else ds.sel(policy=policy)

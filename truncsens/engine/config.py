@@ -24,6 +24,7 @@ DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block_plan)
 DEFAULT_BLOCK_FRACTION = 0.125
 DEFAULT_BLOCK_SIZE = 64
+BLOCK_POLICIES = ("suffix", "sink_recent")  # the policies whose kept set is a window (block protocol)
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
@@ -78,7 +79,8 @@ class MeasureConfig:
         MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
             a chunk other than 1 outside ``streaming``, an unknown protocol, a block fraction outside
-            (0, 1], a block size below 1, ``--protocol block`` outside a reencode window sweep.
+            (0, 1], a block size below 1, ``--protocol block`` outside a reencode window sweep (or a
+            sweep of one of :data:`BLOCK_POLICIES` under reencode).
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -162,11 +164,12 @@ class MeasureConfig:
             raise MeasureError(f"--block-fraction must be in (0, 1], got {self.block_fraction}")
         if self.block_size < 1:
             raise MeasureError(f"--block-size must be at least 1, got {self.block_size}")
-        if self.protocol == "block" and (self.policies is not None or self.semantics != "reencode"):
+        window_like = self.policies is None or (len(self.policies) == 1 and self.policies[0] in BLOCK_POLICIES)
+        if self.protocol == "block" and (not window_like or self.semantics != "reencode"):
             raise MeasureError(
-                "--protocol block measures window sweeps under re-encoding (no --policy); under streaming and "
-                "prefill_evict one pass per document already serves all its targets (docs/method.md): use "
-                "--protocol exact there")
+                "--protocol block measures window sweeps under re-encoding (no --policy, or one of --policy "
+                f"{' / '.join(BLOCK_POLICIES)} with --semantics reencode); under streaming and prefill_evict one pass "
+                "per document already serves all its targets (docs/method.md): use --protocol exact there")
 
     @property
     def sweep_dim(self) -> str:
