@@ -274,3 +274,16 @@ def test_suffix_and_sink_recent_budget_sweeps_equal_window_sweeps(tmp_path):
     suffix = run("suffix", policies=["suffix"], budgets=[4, 16, 32], semantics="reencode")
     plain = run("plain", windows=[4, 16, 32])
     assert np.array_equal(suffix["kl"].values, plain["kl"].values)
+
+
+def test_show_header_names_the_block_protocol():
+    from truncsens.reports import format_results_header
+
+    attrs = {"model": "m", "corpus": "c", "domain": "d", "semantics": "reencode", "positions": "original", "n_sink": 0,
+             "reference_context": np.int64(1024), "protocol": "block", "block_length": np.int64(64),
+             "block_extra_context": np.int64(0), "block_size": 64, "block_fraction": 0.125}
+    line = format_results_header("f.nc", attrs, 10)
+    assert line.endswith("10 targets; protocol block (64 targets per block, K = max(1, min(64, floor(0.125 w))) per pass; "
+                         "actual windows w..w+K-1, reference contexts 961..1024)")
+    exact = {k: v for k, v in attrs.items() if not k.startswith(("protocol", "block"))}
+    assert format_results_header("f.nc", exact, 10).endswith("reference context 1024, 10 targets")

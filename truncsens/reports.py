@@ -6,6 +6,7 @@ drawn with :func:`truncsens.tables.render_table`. Input: plain rows and dicts (a
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any, Sequence
 
 from truncsens.tables import Column, fmt_bytes, fmt_interval, fmt_level, fmt_num, render_table
@@ -32,9 +33,12 @@ def protocol_note(attrs: dict) -> str:
     ``"; protocol block (...)"`` with its parameters (:mod:`truncsens.engine.block_runs`)."""
     if attrs.get("protocol", "exact") == "exact":
         return ""
-    return (f"; protocol {attrs['protocol']} ({attrs.get('block_length', '?')} targets per block, "
-            f"K = max(1, min({attrs.get('block_size', '?')}, floor({attrs.get('block_fraction', '?')} w)) per pass; "
-            "actual windows w..w+K-1, reference contexts N-B+1..N)")
+    B, e, N = attrs.get("block_length"), attrs.get("block_extra_context", 0), attrs.get("reference_context")
+    known = all(isinstance(v, numbers.Integral) for v in (B, e, N))  # NetCDF attrs may be numpy integers
+    contexts = f"{int(N) + int(e) - int(B) + 1}..{int(N) + int(e)}" if known else "per target"
+    return (f"; protocol {attrs['protocol']} ({B if B is not None else '?'} targets per block, "
+            f"K = max(1, min({attrs.get('block_size', '?')}, floor({attrs.get('block_fraction', '?')} w))) per pass; "
+            f"actual windows w..w+K-1, reference contexts {contexts})")
 
 
 def format_summary(rows: list[dict], sweep: str) -> str:
