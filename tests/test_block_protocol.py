@@ -291,3 +291,27 @@ def test_show_header_names_the_block_protocol():
                          "actual windows w..w+K-1, reference contexts 961..1024)")
     exact = {k: v for k, v in attrs.items() if not k.startswith(("protocol", "block"))}
     assert format_results_header("f.nc", exact, 10).endswith("reference context 1024, 10 targets")
+
+
+def test_block_passes_build_no_square_mask(monkeypatch):
+    """A pass is a plain causal forward: SDPA gets no [L, L] mask (is_causal), also with sinks in front."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from truncsens.engine.block_protocol import pass_logprobs
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg).eval()
+    model.set_attn_implementation("sdpa")
+    seen, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = torch.randint(0, 100, (2, 50))
+    pos = torch.cat([torch.arange(2), torch.arange(20, 68)]).expand(2, 50)  # 2 sinks, then a window at 20..67
+    lp = pass_logprobs(model, ids, pos, 5)
+    assert lp.shape == (2, 5, 100) and seen and all(mask is None and causal for mask, causal in seen)
