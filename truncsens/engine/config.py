@@ -22,9 +22,17 @@ from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import check_policy_args
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
+PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block_plan)
+DEFAULT_BLOCK_FRACTION = 0.125
+DEFAULT_BLOCK_SIZE = 64
+BLOCK_POLICIES = ("suffix", "sink_recent")  # the policies whose kept set is a window (block protocol)
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
+# options added after runs existed, with their defaults: at the default they are left out of the fingerprint
+# (with the options that only mean something beside them), so a run from before them still resumes
+LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact"}
+LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
 
 
 class MeasureError(ValueError):
@@ -65,6 +73,10 @@ class MeasureConfig:
             token; :mod:`truncsens.policies.streaming`).
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
+        protocol: "exact" (one pass per target and window) or "block" (K consecutive targets per
+            pass, K = max(1, min(block_size, floor(w * block_fraction))); window sweeps under
+            ``reencode`` only; :mod:`truncsens.engine.block_plan`).
+        block_fraction, block_size: the block protocol's K (fraction in (0, 1], size >= 1).
         docs_per_shard, out, resume, overwrite, progress, command: shards, results file (None: see
             :func:`default_out`; an existing one is replaced only with ``overwrite``), progress
             reports, the command line recorded in the results.
@@ -72,7 +84,9 @@ class MeasureConfig:
     Raises:
         MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
-            a chunk other than 1 outside ``streaming``.
+            a chunk other than 1 outside ``streaming``, an unknown protocol, a block fraction outside
+            (0, 1], a block size below 1, ``--protocol block`` outside a reencode window sweep (or a
+            sweep of one of :data:`BLOCK_POLICIES` under reencode).
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -96,6 +110,9 @@ class MeasureConfig:
     top_fraction: float = 0.25
     policy_args: dict | None = None
     chunk: int = 1
+    protocol: str = "exact"
+    block_fraction: float = DEFAULT_BLOCK_FRACTION
+    block_size: int = DEFAULT_BLOCK_SIZE
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
@@ -140,12 +157,27 @@ class MeasureConfig:
         if self.chunk != 1 and self.semantics != "streaming":
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
+        self._check_protocol()
         semantics.check_positions(self.positions)
         check_policy_args([policy_class(n) for n in self.policies or ()], self.policy_args)
         for policy in self.build_policies():
             semantics.check_policy(policy)
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, "" if self.policies is None else "-policies"))
+
+    def _check_protocol(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise MeasureError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if not 0 < self.block_fraction <= 1:
+            raise MeasureError(f"--block-fraction must be in (0, 1], got {self.block_fraction}")
+        if self.block_size < 1:
+            raise MeasureError(f"--block-size must be at least 1, got {self.block_size}")
+        window_like = self.policies is None or (len(self.policies) == 1 and self.policies[0] in BLOCK_POLICIES)
+        if self.protocol == "block" and (not window_like or self.semantics != "reencode"):
+            raise MeasureError(
+                "--protocol block measures window sweeps under re-encoding (no --policy, or one of --policy "
+                f"{' / '.join(BLOCK_POLICIES)} with --semantics reencode); under streaming and prefill_evict one pass "
+                "per document already serves all its targets (docs/method.md): use --protocol exact there")
 
     @property
     def sweep_dim(self) -> str:
@@ -171,9 +203,10 @@ class MeasureConfig:
         """What must match for ``--resume`` to reuse shards: every field except :data:`RUN_ONLY_FIELDS`,
         plus ``resolved`` values (N, corpus hash, the sweep)."""
         keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
-        if keep.get("chunk") == 1:  # the default: runs from before --chunk existed keep their fingerprint
-            del keep["chunk"]
-        if keep.get("policy_args") is None:  # likewise for runs from before --policy-arg
-            del keep["policy_args"]
+        for name, default in LATER_OPTIONS.items():  # at their default, options added later leave the
+            if name in keep and keep[name] == default:  # fingerprint as it was, so earlier runs still resume
+                del keep[name]
+                for dependent in LATER_OPTIONS_DEPENDENTS.get(name, ()):
+                    del keep[dependent]
         keep.update(resolved)
         return keep

@@ -171,6 +171,15 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     batch_tokens = cfg.batch_tokens(loaded.device)
     attrs = provenance(cfg, loaded, N, docs, sweep)
 
+    if cfg.protocol == "block":
+        from truncsens.engine.block_runs import run_block_shards
+
+        path, reused, n_targets = run_block_shards(cfg, loaded, N, sweep, docs, attrs, ranks, stop_after_shards)
+        return MeasureSummary(
+            path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
+            n_docs_skipped=docs.n_short, sweep_dim=sweep.dim, sweep=sweep.values, reference_context=N,
+            shards_reused=reused, extra={"protocol": "block"})
+
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_targets(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
                               cfg.seed, loaded.device, batch_tokens, on_tokens, chunk=cfg.chunk)
