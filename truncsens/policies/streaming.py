@@ -45,24 +45,27 @@ class Evictions:
     """Streaming decisions of B sequences of T tokens.
 
     Attributes:
-        evict: [B, T] int64, key j is read by queries ``j <= q < evict[b, j]`` (T: never evicted).
-        offset: [B, T] float32 logit offset of each key for its life in the cache (0 if certain).
+        evict: [B, T] int64, key j is read by queries ``j <= q < evict[b, j]`` (T: never evicted);
+            under head granularity [B, Hkv, T], one eviction step per key and key/value head.
+        offset: [B, T] (or [B, Hkv, T]) float32 logit offset of each key for its life in the cache
+            (0 if certain).
     """
 
     evict: torch.Tensor
     offset: torch.Tensor
 
     def kept(self) -> Kept:
-        """Per-query kept sets [B, T, T] (query rows 0..T-1) with the keys' offsets."""
-        B, T = self.evict.shape
+        """Per-query kept sets [..., T, T] (query rows 0..T-1; ``...`` = B or B, Hkv) with the keys' offsets."""
+        T = self.evict.shape[-1]
         q = torch.arange(T, device=self.evict.device)
-        keep = (q.view(1, T, 1) >= q.view(1, 1, T)) & (q.view(1, T, 1) < self.evict.unsqueeze(1))  # [B, T, T]
-        offset = torch.where(keep, self.offset.unsqueeze(1).expand(B, T, T), torch.zeros((), device=keep.device))
+        ev = self.evict.unsqueeze(-2)  # [..., 1, T]
+        keep = (q.view(T, 1) >= q.view(1, T)) & (q.view(T, 1) < ev)  # [..., T, T]
+        offset = torch.where(keep, self.offset.unsqueeze(-2).expand(keep.shape), torch.zeros((), device=keep.device))
         return Kept(keep, offset, q)
 
     def last(self) -> torch.Tensor:
-        """[B, T] bool keys the target's query (T - 1) read."""
-        return self.evict >= self.evict.shape[1]
+        """[B, T] (or [B, Hkv, T]) bool keys the target's query (T - 1) read."""
+        return self.evict >= self.evict.shape[-1]
 
 
 def chunk_bounds(context_len: int, chunk: int) -> list[tuple[int, int]]:
