@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from truncsens.corpora.document import SPLITS
-from truncsens.engine.semantics import semantics_for
+from truncsens.engine.semantics import SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
+from truncsens.policies.base import GRANULARITIES
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
@@ -61,6 +62,9 @@ class MeasureConfig:
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
         chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
             token; :mod:`truncsens.policies.streaming`).
+        granularity: "token" (one kept set per target, shared by all layers and heads) or "head"
+            (one per key/value head, shared by all layers; ``streaming`` and ``prefill_evict`` only;
+            :mod:`truncsens.engine.granularity`).
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
         docs_per_shard, out, resume, overwrite, progress, command: shards, results file (None: see
@@ -70,7 +74,8 @@ class MeasureConfig:
     Raises:
         MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
-            a chunk other than 1 outside ``streaming``.
+            a chunk other than 1 outside ``streaming``, ``granularity`` other than token or head, or
+            head granularity under ``reencode``.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -93,6 +98,7 @@ class MeasureConfig:
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
     chunk: int = 1
+    granularity: str = "token"
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
@@ -137,6 +143,15 @@ class MeasureConfig:
         if self.chunk != 1 and self.semantics != "streaming":
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
+        if self.granularity not in GRANULARITIES:
+            raise MeasureError(f"--granularity must be token or head, got {self.granularity!r}")
+        if self.granularity == "head" and self.policies is None:
+            raise MeasureError("--granularity head needs --policy NAME with --semantics streaming or prefill_evict "
+                               "(a window sweep re-encodes one sequence, which has a single kept set)")
+        try:
+            semantics.check_granularity(self.granularity)
+        except SemanticsError as exc:
+            raise MeasureError(str(exc)) from None
         semantics.check_positions(self.positions)
         for policy in self.build_policies():
             semantics.check_policy(policy)
@@ -169,5 +184,7 @@ class MeasureConfig:
         keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
         if keep.get("chunk") == 1:  # the default: runs from before --chunk existed keep their fingerprint
             del keep["chunk"]
+        if keep.get("granularity") == "token":  # likewise for runs from before --granularity
+            del keep["granularity"]
         keep.update(resolved)
         return keep
