@@ -221,3 +221,15 @@ def test_measure_records_granularity(tiny_llama_dir, corpus_dir, tmp_path):
     mass = head["evicted_attention_mass"].values
     assert bool(((mass >= 0) & (mass <= 1)).all())
     assert np.abs(head["kl"].values - token["kl"].values).max() > 1e-6  # per-head key norms changed the choice
+
+
+@pytest.mark.parametrize("name", ["h2o", "key_norm"])
+def test_streaming_heads_tiny_gpt2(tiny_gpt2_dir, name):
+    """No grouped-query attention (Hkv = H = 4, fused qkv, modules named ``attn``): the same equality."""
+    model = load_model(tiny_gpt2_dir).model
+    ids = random_ids(model.config.vocab_size, 2, 20, seed=4)
+    policy = make_policy(name)
+    fast, ev = SEMANTICS["streaming"].stream(model, ids, policy, 6, SEEDS, 1, "head")
+    slow, evict = head_evicting_loop(model, ids, policy, 6, head_seeds(SEEDS, 4), 1)
+    assert ev.evict.shape == (2, 4, 20) and torch.equal(ev.evict, evict)
+    assert_same(fast, slow)

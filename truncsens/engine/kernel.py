@@ -76,6 +76,7 @@ def measure_targets(
     Returns:
         :class:`KernelOutput`.
     """
+    semantics.check_granularity(granularity)  # head granularity needs per-head caches (not reencode)
     n, N = targets.context.shape
     P, K = len(policies), len(budgets)
     metrics = {m: np.zeros((P, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}

@@ -104,7 +104,8 @@ class Policy:
         """Which ``scores`` :meth:`keep` and :meth:`evict` need (a key of :data:`SCORE_KINDS`), or None:
 
         - ``"attention"``: attention each key received, accumulated over the queries so far (mean over
-          layers and heads; H2O, arXiv 2306.14048);
+          layers and heads, or over layers and a KV head's query heads under head granularity; H2O,
+          arXiv 2306.14048);
         - ``"last_attention"``: attention of the newest processed query (TOVA, arXiv 2401.06104);
         - ``"key_norm"``: L2 norm of each key (mean over layers and key/value heads);
         - ``"window_attention"``: attention of an observation window of prompt queries (SnapKV,
@@ -181,6 +182,8 @@ class StreamView:
         uniforms: [B, end] float64, one uniform per key from the sequence's seed (:func:`uniforms`).
         accumulated: [B, end] float32 attention each key received from the processed queries of the
             evicted run (mean over layers and heads), or None when the policy needs none.
+        Under head granularity the B rows are (sequence, key/value head) pairs (:func:`fold_heads`),
+        and the statistics are those of the row's KV head (mean over layers and its query heads).
         last: [B, end] float32 attention of the newest processed query, or None.
         key_norm: [B, end] float32 key L2 norms (mean over layers and key/value heads), or None.
     """

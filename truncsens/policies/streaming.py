@@ -34,6 +34,7 @@ class ChunkStats:
         attention: [B, c, e] float attention probabilities of each chunk query over keys 0..e-1 (0 on
             keys it did not read; mean over layers and heads), or None.
         key_norm: [B, c] float L2 norms of the chunk's keys (mean over layers and key/value heads), or None.
+        Under head granularity B counts (sequence, key/value head) rows and the statistics are per KV head.
     """
 
     attention: torch.Tensor | None = None
@@ -92,7 +93,9 @@ def run_stream(policy: Policy, budget: int, context_len: int, chunk: int, seeds:
     Args:
         policy: the policy (its :meth:`~truncsens.policies.base.Policy.evict`).
         budget: k >= the policy's minimum; context_len: T; chunk: C >= 1 (see :func:`chunk_bounds`).
-        seeds: one seed per sequence (one uniform per key, :func:`~truncsens.policies.base.uniforms`).
+        seeds: one seed per row (one uniform per key, :func:`~truncsens.policies.base.uniforms`): a
+            sequence, or a (sequence, key/value head) pair under head granularity
+            (:func:`~truncsens.policies.base.head_seeds`).
         observe: ``observe(s, e, alive [B, e] bool, offset [B, e] float32) -> ChunkStats`` processes
             the queries s..e-1, query q reading the keys ``alive[:, :s]`` and the chunk's tokens up to q
             with their offsets (the model run of the engine, or a synthetic source in tests).
