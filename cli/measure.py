@@ -43,6 +43,7 @@ def measure(
     protocol: str = typer.Option("exact", help="exact (one pass per target and window) or block (K consecutive targets per pass; window sweeps, docs/method.md)."),
     block_fraction: float = typer.Option(0.125, help="With --protocol block: targets per pass as a fraction of the window, K = max(1, min(block size, floor(w x fraction)))."),
     block_size: int = typer.Option(64, help="With --protocol block: at most this many targets per pass (and per block)."),
+    granularity: str = typer.Option("token", help="With --semantics streaming or prefill_evict: token (one kept set for all layers and heads) or head (one per key/value head, shared by the layers; the budget counts per head)."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.cli.options import int_list, split_list
@@ -56,7 +57,7 @@ def measure(
             reference_context=reference_context, windows=int_list(windows, "--windows"),
             policies=split_list(policy, "--policy"),
             budgets=int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
-            score=score, per_query=per_query, policy_args=parse_policy_args(policy_arg), chunk=chunk,
+            score=score, per_query=per_query, policy_args=parse_policy_args(policy_arg), chunk=chunk, granularity=granularity,
             protocol=protocol, block_fraction=block_fraction, block_size=block_size,
             targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from truncsens.corpora.document import SPLITS
-from truncsens.engine.semantics import semantics_for
+from truncsens.engine.semantics import SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import check_policy_args
+from truncsens.policies.base import GRANULARITIES
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block_plan)
@@ -31,7 +32,7 @@ DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
 # options added after runs existed, with their defaults: at the default they are left out of the fingerprint
 # (with the options that only mean something beside them), so a run from before them still resumes
-LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact"}
+LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token"}
 LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
 
 
@@ -71,6 +72,9 @@ class MeasureConfig:
         policy_args: parameters of ``kvpress:<PressClass>`` policies (``--policy-arg key=value``), or None.
         chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
             token; :mod:`truncsens.policies.streaming`).
+        granularity: "token" (one kept set per target, shared by all layers and heads) or "head"
+            (one per key/value head, shared by all layers; ``streaming`` and ``prefill_evict`` only;
+            :mod:`truncsens.engine.granularity`).
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
         protocol: "exact" (one pass per target and window) or "block" (K consecutive targets per
@@ -86,7 +90,9 @@ class MeasureConfig:
             position mode, windows together with policies, budgets or semantics without policies,
             a chunk other than 1 outside ``streaming``, an unknown protocol, a block fraction outside
             (0, 1], a block size below 1, ``--protocol block`` outside a reencode window sweep (or a
-            sweep of one of :data:`BLOCK_POLICIES` under reencode).
+            sweep of one of :data:`BLOCK_POLICIES` under reencode), ``granularity`` other than token or
+            head, head granularity under ``reencode`` or with a ``kvpress:`` policy (presses keep their
+            own per-layer, per-head sets).
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -113,6 +119,7 @@ class MeasureConfig:
     protocol: str = "exact"
     block_fraction: float = DEFAULT_BLOCK_FRACTION
     block_size: int = DEFAULT_BLOCK_SIZE
+    granularity: str = "token"
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
@@ -158,6 +165,18 @@ class MeasureConfig:
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
         self._check_protocol()
+        if self.granularity not in GRANULARITIES:
+            raise MeasureError(f"--granularity must be token or head, got {self.granularity!r}")
+        if self.granularity == "head" and self.policies is None:
+            raise MeasureError("--granularity head needs --policy NAME with --semantics streaming or prefill_evict "
+                               "(a window sweep re-encodes one sequence, which has a single kept set)")
+        try:
+            semantics.check_granularity(self.granularity)
+        except SemanticsError as exc:
+            raise MeasureError(str(exc)) from None
+        if self.granularity == "head" and any(n.startswith("kvpress:") for n in self.policies or ()):
+            raise MeasureError("kvpress presses keep their own per-layer, per-head kept sets; leave --granularity "
+                               "at token with a kvpress: policy")
         semantics.check_positions(self.positions)
         check_policy_args([policy_class(n) for n in self.policies or ()], self.policy_args)
         for policy in self.build_policies():

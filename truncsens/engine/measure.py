@@ -8,8 +8,10 @@ writes what it returns with :mod:`truncsens.results`.
 Results: dims (target, window) for a window sweep; (target, budget), or (policy, target, budget)
 when several policies run, for a policy sweep, whose attrs add ``policy`` (names in order),
 ``policy_params`` (JSON), ``budget_counts``, ``score_source`` (where scores came from) and, for
-streaming, ``chunk`` (tokens between eviction decisions), and whose data vars add ``kept_tokens`` (int32,
-keys the target's query kept; random for ``poisson``) and, for streaming and prefill-evict,
+streaming, ``chunk`` (tokens between eviction decisions), ``granularity`` (``token``: one kept set per
+target; ``head``: one per key/value head), and whose data vars add ``kept_tokens`` (int32, keys the
+target's query kept, under head granularity the mean per key/value head rounded to a token; random
+for ``poisson``) and, for streaming and prefill-evict,
 ``evicted_attention_mass`` (float32: the attention probability mass the full-context target query
 puts on the keys its policy evicted, mean over layers and heads).
 """
@@ -112,6 +114,7 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         })
         if sweep.semantics.name == "streaming":
             attrs["chunk"] = cfg.chunk
+        attrs["granularity"] = cfg.granularity
     return attrs
 
 
@@ -182,7 +185,8 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_targets(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
-                              cfg.seed, loaded.device, batch_tokens, on_tokens, chunk=cfg.chunk)
+                              cfg.seed, loaded.device, batch_tokens, on_tokens, chunk=cfg.chunk,
+                              granularity=cfg.granularity)
         return shard_results(out, plan, sweep, attrs, docs.bos_id)
 
     per_target = N + len(sweep.policies) * sum(sweep.semantics.cost(N, k) for k in sweep.budgets)
