@@ -23,7 +23,7 @@ def measure(
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or reindexed."),
     targets_per_doc: int = typer.Option(8, help="Targets drawn per document."),
     max_docs: Optional[int] = typer.Option(None, help="Use at most this many (long enough) documents."),
-    seed: int = typer.Option(0, help="Seed of the target draw."),
+    seed: int = typer.Option(0, help="Seed of the target draw (and of randomized policies unless --policy-seed is given)."),
     device: str = typer.Option("auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64 (divergences are float32 regardless)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass (default by device; halves on out-of-memory)."),
@@ -39,6 +39,8 @@ def measure(
     score: str = typer.Option("attention", help="With --policy poisson: inclusion scores, attention (default) or key_norm."),
     per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence (not under streaming)."),
     chunk: int = typer.Option(1, help="With --semantics streaming: tokens processed between eviction decisions (1: token by token; larger: evict at chunk ends)."),
+    draws: int = typer.Option(1, help="With --policy random or poisson: independent draws of each randomized policy (R > 1 adds a 'draw' dim; readers average over it)."),
+    policy_seed: Optional[int] = typer.Option(None, help="Seed of the randomized policies' draws (default: --seed); the targets stay those of --seed."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.cli.options import int_list, split_list
@@ -51,7 +53,7 @@ def measure(
             reference_context=reference_context, windows=int_list(windows, "--windows"),
             policies=split_list(policy, "--policy"),
             budgets=int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
-            score=score, per_query=per_query, chunk=chunk, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
+            score=score, per_query=per_query, chunk=chunk, draws=draws, policy_seed=policy_seed, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
             out=None if out is None else str(out), resume=resume, overwrite=overwrite, progress=progress,
             command="truncsens " + " ".join(sys.argv[1:]),

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from truncsens.corpora.document import SPLITS
+from truncsens.engine.kernel import randomized
 from truncsens.engine.semantics import semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 
@@ -61,6 +62,10 @@ class MeasureConfig:
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
         chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
             token; :mod:`truncsens.policies.streaming`).
+        draws: R, independent draws of every randomized policy (``random``, ``poisson``); R > 1 adds
+            a ``draw`` dim to the results (:func:`truncsens.engine.kernel.measure_draws`).
+        policy_seed: seed of the randomized policies' draws (None: ``seed``), separate from the
+            target draw so that one set of targets can be measured under several draws.
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
         docs_per_shard, out, resume, overwrite, progress, command: shards, results file (None: see
@@ -68,9 +73,9 @@ class MeasureConfig:
             reports, the command line recorded in the results.
 
     Raises:
-        MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
+        MeasureError: a count below 1 (``--chunk`` and ``--draws`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
-            a chunk other than 1 outside ``streaming``.
+            a chunk other than 1 outside ``streaming``, more than one draw without a randomized policy.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -93,6 +98,8 @@ class MeasureConfig:
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
     chunk: int = 1
+    draws: int = 1
+    policy_seed: int | None = None
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
@@ -111,7 +118,8 @@ class MeasureConfig:
             raise MeasureError(f"--split must be one of auto, {', '.join(SPLITS)}; got {self.split!r}")
         for option, value in (("--docs-per-shard", self.docs_per_shard), ("--max-docs", self.max_docs),
                               ("--targets-per-doc", self.targets_per_doc), ("--batch-tokens", self.max_batch_tokens),
-                              ("--reference-context", self.reference_context), ("--chunk", self.chunk)):
+                              ("--reference-context", self.reference_context), ("--chunk", self.chunk),
+                              ("--draws", self.draws)):
             if value is not None and value < 1:
                 raise MeasureError(f"{option} must be at least 1, got {value}")
         if self.n_sink is not None and self.n_sink < 0:
@@ -138,8 +146,13 @@ class MeasureConfig:
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
         semantics.check_positions(self.positions)
-        for policy in self.build_policies():
+        policies = self.build_policies()
+        for policy in policies:
             semantics.check_policy(policy)
+        if self.draws > 1 and not any(randomized(p) for p in policies):
+            raise MeasureError(f"--draws {self.draws} repeats the draws of randomized policies (--policy random or "
+                               "poisson); " + ("a window sweep is deterministic" if self.policies is None else
+                                              f"{', '.join(self.policies)} decide deterministically") + " (leave --draws at 1)")
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, "" if self.policies is None else "-policies"))
 
@@ -163,11 +176,20 @@ class MeasureConfig:
 
         return self.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(device).type, 16384)
 
+    @property
+    def draw_seed(self) -> int:
+        """The seed of the policies' draws: ``policy_seed``, or ``seed`` when none is given."""
+        return self.seed if self.policy_seed is None else self.policy_seed
+
     def fingerprint(self, **resolved) -> dict:
         """What must match for ``--resume`` to reuse shards: every field except :data:`RUN_ONLY_FIELDS`,
         plus ``resolved`` values (N, corpus hash, the sweep)."""
         keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
         if keep.get("chunk") == 1:  # the default: runs from before --chunk existed keep their fingerprint
             del keep["chunk"]
+        if keep.get("draws") == 1:  # likewise for --draws and --policy-seed
+            del keep["draws"]
+        if keep.get("policy_seed") in (None, self.seed):  # the same draws as the default
+            keep.pop("policy_seed", None)
         keep.update(resolved)
         return keep
