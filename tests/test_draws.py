@@ -164,7 +164,7 @@ N = 32
 
 def cfg(model_dir, corpus_dir, out, **kw) -> MeasureConfig:
     return MeasureConfig(**{"model": model_dir, "corpus": corpus_dir, "reference_context": N, "targets_per_doc": 2,
-                            "max_docs": 2, "docs_per_shard": 1, "out": str(out), "progress": False,
+                            "max_docs": 2, "docs_per_shard": 2, "out": str(out), "progress": False,
                             "policies": ["random", "sink_recent"], "budgets": [8, 16], "semantics": "streaming",
                             "n_sink": 2, **kw})
 

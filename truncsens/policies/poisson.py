@@ -35,6 +35,7 @@ there; what holds is that every budget reads the same uniform per key (tests/tes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -49,6 +50,7 @@ from truncsens.policies.base import (
 SCORES = ("attention", "key_norm")
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments, asked at every streaming step
 def _top_slice(budget: int, recent_fraction: float, top_fraction: float) -> int:
     """``max(0, max_{1 <= j <= k} ⌊(f_r + f_t)·j⌋ - max(1, ⌊f_r·j⌋))``: the top slice before the cap of
     :meth:`PoissonPolicy.slices`, non-decreasing in k, rising only where the recent slice does not."""
