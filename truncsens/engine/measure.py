@@ -118,7 +118,8 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         attrs.update({
             "policy_seed": cfg.draw_seed, "draws": cfg.draws,
             "draw_seeds": "one seed per (policy seed, doc, position, policy, draw), common to every budget "
-                          "(common random numbers: kept sets of random and poisson nested in the budget)",
+                          "(common random numbers: kept sets of random nested in the budget, and of poisson except under "
+                          "streaming, whose online scores differ between budgets)",
         })
     return attrs
 
