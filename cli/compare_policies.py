@@ -26,12 +26,13 @@ def compare_policies(
     plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Plot prefix: PREFIX.png and PREFIX.pdf (implies --plot)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing JSON file or plot."),
 ) -> None:
-    """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot."""
+    """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot;
+    with several draws (measure --draws R): means over draws per target, and the spread between draws."""
     from truncsens.cli.options import plot_paths, split_list
     from truncsens.fitfile import check_new_files, write_json
     from truncsens.fitting import parse_range
     from truncsens.plots import plot_comparison
-    from truncsens.policy_compare import CompareConfig, compare_policies_file, default_plot_stem
+    from truncsens.policy_compare import CompareConfig, compare_policies_file, default_plot_stem, format_draw_spread
     from truncsens.reports import format_comparison
 
     with user_errors():
@@ -53,6 +54,8 @@ def compare_policies(
                 typer.echo("wrote " + ", ".join(wrote), err=True)
         else:
             typer.echo(format_comparison(cmp))
+            if cmp.spread:
+                typer.echo(format_draw_spread(cmp))
             if wrote:
                 typer.echo("wrote " + ", ".join(wrote))
 

@@ -23,7 +23,7 @@ def measure(
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or reindexed."),
     targets_per_doc: int = typer.Option(8, help="Targets drawn per document."),
     max_docs: Optional[int] = typer.Option(None, help="Use at most this many (long enough) documents."),
-    seed: int = typer.Option(0, help="Seed of the target draw."),
+    seed: int = typer.Option(0, help="Seed of the target draw (and of randomized policies unless --policy-seed is given)."),
     device: str = typer.Option("auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64 (divergences are float32 regardless)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass (default by device; halves on out-of-memory)."),
@@ -44,6 +44,8 @@ def measure(
     block_fraction: float = typer.Option(0.125, help="With --protocol block: targets per pass as a fraction of the window, K = max(1, min(block size, floor(w x fraction)))."),
     block_size: int = typer.Option(64, help="With --protocol block: at most this many targets per pass (and per block)."),
     granularity: str = typer.Option("token", help="With --semantics streaming or prefill_evict: token (one kept set for all layers and heads) or head (one per key/value head, shared by the layers; the budget counts per head)."),
+    draws: int = typer.Option(1, help="With --policy random or poisson: independent draws of each randomized policy (R > 1 adds a 'draw' dim; readers average over it)."),
+    policy_seed: Optional[int] = typer.Option(None, help="Seed of the randomized policies' draws (default: --seed); the targets stay those of --seed."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.cli.options import int_list, split_list
@@ -57,7 +59,7 @@ def measure(
             reference_context=reference_context, windows=int_list(windows, "--windows"),
             policies=split_list(policy, "--policy"),
             budgets=int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
-            score=score, per_query=per_query, policy_args=parse_policy_args(policy_arg), chunk=chunk, granularity=granularity,
+            score=score, per_query=per_query, policy_args=parse_policy_args(policy_arg), chunk=chunk, granularity=granularity, draws=draws, policy_seed=policy_seed,
             protocol=protocol, block_fraction=block_fraction, block_size=block_size,
             targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,

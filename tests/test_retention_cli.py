@@ -84,7 +84,7 @@ def test_reencode_random_equals_per_target_loop(tiny_llama_dir, positions):
     policy = make_policy("random")
     metrics, extras, _ = retention_targets(model, targets, [policy], [8], "reencode", positions, 3, "cpu", 100)
     for i in range(n):
-        kept = policy.keep(N, 8, torch.tensor([N - 1]), [doc_seed(3, f"{targets.doc[i]}:{N + i}:random:8")]).keep[0, 0]
+        kept = policy.keep(N, 8, torch.tensor([N - 1]), [doc_seed(3, f"{targets.doc[i]}:{N + i}:random:0")]).keep[0, 0]
         idx = torch.nonzero(kept).flatten()
         pos = idx if positions == "original" else torch.arange(8)
         ref = next_token_logprobs(model, ctx[i : i + 1], torch.arange(N).unsqueeze(0))

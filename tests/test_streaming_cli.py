@@ -63,7 +63,7 @@ def test_streaming_kernel_equals_the_evicting_cache(tiny_llama_dir):
         policy = make_policy("poisson", n_sink=2)
         out = measure_targets(model, targets, [policy], [8], SEMANTICS["streaming"], "original", 7, "cpu", 10_000,
                               chunk=chunk)
-        seeds = policy_seeds(targets, slice(0, n), 7, "poisson", 8)
+        seeds = policy_seeds(targets, slice(0, n), 7, "poisson")
         lp, _ = evicting_loop(model, ctx, policy, 8, seeds, chunk)
         ref = torch.log_softmax(model(input_ids=ctx).logits[:, -1].float().double(), -1).detach()
         want, _ = all_metrics(ref, lp, targets.token_id)

@@ -22,7 +22,7 @@ import numpy as np
 import xarray as xr
 
 from truncsens.divergences import METRICS
-from truncsens.results import ResultsError, sweep_dim
+from truncsens.results import ResultsError, mean_over_draws, sweep_dim
 from truncsens.stats import doc_sums, mean_with_inf, resampled_mean_se
 
 
@@ -103,9 +103,13 @@ def plain(v: object) -> object:
 def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", label: str | None = None) -> list[Curve]:
     """Split a results dataset into :class:`Curve` objects (one per policy, if any).
 
+    A file with a ``draw`` dim is first averaged over draws per target
+    (:func:`truncsens.results.mean_over_draws`): a target is one observation whatever R.
+
     Raises:
         ResultsError: unknown metric, or fewer than two sweep points.
     """
+    ds = mean_over_draws(ds)
     sweep = sweep_dim(ds)
     unknown = [m for m in metrics if m not in ds.data_vars]
     if unknown:

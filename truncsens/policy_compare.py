@@ -9,7 +9,13 @@ For a results file with a ``budget`` sweep (and a ``policy`` dim, or one policy 
 - the ratio of means ``numerator / denominator`` (default ``random / sink_recent``, the comparison
   of arXiv 2605.25085: about two orders of magnitude) per budget, with its paired bootstrap interval;
 - the power-law fit ``D(k) = C·k^-α`` of each policy (:func:`truncsens.fitting.fit_curve`, the
-  ``truncsens fit`` code), optionally beside the α of a truncation (window) results file.
+  ``truncsens fit`` code), optionally beside the α of a truncation (window) results file;
+- for a file with R > 1 draws (``measure --draws R``): everything above on the per-target means
+  over draws (:func:`truncsens.results.mean_over_draws`), and the spread between draws
+  (:func:`draw_spread`): the mean over targets of each draw, their standard deviation (ddof 1) and
+  range. The interval over documents and the spread between draws answer different questions: the
+  first how the mean would vary with other documents, the second how much one draw of the policy's
+  randomness moves it.
 
 The log-log figure is :func:`truncsens.plots.plot_comparison`; the text report
 :func:`truncsens.reports.format_comparison`.
@@ -88,6 +94,9 @@ class PolicyComparison:
             ``sweep`` is ``"window"``).
         notes: warnings (e.g. a ratio policy missing).
         metrics: the metrics compared; level: the interval level.
+        draws: R, draws per target averaged (1: the file has no ``draw`` dim).
+        spread: with R > 1, rows ``{"policy", "metric", "budget", "draw_means": [R], "sd", "min", "max"}``
+            (:func:`draw_spread`); empty otherwise.
     """
 
     policies: list[str]
@@ -98,11 +107,14 @@ class PolicyComparison:
     notes: list[str] = field(default_factory=list)
     metrics: tuple[str, ...] = ()
     level: float = 0.95
+    draws: int = 1
+    spread: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """A JSON-safe dict (non-finite numbers become null)."""
         return sanitize({"policies": self.policies, "budgets": self.budgets, "metrics": list(self.metrics), "level": self.level,
-                         "table": self.table, "ratios": self.ratios, "fits": self.fits, "notes": self.notes})
+                         "table": self.table, "ratios": self.ratios, "fits": self.fits, "notes": self.notes,
+                         "draws": self.draws, "spread": self.spread})
 
     def mean_curve(self, policy: str, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean [K], lo [K], hi [K]) of one policy and metric, in budget order."""
@@ -131,6 +143,56 @@ def policy_curves(ds: xr.Dataset, metrics: Sequence[str]) -> list[tuple[str, Cur
     return [(name, curves[0])]
 
 
+def draw_spread(ds: xr.Dataset, metrics: Sequence[str]) -> list[dict]:
+    """The spread between draws of a results dataset with a ``draw`` dim.
+
+    For each policy, metric and budget: ``draw_means`` [R], the mean over targets of each draw r
+    (``mean_t D_{t,r}``, the pooled mean of :func:`compare_policies`; +inf when a target is +inf, NaN
+    values left out), their sample standard deviation ``sd`` (ddof 1; NaN for R = 1; inf or NaN when a
+    draw mean is infinite) and their ``min`` and ``max``. A deterministic policy has sd 0.
+
+    Args:
+        ds: results dataset, dims ([policy,] draw, target, budget).
+        metrics: metric names (present in ``ds``).
+
+    Returns:
+        Rows ``{"policy", "metric", "budget", "draw_means", "sd", "min", "max"}``; empty without a ``draw`` dim.
+    """
+    if "draw" not in ds.dims:
+        return []
+    policies = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else [str(ds.attrs.get("policy", ""))]
+    rows = []
+    for name in policies:
+        sub = ds.sel(policy=name) if "policy" in ds.dims else ds
+        for metric in metrics:
+            values = np.asarray(sub[metric].transpose("draw", "target", "budget").values, dtype=np.float64)  # [R, n, K]
+            with np.errstate(invalid="ignore"):
+                per_draw = np.nanmean(values, axis=1) if values.shape[1] else np.full(values.shape[::2], np.nan)  # [R, K]
+                sd = np.std(per_draw, axis=0, ddof=1) if per_draw.shape[0] > 1 else np.full(per_draw.shape[1], np.nan)
+            for j, k in enumerate(ds["budget"].values):
+                rows.append({"policy": name, "metric": metric, "budget": int(k), "draw_means": per_draw[:, j].tolist(),
+                             "sd": float(sd[j]), "min": float(per_draw[:, j].min()), "max": float(per_draw[:, j].max())})
+    return rows
+
+
+def format_draw_spread(cmp: "PolicyComparison") -> str:
+    """The spread between draws as text, one block per metric (budget rows, policy columns ``sd [min, max]``);
+    empty for one draw."""
+    if not cmp.spread:
+        return ""
+    from truncsens.tables import Column, fmt_num, render_table
+
+    lines = []
+    for metric in cmp.metrics:
+        lines.append(f"{metric}: spread between {cmp.draws} draws of the mean over targets (sd [min, max])")
+        cells = {(r["policy"], r["budget"]): f"{fmt_num(r['sd'], 3)} [{fmt_num(r['min'], 4)}, {fmt_num(r['max'], 4)}]"
+                 for r in cmp.spread if r["metric"] == metric}
+        columns = [Column("budget", ">", 8)] + [Column(p, ">", 30) for p in cmp.policies]
+        lines.append(render_table(columns, [[str(k)] + [cells[(p, k)] for p in cmp.policies] for k in cmp.budgets],
+                                  rule=False, fit=False))
+    return "\n".join(lines)
+
+
 def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), truncation: xr.Dataset | None = None,
                      source: str = "the results file") -> PolicyComparison:
     """Per-budget means with intervals, the policy ratio, and power-law fits.
@@ -154,7 +216,9 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
     for option, given in (("--numerator", cfg.numerator), ("--denominator", cfg.denominator)):
         if given is not None and given not in in_file:  # the defaults may be absent: that is only a note
             raise ValueError(f"{option} {given!r} is not a policy of {source} (it has {', '.join(in_file)})")
-    named = policy_curves(ds, cfg.metrics)
+    named = policy_curves(ds, cfg.metrics)  # per-target means over draws
+    spread = draw_spread(ds, cfg.metrics) if sweep_dim(ds) == "budget" else []
+    R = int(ds.sizes.get("draw", 1))
     policies = [n for n, _ in named]
     budgets = [int(k) for k in named[0][1].points]
     G = named[0][1].n_docs
@@ -190,7 +254,10 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         extra = [(f"truncation{'' if c.policy is None else '[' + c.policy + ']'}", c) for c in curves_of(truncation, list(cfg.metrics))]
     for name, curve in list(named) + extra:
         fits.extend(_power_fits(name, curve, fit_cfg))
-    return PolicyComparison(policies, budgets, table, ratios, fits, notes, tuple(cfg.metrics), cfg.level)
+    if R > 1:
+        notes.append(f"every target's value is its mean over {R} draws of the randomized policies (deterministic "
+                     "policies: the same value in every draw); the spread between draws is listed below")
+    return PolicyComparison(policies, budgets, table, ratios, fits, notes, tuple(cfg.metrics), cfg.level, R, spread)
 
 
 def _power_fits(name: str, curve: Curve, cfg: FitConfig) -> list[dict]:

@@ -3,7 +3,10 @@
 Schema (docs/results.md):
 
 - dims: ``target`` and one sweep dim, ``window`` (suffix truncation) or ``budget`` (retention
-  sweeps); retention sweeps over several policies add a leading ``policy`` dim.
+  sweeps); retention sweeps over several policies add a leading ``policy`` dim, and runs with
+  ``--draws R`` (R > 1) a ``draw`` dim after it (coord 0..R-1: independent draws of the randomized
+  policies; a deterministic policy holds the same values in every draw). Files without ``draw``
+  are one draw. Readers average over draws per target first (:func:`mean_over_draws`).
 - coords: the sweep dim (int64 tokens); per target ``doc`` (str id), ``position`` (int64, index of
   the target token in its document) and ``token_id`` (int64); ``policy`` (str) when present.
   String coords are numpy ``object`` arrays of Python ``str`` in memory and HDF5 variable-length
@@ -15,7 +18,7 @@ Schema (docs/results.md):
   (target, window) and ``actual_context`` (target): the window and reference context each value
   was measured with (:mod:`truncsens.engine.block_runs`); without them actual = nominal.
 - data vars: :data:`truncsens.divergences.METRICS`, float32 (``top1_agree`` int8), shape
-  ([policy,] target, window|budget).
+  ([policy,] [draw,] target, window|budget).
 - attrs: :data:`REQUIRED_ATTRS` plus any provenance. Strings and numbers are plain NetCDF attrs;
   ``None``, ``bool``, lists, tuples, dicts, datetimes and paths are stored as JSON text named in
   the reserved attr ``truncsens_json_attrs`` and restored by :func:`load` as they went in
@@ -65,11 +68,13 @@ def make_results(
     token_id: Sequence[int],
     attrs: Mapping[str, object],
     policies: Sequence[str] | None = None,
+    draws: int | None = None,
 ) -> xr.Dataset:
     """Build a results Dataset.
 
     Args:
-        metrics: name -> array of shape [target, S] (or [policy, target, S] with ``policies``).
+        metrics: name -> array of shape [target, S], with a leading [policy] with ``policies`` and a
+            [draw] before target with ``draws``: [policy, draw, target, S].
         sweep: "window" or "budget".
         sweep_values: the S windows / budgets, in tokens.
         doc, position, token_id: per-target coords, length ``target``.
@@ -77,13 +82,16 @@ def make_results(
             as given (``None`` stays ``None``, ``True`` stays ``True``); they must be storable, see
             :mod:`truncsens.results_codec`.
         policies: policy names for a leading ``policy`` dim, or None.
+        draws: R for a ``draw`` dim (coord 0..R-1), or None (one draw, no dim).
 
     Raises:
         ResultsError: a shape, name or attr does not fit the schema, or an attr value cannot be stored.
     """
     if sweep not in SWEEP_DIMS:
         raise ResultsError(f"sweep dim must be one of {SWEEP_DIMS}, got {sweep!r}")
-    dims = (("policy",) if policies is not None else ()) + ("target", sweep)
+    if draws is not None and draws < 1:
+        raise ResultsError(f"draws must be at least 1, got {draws}")
+    dims = (("policy",) if policies is not None else ()) + (("draw",) if draws is not None else ()) + ("target", sweep)
     data_vars = {}
     for name in METRICS:
         if name not in metrics:
@@ -98,6 +106,8 @@ def make_results(
     }
     if policies is not None:
         coords["policy"] = _strings(policies, "policy")
+    if draws is not None:
+        coords["draw"] = np.arange(draws, dtype=np.int64)
     ds = xr.Dataset(data_vars, coords=coords, attrs=dict(attrs))
     ds.attrs.setdefault("log_base", "e")
     validate(ds)
@@ -171,6 +181,27 @@ def validate(ds: xr.Dataset) -> None:
     values = ds[sweep].values
     if values.ndim != 1 or len(np.unique(values)) != len(values):
         raise ResultsError(f"{sweep} values must be unique, got {values.tolist()}")
+    if "draw" in ds.dims and ("draw" not in ds.coords or ds["draw"].values.tolist() != list(range(ds.sizes["draw"]))):
+        raise ResultsError("the draw coord must be 0..R-1")
+
+
+def mean_over_draws(ds: xr.Dataset) -> xr.Dataset:
+    """Per target, the mean of every data var over the ``draw`` dim (a dataset without one is returned
+    as is): what every reader (curves, fits, ``show``, ``compare-policies``) works on.
+
+    The mean keeps non-finite values (``skipna=False``): a target with KL = +inf in one draw has mean
+    +inf, counted downstream as infinite, never dropped; NaN stays NaN. Every var becomes a float64
+    mean (for ``top1_agree``: the share of draws that agree). The attr
+    ``draws_averaged`` records R.
+    """
+    if "draw" not in ds.dims:
+        return ds
+    R = int(ds.sizes["draw"])
+    out = ds.astype(np.float64).mean("draw", skipna=False, keep_attrs=True)  # float64 sums of float32 values
+    for name in ds.data_vars:
+        out[name].attrs = dict(ds[name].attrs)
+    out.attrs["draws_averaged"] = R
+    return out
 
 
 def save(ds: xr.Dataset, path: str | Path) -> Path:

@@ -24,7 +24,7 @@ import xarray as xr
 from truncsens.divergences import METRICS
 from truncsens.fitfile import sanitize
 from truncsens.reports import format_summary
-from truncsens.results import load, sweep_dim
+from truncsens.results import load, mean_over_draws, sweep_dim
 from truncsens.stats import cluster_mean_se, quantiles_with_inf
 
 COUNTS = ("n", "n_inf", "n_nan")
@@ -67,10 +67,13 @@ def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
     (counts and stats of :func:`summarize_values`).
 
     ``se`` is the document-clustered standard error of the mean (:func:`truncsens.stats.cluster_mean_se`).
+    A file with a ``draw`` dim is first averaged over draws per target
+    (:func:`truncsens.results.mean_over_draws`).
 
     Raises:
         ValueError: an unknown metric name.
     """
+    ds = mean_over_draws(ds)
     metrics = list(metrics or METRICS)
     unknown = [m for m in metrics if m not in ds.data_vars]
     if unknown:

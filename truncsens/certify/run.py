@@ -88,7 +88,9 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
     context, token_id = plan.context.to(device), plan.token_id.to(device)
 
     def step(sl: slice) -> None:
-        seeds = [[policy_seeds(plan, sl, seed, p.name, k) for k in sweep.budgets] for p in sweep.policies]
+        # one independent draw per budget, as certify has always drawn: the budget stands in the seed's
+        # draw slot (the seed string "doc:position:policy:budget" of the results published before)
+        seeds = [[policy_seeds(plan, sl, seed, p.name, draw=k) for k in sweep.budgets] for p in sweep.policies]
         out = certify_batch(model, context[sl], sweep.policies, sweep.budgets, seeds, delta)
         for p in range(P):
             for j in range(K):

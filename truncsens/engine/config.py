@@ -32,7 +32,7 @@ DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
 # options added after runs existed, with their defaults: at the default they are left out of the fingerprint
 # (with the options that only mean something beside them), so a run from before them still resumes
-LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token"}
+LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token", "draws": 1}
 LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
 
 
@@ -75,6 +75,10 @@ class MeasureConfig:
         granularity: "token" (one kept set per target, shared by all layers and heads) or "head"
             (one per key/value head, shared by all layers; ``streaming`` and ``prefill_evict`` only;
             :mod:`truncsens.engine.granularity`).
+        draws: R, independent draws of every randomized policy (``random``, ``poisson``); R > 1 adds
+            a ``draw`` dim to the results (:func:`truncsens.engine.kernel.measure_draws`).
+        policy_seed: seed of the randomized policies' draws (None: ``seed``), separate from the
+            target draw so that one set of targets can be measured under several draws.
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
         protocol: "exact" (one pass per target and window) or "block" (K consecutive targets per
@@ -86,13 +90,14 @@ class MeasureConfig:
             reports, the command line recorded in the results.
 
     Raises:
-        MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
+        MeasureError: a count below 1 (``--chunk`` and ``--draws`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
             a chunk other than 1 outside ``streaming``, an unknown protocol, a block fraction outside
             (0, 1], a block size below 1, ``--protocol block`` outside a reencode window sweep (or a
             sweep of one of :data:`BLOCK_POLICIES` under reencode), ``granularity`` other than token or
             head, head granularity under ``reencode`` or with a ``kvpress:`` policy (presses keep their
-            own per-layer, per-head sets).
+            own per-layer, per-head sets), more than one draw
+            without a randomized policy.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -120,6 +125,8 @@ class MeasureConfig:
     block_fraction: float = DEFAULT_BLOCK_FRACTION
     block_size: int = DEFAULT_BLOCK_SIZE
     granularity: str = "token"
+    draws: int = 1
+    policy_seed: int | None = None
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
@@ -138,7 +145,8 @@ class MeasureConfig:
             raise MeasureError(f"--split must be one of auto, {', '.join(SPLITS)}; got {self.split!r}")
         for option, value in (("--docs-per-shard", self.docs_per_shard), ("--max-docs", self.max_docs),
                               ("--targets-per-doc", self.targets_per_doc), ("--batch-tokens", self.max_batch_tokens),
-                              ("--reference-context", self.reference_context), ("--chunk", self.chunk)):
+                              ("--reference-context", self.reference_context), ("--chunk", self.chunk),
+                              ("--draws", self.draws)):
             if value is not None and value < 1:
                 raise MeasureError(f"{option} must be at least 1, got {value}")
         if self.n_sink is not None and self.n_sink < 0:
@@ -179,8 +187,13 @@ class MeasureConfig:
                                "at token with a kvpress: policy")
         semantics.check_positions(self.positions)
         check_policy_args([policy_class(n) for n in self.policies or ()], self.policy_args)
-        for policy in self.build_policies():
+        policies = self.build_policies()
+        for policy in policies:
             semantics.check_policy(policy)
+        if self.draws > 1 and not any(p.randomized for p in policies):
+            raise MeasureError(f"--draws {self.draws} repeats the draws of randomized policies (--policy random or "
+                               "poisson); " + ("a window sweep is deterministic" if self.policies is None else
+                                              f"{', '.join(self.policies)} decide deterministically") + " (leave --draws at 1)")
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, "" if self.policies is None else "-policies"))
 
@@ -218,6 +231,11 @@ class MeasureConfig:
 
         return self.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(device).type, 16384)
 
+    @property
+    def draw_seed(self) -> int:
+        """The seed of the policies' draws: ``policy_seed``, or ``seed`` when none is given."""
+        return self.seed if self.policy_seed is None else self.policy_seed
+
     def fingerprint(self, **resolved) -> dict:
         """What must match for ``--resume`` to reuse shards: every field except :data:`RUN_ONLY_FIELDS`,
         plus ``resolved`` values (N, corpus hash, the sweep)."""
@@ -227,5 +245,9 @@ class MeasureConfig:
                 del keep[name]
                 for dependent in LATER_OPTIONS_DEPENDENTS.get(name, ()):
                     del keep[dependent]
+        if keep.get("policy_seed") in (None, self.seed):  # the same draws as the default
+            keep.pop("policy_seed", None)
+        if any(p.randomized for p in self.build_policies()):  # draws common to every budget since --draws:
+            keep["draw_seeds"] = "common to every budget"  # shards drawn per budget before are not reused
         keep.update(resolved)
         return keep

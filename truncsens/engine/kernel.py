@@ -9,6 +9,12 @@ attention statistics: ``streaming``, ``prefill_evict``) both run on the same bat
 otherwise (``reencode``) the reference pass is batched over N-token sequences and each kept pass over
 sequences of its own length, so a window sweep costs what a bare batched forward of the same
 sequences costs.
+
+Draws (:func:`measure_draws`): a randomized policy (``randomized`` class attribute true: ``random``,
+``poisson``) is measured R times with independent seeds; a deterministic one once, its values copied
+to every draw. Seeds never depend on the budget (common random numbers,
+:func:`policy_seeds`): one priority per key serves every budget, so kept sets are nested in the
+budget and one target's D(k) compares like with like across k.
 """
 
 from __future__ import annotations
@@ -29,15 +35,16 @@ from truncsens.targets import TargetSet, doc_seed
 
 @dataclass
 class KernelOutput:
-    """What :func:`measure_targets` returns.
+    """What :func:`measure_draws` and :func:`measure_targets` return.
 
     Attributes:
-        metrics: name -> [P, n, K] (float32; ``top1_agree`` int8).
-        kept_tokens: [P, n, K] int32 keys the target's query kept.
-        evicted_attention_mass: [P, n, K] float32 attention mass of the full-context target query on
-            the evicted keys (mean over layers and heads), or None when the semantics has no
-            attention statistics (``reencode``).
-        n_clamped: values clamped for rounding noise.
+        metrics: name -> [P, R, n, K] from :func:`measure_draws` (R draws), [P, n, K] from
+            :func:`measure_targets` (one draw); float32, ``top1_agree`` int8.
+        kept_tokens: int32 keys the target's query kept, shaped as ``metrics``.
+        evicted_attention_mass: float32 attention mass of the full-context target query on the
+            evicted keys (mean over layers and heads), shaped as ``metrics``, or None when the
+            semantics has no attention statistics (``reencode``).
+        n_clamped: values clamped for rounding noise (over every draw measured).
     """
 
     metrics: dict[str, np.ndarray]
@@ -45,20 +52,49 @@ class KernelOutput:
     evicted_attention_mass: np.ndarray | None
     n_clamped: int
 
+    def first_draw(self) -> "KernelOutput":
+        """The output of draw 0 alone: arrays [P, R, n, K] -> [P, n, K]."""
+        lost = None if self.evicted_attention_mass is None else self.evicted_attention_mass[:, 0]
+        return KernelOutput({m: v[:, 0] for m, v in self.metrics.items()}, self.kept_tokens[:, 0], lost, self.n_clamped)
 
-def policy_seeds(targets: TargetSet, sl: slice, seed: int, policy: str, budget: int) -> list[int]:
-    """One seed per target of ``targets[sl]``: ``doc_seed(seed, "doc:position:policy:budget")``, so a
-    draw depends neither on batching nor on sharding nor on resuming."""
-    return [doc_seed(seed, f"{d}:{int(t)}:{policy}:{budget}") for d, t in zip(targets.doc[sl], targets.position[sl])]
+
+def policy_seeds(targets: TargetSet, sl: slice, seed: int, policy: str, *, draw: int = 0) -> list[int]:
+    """One seed per target of ``targets[sl]``: ``doc_seed(seed, "doc:position:policy:draw")`` (SHA-256,
+    :func:`truncsens.targets.doc_seed`), so a draw depends neither on batching nor on sharding nor on
+    resuming, and **not on the budget**: every budget of a target reads the same priorities (common
+    random numbers), which makes the kept sets of ``random`` and ``poisson`` nested in the budget.
+
+    Args:
+        targets: the targets; sl: which of them.
+        seed: the policy seed (``--policy-seed``, by default the run's ``--seed``).
+        policy: the policy's name.
+        draw: the draw index r in 0..R-1 (``--draws R``).
+    """
+    return [doc_seed(seed, f"{d}:{int(t)}:{policy}:{draw}") for d, t in zip(targets.doc[sl], targets.position[sl])]
 
 
-@torch.no_grad()
 def measure_targets(
     model, targets: TargetSet, policies: Sequence[Policy], budgets: Sequence[int], semantics: Semantics,
     positions: str, seed: int, device: str, max_batch_tokens: int, on_tokens: Callable[[int], None] | None = None,
     chunk: int = 1, granularity: str = "token",
 ) -> KernelOutput:
-    """Metrics of every (policy, target, budget).
+    """Metrics of every (policy, target, budget), draw 0 of :func:`measure_draws` (arrays [P, n, K])."""
+    return measure_draws(model, targets, policies, budgets, semantics, positions, seed, device, max_batch_tokens,
+                         on_tokens, chunk, draws=1, granularity=granularity).first_draw()
+
+
+def draws_measured(policies: Sequence[Policy], draws: int) -> list[int]:
+    """How many draws of each policy are measured: R for a randomized policy, 1 for a deterministic one."""
+    return [draws if p.randomized else 1 for p in policies]
+
+
+@torch.no_grad()
+def measure_draws(
+    model, targets: TargetSet, policies: Sequence[Policy], budgets: Sequence[int], semantics: Semantics,
+    positions: str, seed: int, device: str, max_batch_tokens: int, on_tokens: Callable[[int], None] | None = None,
+    chunk: int = 1, draws: int = 1, granularity: str = "token",
+) -> KernelOutput:
+    """Metrics of every (policy, draw, target, budget).
 
     Args:
         model: causal LM on ``device``.
@@ -66,22 +102,30 @@ def measure_targets(
         policies: P policies, each checked against ``semantics``; budgets: K budgets (checked, <= N).
         semantics: the semantics object (:mod:`truncsens.engine.semantics`).
         positions: "original" or "reindexed" (checked against the semantics).
-        seed: run seed (see :func:`policy_seeds`).
+        seed: policy seed (see :func:`policy_seeds`).
         max_batch_tokens: token budget of one forward pass.
         on_tokens: progress callback (forward tokens processed).
         chunk: streaming decisions every ``chunk`` tokens (:mod:`truncsens.policies.streaming`).
         granularity: "token" or "head" (:mod:`truncsens.engine.granularity`); under "head"
             ``kept_tokens`` is the mean kept per key/value head, rounded to a whole token.
+        draws: R >= 1 draws of each randomized policy (draw r seeded with ``draw=r``); a
+            deterministic policy is measured once and its values copied to every draw.
 
     Returns:
-        :class:`KernelOutput`.
+        :class:`KernelOutput` with arrays [P, R, n, K].
+
+    Raises:
+        ValueError: ``draws`` below 1.
     """
     semantics.check_granularity(granularity)  # head granularity needs per-head caches (not reencode)
+    if draws < 1:
+        raise ValueError(f"draws must be at least 1, got {draws}")
     n, N = targets.context.shape
-    P, K = len(policies), len(budgets)
-    metrics = {m: np.zeros((P, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
-    kept_tokens = np.zeros((P, n, K), dtype=np.int32)
-    lost = np.zeros((P, n, K), dtype=np.float32) if semantics.reference_state else None
+    P, K, R = len(policies), len(budgets), draws
+    per_policy = draws_measured(policies, R)
+    metrics = {m: np.zeros((P, R, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
+    kept_tokens = np.zeros((P, R, n, K), dtype=np.int32)
+    lost = np.zeros((P, R, n, K), dtype=np.float32) if semantics.reference_state else None
     out = KernelOutput(metrics, kept_tokens, lost, 0)
     if n == 0:
         return out
@@ -89,12 +133,13 @@ def measure_targets(
     token_id = targets.token_id.to(device)  # [n]
     queries = semantics.queries(N, device)  # [Q]
 
-    def record(p: int, j: int, sl: slice, ref_lp: torch.Tensor, lp: torch.Tensor, keep_last: torch.Tensor) -> None:
+    def record(p: int, r: int, j: int, sl: slice, ref_lp: torch.Tensor, lp: torch.Tensor,
+               keep_last: torch.Tensor) -> None:
         values, n_clamped = all_metrics(ref_lp, lp, token_id[sl])
         out.n_clamped += n_clamped
         for name, v in values.items():
-            metrics[name][p, sl, j] = v.cpu().numpy()
-        kept_tokens[p, sl, j] = np.rint(kept_count(keep_last).cpu().numpy())
+            metrics[name][p, r, sl, j] = v.cpu().numpy()
+        kept_tokens[p, r, sl, j] = np.rint(kept_count(keep_last).cpu().numpy())
 
     def progress(tokens: int) -> None:
         if on_tokens:
@@ -106,16 +151,18 @@ def measure_targets(
             ref = semantics.reference(model, ids, policies, granularity)
             progress(ids.numel())
             for p, policy in enumerate(policies):
-                for j, k in enumerate(budgets):
-                    lp, keep_last = semantics.policy_logprobs(  # [b, V], [b, N]
-                        model, ids, policy, k, policy_seeds(targets, sl, seed, policy.name, k), ref, positions, chunk, granularity)
-                    record(p, j, sl, ref.logprobs, lp, keep_last)
-                    if lost is not None and ref.last_attention is not None:
-                        lost[p, sl, j] = evicted_mass(ref.last_attention, keep_last).cpu().numpy()
-                    progress(ids.shape[0] * semantics.cost(N, k))
+                for r in range(per_policy[p]):
+                    seeds = policy_seeds(targets, sl, seed, policy.name, draw=r)
+                    for j, k in enumerate(budgets):
+                        lp, keep_last = semantics.policy_logprobs(  # [b, V], [b, N]
+                            model, ids, policy, k, seeds, ref, positions, chunk, granularity)
+                        record(p, r, j, sl, ref.logprobs, lp, keep_last)
+                        if lost is not None and ref.last_attention is not None:
+                            lost[p, r, sl, j] = evicted_mass(ref.last_attention, keep_last).cpu().numpy()
+                        progress(ids.shape[0] * semantics.cost(N, k))
 
         run_in_batches(step, n, N, max_batch_tokens)
-        return out
+        return _copy_deterministic(out, per_policy)
 
     store: dict[str, torch.Tensor] = {}
 
@@ -130,14 +177,26 @@ def measure_targets(
     ref_lp = store["ref"]  # [n, V]
     everyone = slice(0, n)
     for p, policy in enumerate(policies):
-        for j, k in enumerate(budgets):
-            kept = policy.keep(N, k, queries, policy_seeds(targets, everyone, seed, policy.name, k))  # [n, Q, N]
+        for r in range(per_policy[p]):
+            seeds = policy_seeds(targets, everyone, seed, policy.name, draw=r)
+            for j, k in enumerate(budgets):
+                kept = policy.keep(N, k, queries, seeds)  # [n, Q, N]
 
-            def kept_step(sl: slice, p=p, j=j, k=k, kept=kept) -> None:
-                rows = Kept(kept.keep[sl], kept.offset[sl], kept.queries)
-                lp = semantics.kept_logprobs(model, context[sl], rows, None, positions)
-                record(p, j, sl, ref_lp[sl], lp, rows.keep[:, -1, :])
-                progress(lp.shape[0] * semantics.cost(N, k))
+                def kept_step(sl: slice, p=p, r=r, j=j, k=k, kept=kept) -> None:
+                    rows = Kept(kept.keep[sl], kept.offset[sl], kept.queries)
+                    lp = semantics.kept_logprobs(model, context[sl], rows, None, positions)
+                    record(p, r, j, sl, ref_lp[sl], lp, rows.keep[:, -1, :])
+                    progress(lp.shape[0] * semantics.cost(N, k))
 
-            run_in_batches(kept_step, n, semantics.cost(N, k), max_batch_tokens)
+                run_in_batches(kept_step, n, semantics.cost(N, k), max_batch_tokens)
+    return _copy_deterministic(out, per_policy)
+
+
+def _copy_deterministic(out: KernelOutput, per_policy: list[int]) -> KernelOutput:
+    """Fill draws 1..R-1 of the policies measured once with the values of their draw 0."""
+    arrays = [*out.metrics.values(), out.kept_tokens] + ([out.evicted_attention_mass] if out.evicted_attention_mass is not None else [])
+    for p, measured in enumerate(per_policy):
+        if measured == 1:
+            for a in arrays:  # [P, R, n, K]
+                a[p, 1:] = a[p, :1]
     return out

@@ -9,9 +9,11 @@ Results: dims (target, window) for a window sweep; (target, budget), or (policy,
 when several policies run, for a policy sweep, whose attrs add ``policy`` (names in order),
 ``policy_params`` (JSON), ``budget_counts``, ``score_source`` (where scores came from) and, for
 streaming, ``chunk`` (tokens between eviction decisions), ``granularity`` (``token``: one kept set per
-target; ``head``: one per key/value head), and whose data vars add ``kept_tokens`` (int32, keys the
-target's query kept, under head granularity the mean per key/value head rounded to a token; random
-for ``poisson``) and, for streaming and prefill-evict,
+target; ``head``: one per key/value head), ``policy_seed`` (seed of the policies'
+draws), ``draws`` (R) and ``draw_seeds`` (how the draws are seeded); with R > 1 every data var gains
+a ``draw`` dim after ``policy`` (deterministic policies: the same values in every draw). Its data
+vars add ``kept_tokens`` (int32, keys the target's query kept, under head granularity the mean per
+key/value head rounded to a token; random for ``poisson``) and, for streaming and prefill-evict,
 ``evicted_attention_mass`` (float32: the attention probability mass the full-context target query
 puts on the keys its policy evicted, mean over layers and heads).
 """
@@ -30,7 +32,7 @@ from truncsens import results
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.distributed import current_ranks, process_device
 from truncsens.engine.documents import RunDocuments, prepare_documents
-from truncsens.engine.kernel import KernelOutput, measure_targets
+from truncsens.engine.kernel import KernelOutput, draws_measured, measure_draws
 from truncsens.engine.shards import check_output, run_shards
 from truncsens.engine.sweep import Sweep, resolve_sweep
 from truncsens.models import LoadedModel, load_model
@@ -115,28 +117,42 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         if sweep.semantics.name == "streaming":
             attrs["chunk"] = cfg.chunk
         attrs["granularity"] = cfg.granularity
+        attrs.update({
+            "policy_seed": cfg.draw_seed, "draws": cfg.draws,
+            "draw_seeds": "one seed per (policy seed, doc, position, policy, draw), common to every budget "
+                          "(common random numbers: kept sets of random nested in the budget, and of poisson except under "
+                          "streaming, whose online scores differ between budgets)",
+        })
     return attrs
 
 
 def shard_results(out: KernelOutput, plan: TargetSet, sweep: Sweep, attrs: dict, bos_id: int | None = None):
-    """The results Dataset of one shard (see the module docstring for its layout); the per-target
-    coord ``bos_first`` (int8) says whether the reference context began with the tokenizer's BOS."""
+    """The results Dataset of one shard from ``out`` of :func:`~truncsens.engine.kernel.measure_draws`
+    (arrays [P, R, n, K]; see the module docstring for the layout: the ``policy`` dim only for P > 1,
+    the ``draw`` dim only for R > 1); the per-target coord ``bos_first`` (int8) says whether the
+    reference context began with the tokenizer's BOS."""
     single = len(sweep.policies) == 1
     names = [p.name for p in sweep.policies]
-    ds = results.make_results({m: v[0] if single else v for m, v in out.metrics.items()}, sweep.dim, sweep.values,
+    R = out.kept_tokens.shape[1]
+
+    def layout(values: np.ndarray) -> np.ndarray:  # [P, R, n, K] -> ([P,] [R,] n, K)
+        values = values if R > 1 else values[:, 0]
+        return values[0] if single else values
+
+    ds = results.make_results({m: layout(v) for m, v in out.metrics.items()}, sweep.dim, sweep.values,
                               plan.doc, plan.position, plan.token_id.numpy(), {**attrs, "n_clamped": out.n_clamped},
-                              policies=None if single else names)
+                              policies=None if single else names, draws=R if R > 1 else None)
     first = plan.context[:, 0].numpy() if len(plan) else np.zeros(0, np.int64)  # [n]
     bos_first = (first == bos_id) if bos_id is not None else np.zeros(len(plan), bool)
     ds = ds.assign_coords(bos_first=("target", bos_first.astype(np.int8)))
     if sweep.is_window_sweep:
         return ds
-    dims = ("target", "budget") if single else ("policy", "target", "budget")
+    dims = ds["kl"].dims
     extras = {"kept_tokens": out.kept_tokens}
     if out.evicted_attention_mass is not None:
         extras["evicted_attention_mass"] = out.evicted_attention_mass
     for name, values in extras.items():
-        ds[name] = (dims, values[0] if single else values)
+        ds[name] = (dims, layout(values))
     ds["kept_tokens"].attrs["units"] = "tokens"
     if "evicted_attention_mass" in ds:
         ds["evicted_attention_mass"].attrs["description"] = (
@@ -184,12 +200,13 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
             shards_reused=reused, extra={"protocol": "block"})
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
-        out = measure_targets(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
-                              cfg.seed, loaded.device, batch_tokens, on_tokens, chunk=cfg.chunk,
-                              granularity=cfg.granularity)
+        out = measure_draws(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
+                            cfg.draw_seed, loaded.device, batch_tokens, on_tokens, chunk=cfg.chunk, draws=cfg.draws,
+                            granularity=cfg.granularity)
         return shard_results(out, plan, sweep, attrs, docs.bos_id)
 
-    per_target = N + len(sweep.policies) * sum(sweep.semantics.cost(N, k) for k in sweep.budgets)
+    passes = sum(draws_measured(sweep.policies, cfg.draws))  # kept passes per budget: R per randomized policy
+    per_target = N + passes * sum(sweep.semantics.cost(N, k) for k in sweep.budgets)
     desc = "measure" if sweep.is_window_sweep else f"measure {sweep.semantics.name}"
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
     path, reused, n_targets = run_shards(

@@ -96,9 +96,12 @@ class Policy:
 
     Class attributes:
         name: registry name (``--policy NAME``).
+        randomized: whether the kept sets depend on the seeds (``random``, ``poisson``); such a policy
+            is measured once per draw (:func:`truncsens.engine.kernel.measure_draws`).
     """
 
     name: ClassVar[str] = ""
+    randomized: ClassVar[bool] = False  # kept sets depend on the seeds: measured once per draw (--draws)
 
     def score_kind(self) -> str | None:
         """Which ``scores`` :meth:`keep` and :meth:`evict` need (a key of :data:`SCORE_KINDS`), or None:

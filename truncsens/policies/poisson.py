@@ -21,10 +21,21 @@ tail keys plus those leaving now sum to the tail budget m (:func:`inclusion_prob
 kept with probability π_j, and its offset ``log(1/π_j)`` is fixed for its life in the cache. When
 more than m drawn keys are cached, those of lowest score are evicted (deterministically; the offsets
 then describe the draw, not the later capacity eviction).
+
+Nested budgets [ours] (:meth:`PoissonPolicy.keep`, per-query kept sets: ``reencode``,
+``prefill_evict``): the engine's seeds do not depend on the budget, so key j of query q reads the
+same uniform u_qj at every budget and is kept where ``u_qj < π_qj(k)``. The certain set grows with k
+(the recent and top slices never shrink, :meth:`PoissonPolicy.slices`), and since R + T grows by at
+most k' - k from k to k', the scale c of ``π = min(1, c·score)`` never decreases (the tail loses the
+keys that became certain, whose π summed to at most what the tail budget lost), so every tail π_j
+grows with k and the kept sets are nested in the budget. Under ``streaming`` the scores are those of
+the evicted run itself, which differ between budgets, so nestedness in the budget is not guaranteed
+there; what holds is that every budget reads the same uniform per key (tests/test_draws.py).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -37,6 +48,16 @@ from truncsens.policies.base import (
 )
 
 SCORES = ("attention", "key_norm")
+
+
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments, asked at every streaming step
+def _top_slice(budget: int, recent_fraction: float, top_fraction: float) -> int:
+    """``max(0, max_{1 <= j <= k} ⌊(f_r + f_t)·j⌋ - max(1, ⌊f_r·j⌋))``: the top slice before the cap of
+    :meth:`PoissonPolicy.slices`, non-decreasing in k, rising only where the recent slice does not."""
+    best = 0
+    for j in range(1, budget + 1):
+        best = max(best, int((recent_fraction + top_fraction) * j) - max(1, int(recent_fraction * j)))
+    return best
 
 
 @dataclass
@@ -52,6 +73,7 @@ class PoissonPolicy(Policy):
     """
 
     name: ClassVar[str] = "poisson"
+    randomized: ClassVar[bool] = True  # measured once per draw (truncsens.engine.kernel.measure_draws)
     n_sink: int = 4
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
@@ -79,10 +101,17 @@ class PoissonPolicy(Policy):
         return super().requirements() | {LOGIT_OFFSETS}
 
     def slices(self, budget: int) -> tuple[int, int, int]:
-        """(recent R, top T, tail budget m) for budget k, with ``n_sink + R + T + m = k`` and R >= 1."""
+        """(recent R, top T, tail budget m) for budget k, with ``n_sink + R + T + m = k`` and R >= 1.
+
+        ``R = min(k - n_sink, max(1, ⌊f_r·k⌋))`` and ``T = min(k - n_sink - R, max_{j <= k} ⌊(f_r + f_t)·j⌋ -
+        max(1, ⌊f_r·j⌋))`` ([ours]; f_r, f_t: the recent and top fractions). R and T never decrease
+        with k and R + T grows by at most one per unit of k, which makes the kept sets nested in the
+        budget under common random numbers (:meth:`keep`). At budgets that are multiples of 4 with
+        the default fractions 1/4 this is ``R = T = k/4``, the split of ⌊f·k⌋ each.
+        """
         free = budget - self.n_sink
         r = min(free, max(1, int(self.recent_fraction * budget)))
-        t = min(free - r, int(self.top_fraction * budget))
+        t = min(free - r, _top_slice(budget, self.recent_fraction, self.top_fraction))
         return r, t, free - r - t
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],

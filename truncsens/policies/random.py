@@ -28,11 +28,17 @@ class RandomPolicy(Policy):
             uniform subset (not realizable as one cache; the same marginal law per query), so it is
             refused under ``streaming``.
 
+    Budgets: the priorities come from the seeds alone, and the engine's seeds do not depend on the
+    budget (:func:`truncsens.engine.kernel.policy_seeds`), so the kept set at budget k is a subset of
+    the one at k' > k (the k - 1 lowest priorities are among the k' - 1 lowest), under every
+    semantics and chunk size.
+
     Streaming (:meth:`evict`): the cached key of highest priority ``u_j`` is evicted, so with chunks of
     one token the kept sets equal those of :meth:`keep` (the k - 1 earlier keys of lowest priority).
     """
 
     name: ClassVar[str] = "random"
+    randomized: ClassVar[bool] = True  # measured once per draw (truncsens.engine.kernel.measure_draws)
     per_query: bool = False
 
     def requirements(self) -> frozenset[str]:
