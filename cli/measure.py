@@ -85,8 +85,11 @@ def _run_and_report(run, cfg) -> None:
         raise
     if summary.n_targets < 0:  # not rank 0 of a multi-process run: rank 0 reports
         return
-    what = (f"policies {', '.join(summary.extra['policies'])}, semantics {summary.extra['semantics']}, budgets"
-            if summary.extra else "windows")
+    extra = summary.extra
+    what = (f"policies {', '.join(extra['policies'])}, semantics {extra['semantics']}, budgets"
+            if "policies" in extra else "windows")
+    if "protocol" in extra:
+        what = f"{extra['protocol']} protocol, {what}"
     typer.echo(
         f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} documents "
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "

@@ -63,8 +63,8 @@ def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: di
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_blocks(loaded.model, plan, windows, n_sink, cfg.positions, cfg.block_fraction,
                              cfg.block_size, loaded.device, batch_tokens, on_tokens, room)
-        kept = (out.actual_window + n_sink).astype(np.int32)[None]  # [1, n, S] keys the target's query read
-        kernel = KernelOutput({m: v[None] for m, v in out.metrics.items()}, kept, None, out.n_clamped)
+        kept = (out.actual_window + n_sink).astype(np.int32)[None, None]  # [1, 1, n, S] keys the target's query read
+        kernel = KernelOutput({m: v[None, None] for m, v in out.metrics.items()}, kept, None, out.n_clamped)  # [P=1, R=1, n, S]
         ds = shard_results(kernel, plan, sweep, attrs, docs.bos_id)
         actual = out.actual_window if sweep.is_window_sweep else out.actual_window + n_sink  # [n, S]
         return ds.assign_coords({f"actual_{sweep.dim}": (("target", sweep.dim), actual.astype(np.int32)),

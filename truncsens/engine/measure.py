@@ -190,6 +190,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     batch_tokens = cfg.batch_tokens(loaded.device)
     attrs = provenance(cfg, loaded, N, docs, sweep)
 
+    extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
     if cfg.protocol == "block":
         from truncsens.engine.block_runs import run_block_shards
 
@@ -197,7 +198,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
         return MeasureSummary(
             path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
             n_docs_skipped=docs.n_short, sweep_dim=sweep.dim, sweep=sweep.values, reference_context=N,
-            shards_reused=reused, extra={"protocol": "block"})
+            shards_reused=reused, extra={**extra, "protocol": "block"})
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_draws(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
@@ -212,7 +213,6 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     path, reused, n_targets = run_shards(
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
         compute_shard, per_target, desc, cfg.progress, stop_after_shards, ranks, cfg.overwrite)
-    extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
     return MeasureSummary(
         path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
         n_docs_skipped=docs.n_short, sweep_dim=sweep.dim, sweep=sweep.values, reference_context=N,
