@@ -78,6 +78,7 @@ def test_chunked_equals_dense_mask(query_chunk, window, per_head):
     assert (plain - want).abs().max() > 1e-2  # the offsets took part: the test can fail
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("per_head", [False, True])
 def test_flex_equals_dense_mask(per_head):
     """FlexAttention's mask_mod / score_mod (uncompiled on CPU) give the same attention."""
