@@ -112,6 +112,7 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     first = Tk - Tq  # position of query row 0
     j_all = torch.arange(Tk, device=device)
     alive_any = evict if evict.dim() == 2 else evict.amax(1)  # [B, Tk] latest step any head reads each key
+    evict_h, offset_h = _heads(evict, groups), _heads(offset, groups)  # [B, 1|H, Tk] each
     out = []
     for s in range(first, Tk, query_chunk):
         e = min(s + query_chunk, Tk)
@@ -121,8 +122,8 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         take = index.view(B, 1, n, 1).expand(B, Hkv, n, D)  # [B, Hkv, n, D]
         k = key.gather(2, take).repeat_interleave(groups, dim=1)  # [B, H, n, D]
         v = value.gather(2, take).repeat_interleave(groups, dim=1)  # [B, H, n, D]
-        ev = _heads(evict, groups).gather(2, index.unsqueeze(1).expand(B, _heads(evict, groups).shape[1], n))
-        off = _heads(offset, groups).gather(2, index.unsqueeze(1).expand(B, ev.shape[1], n))  # [B, 1|H, n]
+        cols = index.unsqueeze(1).expand(B, evict_h.shape[1], n)  # [B, 1|H, n]
+        ev, off = evict_h.gather(2, cols), offset_h.gather(2, cols)  # [B, 1|H, n] each
         q_pos = torch.arange(s, e, device=device).view(1, 1, e - s, 1)  # [1, 1, c, 1]
         j = index.unsqueeze(1).unsqueeze(1)  # [B, 1, 1, n]
         keep = (j <= q_pos) & (q_pos < ev.unsqueeze(2))  # [B, 1|H, c, n]
@@ -183,7 +184,8 @@ def flex_evict_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         return score + (off[b, h // groups, kv_idx] if per_head else off[b, kv_idx])
 
     compiled = query.is_cuda if compiled is None else compiled
-    block_mask = create_block_mask(mask_mod, B, H if per_head else None, Tq, Tk, device=query.device)
+    # compiled, the block mask is built block by block; uncompiled it evaluates mask_mod on all Tq x Tk pairs
+    block_mask = create_block_mask(mask_mod, B, H if per_head else None, Tq, Tk, device=query.device, _compile=compiled)
     return _flex(compiled)(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
                            enable_gqa=groups > 1)
 
