@@ -13,3 +13,8 @@ run measure_qwen2.5-0.5b_bf16_N4096 benchmarks/measure_throughput.py --random-co
 run measure_llama-3.2-1b_bf16_N4096 benchmarks/measure_throughput.py --random-config llama-3.2-1b --device cuda --dtype bfloat16 --reference-context 4096 --targets 64 --naive-targets 4
 run measure_qwen2.5-0.5b_fp32_N1024 benchmarks/measure_throughput.py --random-config qwen2.5-0.5b --device cuda --dtype float32 --reference-context 1024 --targets 64 --naive-targets 8
 run policies_refsize_cuda benchmarks/policies_throughput.py --device cuda --length 512 --sequences 8
+# Block protocol (--protocol block) at long reference contexts: forward tokens/s, attention kernel, MFU (bfloat16 peak 989 TFLOP/s)
+run block_qwen2.5-0.5b_bf16_N8192 benchmarks/block_throughput.py --random-config qwen2.5-0.5b --device cuda --dtype bfloat16 --reference-context 8192 --blocks 8
+run block_llama-3.2-1b_bf16_N8192 benchmarks/block_throughput.py --random-config llama-3.2-1b --device cuda --dtype bfloat16 --reference-context 8192 --blocks 8
+run block_qwen2.5-0.5b_bf16_N32768 benchmarks/block_throughput.py --random-config qwen2.5-0.5b --device cuda --dtype bfloat16 --reference-context 32768 --blocks 2
+run block_llama-3.2-1b_bf16_N32768 benchmarks/block_throughput.py --random-config llama-3.2-1b --device cuda --dtype bfloat16 --reference-context 32768 --blocks 2

@@ -10,11 +10,13 @@ and ``--overwrite`` are :mod:`truncsens.cli.options`; errors and broken pipes ar
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
 
 COMMAND_MODULES = (
     "measure", "show", "train_reference", "fit", "recommend_window", "plot", "compare_policies", "certify",
+    "certify_attribution",
 )
 
 app = typer.Typer(
@@ -45,5 +47,44 @@ for _name in COMMAND_MODULES:
     importlib.import_module(f"truncsens.cli.{_name}").register(app)
 
 
+def _click_errors() -> tuple[type[BaseException], ...]:
+    """The exception bases of command-line errors: typer >= 0.22 carries its own click (``TyperException``),
+    older versions raise click's ``ClickException``."""
+    bases: list[type[BaseException]] = []
+    if hasattr(typer, "TyperException"):
+        bases.append(typer.TyperException)
+    try:
+        import click
+
+        bases.append(click.ClickException)
+    except ImportError:  # pragma: no cover - typer without click
+        pass
+    return tuple(bases)
+
+
+def run(args: list[str] | None = None) -> None:
+    """The console script: :data:`app`, with a command-line usage error (an unknown option or command, a
+    value that does not parse) reported as one ``error: ...`` line on stderr and exit code 2, as the
+    library's errors are (:mod:`truncsens.cli.errors`), instead of a framed box.
+
+    Raises:
+        SystemExit: always, with the command's exit code.
+    """
+    try:
+        code = app(args=args, standalone_mode=False, prog_name="truncsens")
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        code = 1
+    except _click_errors() as exc:
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:  # a bare group: its help
+            typer.echo(ctx.get_help(), err=True)
+        else:
+            where = f" (see '{ctx.command_path} -h')" if ctx is not None else ""
+            typer.echo(f"error: {exc.format_message()}{where}", err=True)
+        code = getattr(exc, "exit_code", 2)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    run()

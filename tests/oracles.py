@@ -381,3 +381,207 @@ def evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, seeds: li
     finally:
         model.set_attn_implementation(before)
     return torch.stack(rows), torch.stack(evicts)
+
+
+def _heads(model) -> tuple[int, int]:
+    """(query heads H, key/value heads Hkv) read from the config (Hkv = H without GQA)."""
+    h = model.config.num_attention_heads
+    return h, getattr(model.config, "num_key_value_heads", None) or h
+
+
+def _kv_head_attention(attentions, kv: int) -> torch.Tensor:
+    """Per-layer eager attentions [1, H, c, n] -> [Hkv, c, n]: for each key/value head h, the mean
+    over layers of the mean over its query heads h·G .. h·G + G - 1."""
+    per_layer = []
+    for a in attentions:
+        h = a.shape[1]
+        g = h // kv
+        per_layer.append(torch.stack([a[0, i * g : (i + 1) * g].float().mean(0) for i in range(kv)]))  # [Hkv, c, n]
+    return torch.stack(per_layer).mean(0)
+
+
+def _head_mask(offsets: torch.Tensor, visible: torch.Tensor, h: int, dtype: torch.dtype) -> torch.Tensor:
+    """[Hkv, c, n] offsets and visibility per key/value head -> [1, H, c, n] additive mask, query head
+    i reading key/value head i // (H / Hkv), written head by head."""
+    kv = offsets.shape[0]
+    g = h // kv
+    rows = []
+    for i in range(h):
+        rows.append(torch.where(visible[i // g], offsets[i // g], torch.full_like(offsets[i // g], float("-inf"))))
+    return torch.stack(rows).unsqueeze(0).to(dtype)
+
+
+@torch.no_grad()
+def head_evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, row_seeds: list[int], chunk: int = 1):
+    """A streaming cache that evicts per key/value head, fed chunk by chunk (head granularity).
+
+    Per sequence, one transformers cache holds every processed key; what each key/value head has
+    evicted is masked out of that head with ``-inf`` (zero weight: a real per-head cache that dropped
+    the key computes the same) by an explicit [1, H, c, n + c] mask, query head i reading key/value
+    head i // G. After each prompt chunk the oracle computes the statistics itself, per key/value head
+    (attention: mean over layers and the group's query heads, summed over queries, or the newest row;
+    key norms: mean over layers), and asks ``policy.evict`` once for the Hkv heads of the sequence
+    (one row each, uniforms from ``row_seeds[b·Hkv + h]``).
+
+    Args:
+        input_ids: [B, T]; policy; budget: k per head; row_seeds: B·Hkv seeds; chunk: C.
+
+    Returns:
+        (log-probabilities [B, V] float64 after the last token, evict [B, Hkv, T] int64).
+    """
+    from truncsens.policies.base import StreamView, uniforms
+
+    B, T = input_ids.shape
+    H, kv = _heads(model)
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    kind = policy.score_kind()
+    needs_attention = kind in ("attention", "last_attention")
+    before = model.config._attn_implementation
+    if needs_attention:
+        model.set_attn_implementation("eager")
+    prompt = T - 1
+    steps = [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [(prompt, T)]
+    rows, evicts = [], []
+    try:
+        for b in range(B):
+            cache = _new_cache(model)
+            alive = torch.zeros(kv, T, dtype=torch.bool)
+            offsets, drawn = torch.zeros(kv, T), torch.zeros(kv, T, dtype=torch.bool)
+            acc, last, norms = torch.zeros(kv, T), torch.zeros(kv, T), torch.zeros(kv, T)
+            evict = torch.full((kv, T), T, dtype=torch.long)
+            u = uniforms(row_seeds[b * kv : (b + 1) * kv], (T,), "cpu")  # [Hkv, T]
+            for s, e in steps:
+                c = e - s
+                causal = torch.ones(c, e, dtype=torch.bool)
+                causal[:, s:] = torch.ones(c, c, dtype=torch.bool).tril()
+                visible = (alive[:, :e].clone().unsqueeze(1) | torch.zeros(kv, c, e, dtype=torch.bool))
+                visible[:, :, s:] = True
+                visible &= causal  # [Hkv, c, e]
+                off = offsets[:, :e].unsqueeze(1).expand(kv, c, e)  # [Hkv, c, e]
+                out = model(input_ids=input_ids[b : b + 1, s:e], position_ids=torch.arange(s, e).unsqueeze(0),
+                            attention_mask=_head_mask(off, visible, H, dtype), use_cache=True,
+                            output_attentions=needs_attention, **{kw: cache})
+                if e == T:
+                    rows.append(_logprobs(out.logits[0, -1]))
+                    break
+                alive[:, s:e] = True
+                if needs_attention:
+                    att = _kv_head_attention(out.attentions, kv)  # [Hkv, c, e]
+                    acc[:, :e] += att.sum(1)
+                    last = torch.zeros(kv, T)
+                    last[:, :e] = att[:, -1]
+                if kind == "key_norm":
+                    per_layer = [_layer_kv(cache, l)[0][0, :, s:e].float().norm(dim=-1) for l in range(_n_layers(cache))]
+                    norms[:, s:e] = torch.stack(per_layer).mean(0)  # [Hkv, c]
+                view = StreamView(alive[:, :e].clone(), offsets[:, :e].clone(), drawn[:, :e].clone(), budget, e,
+                                  u[:, :e], accumulated=acc[:, :e].clone(), last=last[:, :e].clone(),
+                                  key_norm=norms[:, :e].clone())
+                step = policy.evict(view)
+                for h in range(kv):
+                    for j in range(e):
+                        if alive[h, j] and not step.keep[h, j]:
+                            evict[h, j] = e
+                alive[:, :e] = step.keep
+                offsets[:, :e] = torch.where(step.keep, step.offset.float(), torch.zeros(kv, e))
+                drawn[:, :e] = step.drawn
+            evicts.append(evict)
+    finally:
+        model.set_attn_implementation(before)
+    return torch.stack(rows), torch.stack(evicts)
+
+
+@torch.no_grad()
+def head_statistics(model, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-context statistics per key/value head, one sequence at a time (eager attention).
+
+    Returns:
+        (attention [B, Hkv, T, T] float32: mean over layers and the group's query heads;
+        key_norm [B, Hkv, T] float32: L2 norm of each key, mean over layers).
+    """
+    B, T = input_ids.shape
+    _, kv = _heads(model)
+    before = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    atts, norms = [], []
+    try:
+        for b in range(B):
+            cache = _new_cache(model)
+            out = model(input_ids=input_ids[b : b + 1], position_ids=torch.arange(T).unsqueeze(0),
+                        attention_mask=torch.ones(1, T, dtype=torch.long), use_cache=True, output_attentions=True,
+                        **{_cache_keyword(model): cache})
+            atts.append(_kv_head_attention(out.attentions, kv))  # [Hkv, T, T]
+            norms.append(torch.stack([_layer_kv(cache, l)[0][0].float().norm(dim=-1)
+                                      for l in range(_n_layers(cache))]).mean(0))  # [Hkv, T]
+    finally:
+        model.set_attn_implementation(before)
+    return torch.stack(atts), torch.stack(norms)
+
+
+@torch.no_grad()
+def head_prefill_evict(model, input_ids: torch.Tensor, keep_last: torch.Tensor,
+                       offset_last: torch.Tensor | None) -> torch.Tensor:
+    """Prefill-evict per key/value head: per sequence, full prefill of T - 1 tokens, then the last token
+    decoded against the full cache with an explicit [1, H, 1, T] mask, query head i reading the kept
+    keys of key/value head i // G (and their offsets).
+
+    Args:
+        input_ids: [B, T]; keep_last: [B, Hkv, T] bool; offset_last: [B, Hkv, T] or None.
+
+    Returns:
+        [B, V] float64 log-probabilities after the last token.
+    """
+    B, T = input_ids.shape
+    H, kv = _heads(model)
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    rows = []
+    for b in range(B):
+        cache = _new_cache(model)
+        ids = input_ids[b : b + 1]
+        model(input_ids=ids[:, : T - 1], position_ids=torch.arange(T - 1).unsqueeze(0),
+              attention_mask=torch.ones_like(ids[:, : T - 1]), use_cache=True, logits_to_keep=1, **{kw: cache})
+        off = offset_last[b] if offset_last is not None else torch.zeros(kv, T)  # [Hkv, T]
+        mask = _head_mask(off.unsqueeze(1), keep_last[b].unsqueeze(1), H, dtype)  # [1, H, 1, T]
+        out = model(input_ids=ids[:, T - 1 :], position_ids=torch.tensor([[T - 1]]), attention_mask=mask,
+                    use_cache=True, logits_to_keep=1, **{kw: cache})
+        rows.append(_logprobs(out.logits[:, -1, :]))
+    return torch.cat(rows)
+
+
+@torch.no_grad()
+def head_prefill_evict_surgery(model, input_ids: torch.Tensor, keep_last: torch.Tensor) -> torch.Tensor:
+    """Prefill-evict per key/value head by cache surgery (no mask mapping assumed): per sequence, full
+    prefill of T - 1 tokens, then each KV head's cache keeps only its own kept keys and values
+    (gathered head by head; keys carry their rotary positions already), and the last token is run
+    against that cache. Every head must keep the same number of keys (deterministic policies).
+
+    Args:
+        input_ids: [B, T]; keep_last: [B, Hkv, T] bool, the same count in every head.
+
+    Returns:
+        [B, V] float64 log-probabilities after the last token.
+    """
+    B, T = input_ids.shape
+    kw = _cache_keyword(model)
+    rows = []
+    for b in range(B):
+        full = _new_cache(model)
+        ids = input_ids[b : b + 1]
+        model(input_ids=ids[:, : T - 1], position_ids=torch.arange(T - 1).unsqueeze(0),
+              attention_mask=torch.ones_like(ids[:, : T - 1]), use_cache=True, logits_to_keep=1, **{kw: full})
+        per_head = [keep_last[b, h, : T - 1].nonzero().flatten() for h in range(keep_last.shape[1])]
+        if len({int(i.numel()) for i in per_head}) != 1:
+            raise ValueError("head_prefill_evict_surgery needs the same kept count in every head")
+        pruned = _new_cache(model)
+        for layer in range(_n_layers(full)):
+            k, v = _layer_kv(full, layer)  # [1, Hkv, T-1, d]
+            ks = torch.stack([k[0, h].index_select(0, i) for h, i in enumerate(per_head)]).unsqueeze(0)
+            vs = torch.stack([v[0, h].index_select(0, i) for h, i in enumerate(per_head)]).unsqueeze(0)
+            pruned.update(ks, vs, layer)  # [1, Hkv, k-1, d] each
+        n = per_head[0].numel() + 1
+        out = model(input_ids=ids[:, T - 1 :], position_ids=torch.tensor([[T - 1]]),
+                    attention_mask=torch.zeros(1, 1, 1, n, dtype=next(model.parameters()).dtype), use_cache=True,
+                    logits_to_keep=1, **{kw: pruned})
+        rows.append(_logprobs(out.logits[:, -1, :]))
+    return torch.cat(rows)

@@ -164,3 +164,30 @@ def test_compare_policies_counts_an_infinite_kl():
     row8, row16 = cmp.table
     assert (row8["mean"], row8["n_inf"]) == (float("inf"), 1) and (row16["mean"], row16["n_inf"]) == (0.5, 0)
     assert "inf (n_inf 1)" in format_comparison(cmp)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["measure", "--chunk", "abc"], "'--chunk'"),
+    (["measure", "--bogus"], "--bogus"),
+    (["nosuchcommand"], "'nosuchcommand'"),
+    (["show"], "'file'"),
+])
+def test_usage_errors_are_one_error_line_exit_2(capsys, argv, says):
+    from truncsens.cli.main import run
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and says in err
+    assert "╭" not in err  # no framed box
+
+
+def test_console_script_help_and_version_exit_0(capsys):
+    from truncsens.cli.main import run
+
+    for argv in (["-h"], ["--version"], ["measure", "-h"]):
+        with pytest.raises(SystemExit) as exit_info:
+            run(argv)
+        assert exit_info.value.code == 0, argv
+    assert "truncsens 0.1" in capsys.readouterr().out

@@ -15,7 +15,7 @@ from truncsens.corpora.builtin import code_documents, nl_documents, stdlib_dir
 from truncsens.corpora.local import folder_documents, jsonl_documents, text_file_documents
 from truncsens.corpora.manifest import builtin_manifest_names, read_manifest
 
-SHIPPED = ["code", "nl", "pg19", "the-stack-smol-python", "wikitext-103"]
+SHIPPED = ["code", "nl", "pg19", "stdlib-long", "the-stack-smol-python", "wikitext-103"]
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +226,7 @@ def test_read_manifest_unknown_lists_shipped():
     with pytest.raises(CorpusError) as info:
         read_manifest("no-such-corpus")
     assert str(info.value) == ("no corpus manifest 'no-such-corpus'; shipped manifests: "
-                               "code, nl, pg19, the-stack-smol-python, wikitext-103")
+                               "code, nl, pg19, stdlib-long, the-stack-smol-python, wikitext-103")
 
 
 @pytest.mark.parametrize("text,message", [
@@ -236,7 +236,7 @@ def test_read_manifest_unknown_lists_shipped():
     ("name: [unclosed\n", "is not valid YAML"),
     ("name: x\ndomain: nl\nsource: local\n", "has source 'local' but lacks the key 'path'"),
     ("name: x\ndomain: nl\nsource: hf\n", "has source 'hf' but lacks the key 'dataset'"),
-    ("name: x\ndomain: nl\nsource: builtin\nbuiltin: poetry\n", "builtin must be 'code' or 'nl', got 'poetry'"),
+    ("name: x\ndomain: nl\nsource: builtin\nbuiltin: poetry\n", "builtin must be 'code', 'nl' or 'long', got 'poetry'"),
 ])
 def test_read_manifest_bad_files(tmp_path, text, message):
     p = tmp_path / "m.yaml"

@@ -231,3 +231,16 @@ def test_models_applying_their_own_windows_keep_the_dense_path():
 @pytest.mark.parametrize("name", OFFLINE)
 def test_streaming_equals_dense_reference_model(name):
     check_model(load_model("reference").model, T=96, budget=16, name=name, query_chunk=40)
+
+
+@pytest.mark.parametrize("name", ["sink_recent", "random"])
+def test_head_granularity_streaming_equals_dense(tiny_llama_dir, name):
+    """--granularity head: the engine's [B, Hkv, T] eviction steps through the evict path equal the
+    dense [B, H, T, T] mask of the same decisions."""
+    model = load_model(tiny_llama_dir).model
+    T = 32
+    ids = torch.randint(0, model.config.vocab_size, (2, T), generator=torch.Generator().manual_seed(4))
+    streaming = SEMANTICS["streaming"]
+    fast, ev = streaming.stream(model, ids, make_policy(name, n_sink=2), 8, [0, 1], 1, "head")
+    assert ev.evict.shape == (2, 2, T)
+    assert_same(fast, streaming.kept_logprobs(model, ids, ev.kept(), None, "original"))

@@ -3,6 +3,13 @@
 A results file sweeps either suffix windows w (dim ``window``) or retention budgets k (dim
 ``budget``, one curve per policy). A :class:`Curve` keeps the sweep's name in ``sweep`` and its
 points in ``points`` (tokens), so budgets are never called windows downstream.
+
+Block-protocol files (:mod:`truncsens.engine.block_runs`) measure each target at an actual window
+``w + i`` (0 <= i < K(w) <= w/8) rather than at the nominal w. Their points stay binned by nominal
+window, and the abscissa of each bin is the mean actual window of its targets (``Curve.x``), which
+the fits use: for a power law C·w^-alpha the mean of C·(w+i)^-alpha over the bin differs from
+C·(mean actual)^-alpha by a second-order term, ``alpha (alpha+1) Var(i) / (2 w^2)`` relative,
+below 0.1 % at K <= w/8 and alpha <= 2 (Taylor expansion to second order). Exact files have x = points.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ class Curve:
         points: [S] int sweep points in tokens (windows or budgets), ascending.
         sums, counts: metric -> [G, S] per-document sums / counts of the finite values
             (see :func:`truncsens.stats.doc_sums`).
+        x: [S] float64 abscissa of each point for the fits: the mean actual window (budget) of its
+            targets (block protocol, coord ``actual_window`` / ``actual_budget``), or None: the points themselves (see :attr:`fit_x`).
         n_posinf, n_neginf, n_nan: metric -> [S] number of targets whose value is +inf (KL where
             q = 0 < p), -inf, or NaN at each point; they are never silently dropped: a point with an
             infinite value has an infinite mean (:meth:`mean_se`).
@@ -54,6 +63,12 @@ class Curve:
     n_posinf: dict[str, np.ndarray] = field(default_factory=dict)
     n_neginf: dict[str, np.ndarray] = field(default_factory=dict)
     n_nan: dict[str, np.ndarray] = field(default_factory=dict)
+    x: np.ndarray | None = None
+
+    @property
+    def fit_x(self) -> np.ndarray:
+        """[S] float64 abscissa of the fits: ``x`` when the file records actual windows, else ``points``."""
+        return self.points.astype(np.float64) if self.x is None else np.asarray(self.x, np.float64)
 
     def inf_counts(self, metric: str) -> tuple[np.ndarray, np.ndarray]:
         """([S] +inf counts, [S] -inf counts) of ``metric`` (zeros when not recorded)."""
@@ -108,6 +123,9 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
         n_ref = int(ds.attrs.get("reference_context", 0))
     except (TypeError, ValueError):
         n_ref = 0
+    x = None
+    if f"actual_{sweep}" in ds.coords:  # block protocol: mean actual window (budget) per nominal one
+        x = np.asarray(ds[f"actual_{sweep}"].transpose("target", sweep).values, np.float64).mean(0)[order]  # [S]
     out = []
     for policy in policies:
         sub = ds if policy is None else ds.sel(policy=policy)
@@ -118,5 +136,5 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
             sums[m], counts[m], docs = doc_sums(values, ds["doc"].values)
             pos[m], neg[m], nan[m] = np.isposinf(values).sum(0), np.isneginf(values).sum(0), np.isnan(values).sum(0)  # [S]
         out.append(Curve(results_file, label if policy is None else f"{label}[{policy}]", policy, sweep, points[order],
-                         sums, counts, docs, int(ds.sizes["target"]), n_ref, attrs, pos, neg, nan))
+                         sums, counts, docs, int(ds.sizes["target"]), n_ref, attrs, pos, neg, nan, x))
     return out

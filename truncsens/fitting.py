@@ -205,7 +205,7 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFit
         FitError: bad ranges, too few points in the fit range (the message names ``--fit-range``),
             a curve with no finite value, or bootstrapping one document.
     """
-    x = curve.points.astype(np.float64)
+    x = curve.fit_x  # [S] mean actual windows of a block-protocol file, else the points
     pts = curve.points
     fit_range, holdout_range, notes = _ranges(curve, cfg)
     in_fit = (pts >= fit_range[0]) & (pts <= fit_range[1])
@@ -239,6 +239,8 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFit
         metrics_out[metric] = {"points": pts.tolist(), "mean": mean.tolist(), "se": se.tolist(),
                                "excluded_points": cls.excluded, "excluded": cls.to_json(), "n_inf": n_inf.tolist(),
                                "n_nan": curve.n_nan.get(metric, np.zeros(pts.shape, int)).tolist()}
+        if curve.x is not None:  # block protocol: the abscissa the fits used (mean actual windows)
+            metrics_out[metric]["fit_x"] = x.tolist()
         if B:
             metrics_out[metric]["bootstrap_mean"] = mean_all[1:].tolist()  # [B, S]: measured crossings per resample
         fw = in_fit & cls.usable

@@ -6,6 +6,7 @@ drawn with :func:`truncsens.tables.render_table`. Input: plain rows and dicts (a
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any, Sequence
 
 from truncsens.tables import Column, fmt_bytes, fmt_interval, fmt_level, fmt_num, render_table
@@ -19,11 +20,25 @@ if TYPE_CHECKING:  # type hints only
 
 
 def format_results_header(file: str, attrs: dict, n_targets: int) -> str:
-    """The first line of ``show``: model, corpus, semantics, positions, sinks, N, number of targets."""
+    """The first line of ``show``: model, corpus, semantics, positions, sinks, N, number of targets, and
+    the protocol when it is not the exact one (block: targets per block, K fraction and cap)."""
     a = attrs
     return (f"{file}: model {a['model']}, corpus {a['corpus']} ({a['domain']}), semantics {a['semantics']}, "
             f"positions {a['positions']}, sinks {a['n_sink']}, reference context {a['reference_context']}, "
-            f"{n_targets} targets")
+            f"{n_targets} targets" + protocol_note(a))
+
+
+def protocol_note(attrs: dict) -> str:
+    """``""`` for the exact protocol (also files from before the attr); for the block protocol
+    ``"; protocol block (...)"`` with its parameters (:mod:`truncsens.engine.block_runs`)."""
+    if attrs.get("protocol", "exact") == "exact":
+        return ""
+    B, e, N = attrs.get("block_length"), attrs.get("block_extra_context", 0), attrs.get("reference_context")
+    known = all(isinstance(v, numbers.Integral) for v in (B, e, N))  # NetCDF attrs may be numpy integers
+    contexts = f"{int(N) + int(e) - int(B) + 1}..{int(N) + int(e)}" if known else "per target"
+    return (f"; protocol {attrs['protocol']} ({B if B is not None else '?'} targets per block, "
+            f"K = max(1, min({attrs.get('block_size', '?')}, floor({attrs.get('block_fraction', '?')} w))) per pass; "
+            f"actual windows w..w+K-1, reference contexts {contexts})")
 
 
 def format_summary(rows: list[dict], sweep: str) -> str:
@@ -115,7 +130,9 @@ def _curve_line(c: dict) -> str:
     return (f"{c['label']}: model {c['provenance'].get('model', '?')}, N={c['reference_context']}, {c['n_docs']} documents, "
             f"{c['n_targets']} targets; fit {c['sweep']}s {c['fit_range'][0]}..{c['fit_range'][1]}, held out "
             + (f"{hold[0]}..{hold[1]}" if hold else "none")
-            + (f"; excluded (zero, noise floor, infinite or no mean): {excl}" if excl else ""))
+            + (f"; excluded (zero, noise floor, infinite or no mean): {excl}" if excl else "")
+            + (f"; protocol {c['provenance']['protocol']}, fitted at the mean actual window of each {c['sweep']}"
+               if c["provenance"].get("protocol", "exact") != "exact" else ""))
 
 
 def format_fit_report(doc: dict) -> str:

@@ -11,6 +11,9 @@ Schema (docs/results.md):
   (empty, non-ASCII, NUL, the lone surrogates of a non-UTF-8 file name): a variable holding a value
   HDF5 cannot store is written with the reversible ``backslash-1`` escape of
   :mod:`truncsens.results_codec` (variable attr ``truncsens_escape``) and unescaped by :func:`load`.
+- block-protocol window sweeps (attr ``protocol`` = "block") add the int32 coords ``actual_window``
+  (target, window) and ``actual_context`` (target): the window and reference context each value
+  was measured with (:mod:`truncsens.engine.block_runs`); without them actual = nominal.
 - data vars: :data:`truncsens.divergences.METRICS`, float32 (``top1_agree`` int8), shape
   ([policy,] target, window|budget).
 - attrs: :data:`REQUIRED_ATTRS` plus any provenance. Strings and numbers are plain NetCDF attrs;

@@ -4,6 +4,12 @@ A target is a position ``t`` of a document whose reference context ``x[t-N:t]`` 
 ``reference_context`` tokens) lies inside the document: ``N <= t < len(doc)``. Targets are drawn
 per document without replacement with a generator seeded by ``(seed, doc id)``, so they do not
 depend on which other documents are in the run, on sharding, or on resuming.
+
+The block protocol (:mod:`truncsens.engine.block_plan`) draws **blocks** of B consecutive targets
+instead (:func:`select_block_targets`): the eligible positions of a document are cut into slots of B
+positions at a random offset, and ``ceil(targets_per_doc / B)`` slots are drawn without replacement
+(the last one cut so that exactly ``targets_per_doc`` targets are taken), with the same per-document
+seed.
 """
 
 from __future__ import annotations
@@ -32,19 +38,23 @@ class TargetSet:
         position: [n] int64 index t of the target token in its document.
         context: [n, N] int64 reference contexts x[t-N:t].
         token_id: [n] int64 the actual next token x[t].
+        block: [n] int64 position of the first target of each target's block (block protocol), or
+            None (one target at a time). Targets of one block are consecutive, in order.
     """
 
     doc: list[str]
     position: np.ndarray
     context: torch.Tensor
     token_id: torch.Tensor
+    block: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.doc)
 
     def subset(self, index: slice) -> "TargetSet":
         """Targets ``index`` (a slice) of this set."""
-        return TargetSet(self.doc[index], self.position[index], self.context[index], self.token_id[index])
+        block = None if self.block is None else self.block[index]
+        return TargetSet(self.doc[index], self.position[index], self.context[index], self.token_id[index], block)
 
 
 def doc_seed(seed: int, doc_id: str) -> int:
@@ -86,3 +96,67 @@ def select_targets(docs: list[TokenDoc], reference_context: int, targets_per_doc
     if not contexts:
         return TargetSet([], np.zeros(0, np.int64), torch.zeros(0, n, dtype=torch.long), torch.zeros(0, dtype=torch.long))
     return TargetSet(doc_ids, np.asarray(positions, np.int64), torch.stack(contexts), torch.stack(tokens))
+
+
+def draw_blocks(length: int, reference_context: int, targets_per_doc: int | None, block: int, seed: int,
+                doc_id: str) -> list[tuple[int, int]]:
+    """Blocks ``(first position, number of targets)`` of one document, sorted; empty if ``length < N + 1``.
+
+    The eligible positions N .. length-1 are cut into slots of ``block`` positions starting at a
+    random offset in [0, block) (the first and last slots may be shorter); ``ceil(targets_per_doc /
+    block)`` slots are drawn without replacement, and the last one drawn (in position order) keeps
+    only as many targets as make ``targets_per_doc``. ``targets_per_doc=None`` takes every slot.
+
+    Raises:
+        ValueError: ``block < 1``.
+    """
+    if block < 1:
+        raise ValueError(f"block size must be at least 1, got {block}")
+    n_eligible = length - reference_context
+    if n_eligible < 1:
+        return []
+    rng = np.random.default_rng(doc_seed(seed, doc_id))
+    offset = int(rng.integers(0, block)) if n_eligible > block else 0
+    edges = [0, *range(offset or block, n_eligible, block), n_eligible]
+    slots = [(reference_context + a, b - a) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+    if targets_per_doc is not None and sum(n for _, n in slots) > targets_per_doc:
+        slots.sort(key=lambda s: -s[1])  # full slots first, so that the draw reaches targets_per_doc
+        full = [s for s in slots if s[1] == block] or slots
+        want = min(len(full), -(-targets_per_doc // block))
+        pick = sorted(full[i] for i in rng.choice(len(full), size=want, replace=False))
+        taken, out = 0, []
+        for start, n in pick:
+            n = min(n, targets_per_doc - taken)
+            if n > 0:
+                out.append((start, n))
+                taken += n
+        slots = out
+    return sorted(slots)
+
+
+def select_block_targets(docs: list[TokenDoc], reference_context: int, targets_per_doc: int | None, seed: int,
+                         block: int) -> TargetSet:
+    """Targets in blocks of ``block`` consecutive positions (:func:`draw_blocks`), in document order,
+    with ``TargetSet.block`` set.
+
+    Raises:
+        ValueError: ``reference_context < 1``, ``targets_per_doc < 1`` or ``block < 1``.
+    """
+    if reference_context < 1:
+        raise ValueError(f"reference context must be at least 1 token, got {reference_context}")
+    if targets_per_doc is not None and targets_per_doc < 1:
+        raise ValueError(f"--targets-per-doc must be at least 1, got {targets_per_doc}")
+    doc_ids, positions, firsts = [], [], []
+    for d in docs:
+        for start, n in draw_blocks(int(d.ids.numel()), reference_context, targets_per_doc, block, seed, d.id):
+            doc_ids += [d.id] * n
+            positions += range(start, start + n)
+            firsts += [start] * n
+    n = reference_context
+    if not positions:
+        return TargetSet([], np.zeros(0, np.int64), torch.zeros(0, n, dtype=torch.long),
+                         torch.zeros(0, dtype=torch.long), np.zeros(0, np.int64))
+    by_id = {d.id: d.ids for d in docs}
+    contexts = torch.stack([by_id[i][t - n : t] for i, t in zip(doc_ids, positions)])  # [n_targets, N]
+    tokens = torch.stack([by_id[i][t] for i, t in zip(doc_ids, positions)])  # [n_targets]
+    return TargetSet(doc_ids, np.asarray(positions, np.int64), contexts, tokens, np.asarray(firsts, np.int64))

@@ -68,8 +68,9 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
         "spearman_eb_pooled": spearman,
         "verdict_spearman": "holds" if spearman["rho"] > PAPER_SPEARMAN else f"fails (paper: > {PAPER_SPEARMAN})",
         "reliability": reliability({k: v for k, v in pooled.items()}),
-        "not_measured": ["attribution AUC (0.75 at 6k, 0.73 at 16k tokens) and gated recomputation: not built yet",
-                         "time-uniform validity on a generated trajectory: see truncsens.certify.eprocess (simulation only)"],
+        "not_measured": ["attribution AUC (0.75 at 6k, 0.73 at 16k tokens) and gated recomputation: see "
+                         "truncsens certify-attribution",
+                         "time-uniform validity on a generated trajectory: truncsens certify-attribution --trajectory N"],
     }
 
 

@@ -6,7 +6,9 @@ Results (NetCDF, :mod:`truncsens.results`): dims (policy, target, budget) for th
 ``nll_ref`` and under the policy ``nll_kept``) and ``kept_tokens``; dims (policy, target, budget,
 layer, head) for the attention-level records of the target's query (``attn_error`` = ‖ô − o‖₂,
 ``attn_norm`` = ‖o‖₂, ``radius_eb``, ``radius_normal``, ``attn_variance`` V̂, ``value_range`` B̂,
-``n_random`` kept random keys, ``has_tail``; radii NaN for topk and random). Policies poisson, topk,
+``n_random`` kept random keys, ``has_tail``; radii NaN for topk and random); the top-1 token id and
+its probability (the output confidence) under the full cache (``argmax_ref``, ``confidence_ref``,
+dim target) and under each policy (``argmax_kept``, ``confidence_kept``). Policies poisson, topk,
 random; semantics prefill_evict; attrs add ``delta``.
 """
 
@@ -60,6 +62,11 @@ def shard_dataset(batches: dict, plan: TargetSet, sweep: Sweep, attrs: dict):
     ds["kept_tokens"].attrs["units"] = "tokens"
     for var, rec in ATTENTION_VARS.items():
         ds[var] = (("policy", "target", "budget", "layer", "head"), batches["records"][rec])
+    for var in ("argmax_ref", "confidence_ref"):
+        ds[var] = (("target",), batches[var])
+    for var in ("argmax_kept", "confidence_kept"):
+        ds[var] = (("policy", "target", "budget"), batches[var])
+    ds["confidence_ref"].attrs["description"] = "largest next-token probability under the full cache"
     ds["attn_error"].attrs["description"] = "||o_hat - o||_2 of the target query per layer and head (values' units)"
     ds["radius_eb"].attrs["description"] = "empirical-Bernstein certificate radius at the run's delta (NaN: no design)"
     return ds
@@ -68,11 +75,14 @@ def shard_dataset(batches: dict, plan: TargetSet, sweep: Sweep, attrs: dict):
 def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float, device: str, batch_tokens: int,
                    on_tokens: Callable[[int], None]) -> dict:
     """Every pass of the targets of ``plan``: metrics [P, n, K], kept_tokens [P, n, K], records
-    name -> [P, n, K, L, H] (float64), n_clamped."""
+    name -> [P, n, K, L, H] (float64), argmax_ref / confidence_ref [n] (top-1 id and its probability
+    under the full cache), argmax_kept / confidence_kept [P, n, K], n_clamped."""
     n, N = plan.context.shape
     P, K = len(sweep.policies), len(sweep.budgets)
     metrics = {m: np.zeros((P, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
     kept_tokens = np.zeros((P, n, K), dtype=np.int32)
+    top = {"argmax_ref": np.zeros(n, np.int64), "confidence_ref": np.zeros(n),
+           "argmax_kept": np.zeros((P, n, K), np.int64), "confidence_kept": np.zeros((P, n, K))}
     records: dict[str, np.ndarray] = {}
     state = {"n_clamped": 0}
     context, token_id = plan.context.to(device), plan.token_id.to(device)
@@ -87,6 +97,11 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
                 for name, v in values.items():
                     metrics[name][p, sl, j] = v.cpu().numpy()
         kept_tokens[:, sl, :] = out.kept_tokens.permute(0, 2, 1).numpy()
+        best, arg = out.ref_logprobs.max(-1)  # [b]
+        top["argmax_ref"][sl], top["confidence_ref"][sl] = arg.cpu().numpy(), best.exp().cpu().numpy()
+        best, arg = out.logprobs.max(-1)  # [P, K, b]
+        top["argmax_kept"][:, sl], top["confidence_kept"][:, sl] = (arg.permute(0, 2, 1).cpu().numpy(),
+                                                                    best.exp().permute(0, 2, 1).cpu().numpy())
         for name, v in out.records.items():
             if name not in records:
                 records[name] = np.full((P, n, K, *v.shape[3:]), np.nan)
@@ -94,7 +109,7 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
         on_tokens((sl.stop - sl.start) * (N + P * K))
 
     run_in_batches(step, n, N, batch_tokens)
-    return {"metrics": metrics, "kept_tokens": kept_tokens, "records": records, "n_clamped": state["n_clamped"]}
+    return {"metrics": metrics, "kept_tokens": kept_tokens, "records": records, **top, "n_clamped": state["n_clamped"]}
 
 
 def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> CertifySummary:

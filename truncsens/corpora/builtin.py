@@ -6,7 +6,14 @@
   module / class / function docstrings of each standard-library module, in source order, one
   document per module. Docstrings are read with :mod:`ast`, so nothing is imported.
 
-Both take an optional ``skipped`` :class:`collections.Counter` and count in it the files they leave
+- ``long`` (manifest ``stdlib-long``): long documents for reference contexts of 8k-32k tokens, made
+  of whole standard-library packages: per top-level package (a folder with ``__init__.py``) one
+  code document, all its ``.py`` files concatenated in sorted path order, each after a
+  ``# file: <path>`` line (id ``long/code/<package>``), and one prose document, the docstrings of
+  those files in the same order (id ``long/nl/<package>``); plus every pydoc topic in name order as
+  one document (id ``long/nl/pydoc-topics``). Held-out split by the hash of the id, as for the others.
+
+All take an optional ``skipped`` :class:`collections.Counter` and count in it the files they leave
 out by reason: ``not_utf8`` (a source file that is not UTF-8), ``unreadable`` and, for ``code``, ``empty`` (a
 ``.py`` file holding only whitespace, e.g. an empty ``__init__.py``: by definition not a document of
 the builtin code corpus).
@@ -107,4 +114,42 @@ def nl_documents(root: Path | None = None, skipped: Counter | None = None) -> li
     return docs
 
 
-BUILTIN = {"code": code_documents, "nl": nl_documents}
+def _packages(root: Path) -> dict[str, list[Path]]:
+    """Top-level packages of the standard library (folders with ``__init__.py``) -> their files, sorted."""
+    out: dict[str, list[Path]] = {}
+    for path in _stdlib_files(root):
+        parts = path.relative_to(root).parts
+        if len(parts) > 1 and (root / parts[0] / "__init__.py").is_file():
+            out.setdefault(parts[0], []).append(path)
+    return dict(sorted(out.items()))
+
+
+def long_documents(root: Path | None = None, skipped: Counter | None = None) -> list[Document]:
+    """Whole packages as documents (module docstring, ``long``): ``long/code/<package>``,
+    ``long/nl/<package>`` (packages with docstrings) and ``long/nl/pydoc-topics``."""
+    root = root or stdlib_dir()
+    skipped = Counter() if skipped is None else skipped
+    docs = []
+    for name, files in _packages(root).items():
+        code, prose = [], []
+        for path in files:
+            text = _read(path, skipped)
+            if text is None or not text.strip():
+                continue
+            code.append(f"# file: {path.relative_to(root).as_posix()}\n{text}")
+            prose += _docstrings_in_order(text)
+        if code:
+            docs.append(Document(id=f"long/code/{name}", text="\n".join(code)))
+        if prose:
+            docs.append(Document(id=f"long/nl/{name}", text="\n\n".join(prose)))
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # pragma: no cover - every CPython ships pydoc_data
+        topics = {}
+    text = "\n\n".join(topics[k].strip() for k in sorted(topics) if topics[k].strip())
+    if text:
+        docs.append(Document(id="long/nl/pydoc-topics", text=text))
+    return docs
+
+
+BUILTIN = {"code": code_documents, "nl": nl_documents, "long": long_documents}

@@ -71,8 +71,11 @@ def read_manifest(path_or_name: str | Path) -> Manifest:
     required = {"builtin": "builtin", "local": "path", "hf": "dataset"}[data["source"]]
     if required not in data:
         raise CorpusError(f"manifest {path} has source {data['source']!r} but lacks the key {required!r}")
-    if data["source"] == "builtin" and data["builtin"] not in ("code", "nl"):
-        raise CorpusError(f"manifest {path}: builtin must be 'code' or 'nl', got {data['builtin']!r}")
+    from truncsens.corpora.builtin import BUILTIN
+
+    if data["source"] == "builtin" and data["builtin"] not in BUILTIN:
+        names = [repr(n) for n in BUILTIN]
+        raise CorpusError(f"manifest {path}: builtin must be {', '.join(names[:-1])} or {names[-1]}, got {data['builtin']!r}")
     options = {k: v for k, v in data.items() if k not in ("name", "domain", "source")}
     return Manifest(name=data["name"], domain=data["domain"], source=data["source"], options=options, path=path)
 

@@ -17,13 +17,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from truncsens.corpora.document import SPLITS
-from truncsens.engine.semantics import semantics_for
+from truncsens.engine.semantics import SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
+from truncsens.policies.kvpress_adapter import check_policy_args
+from truncsens.policies.base import GRANULARITIES
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
+PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block_plan)
+DEFAULT_BLOCK_FRACTION = 0.125
+DEFAULT_BLOCK_SIZE = 64
+BLOCK_POLICIES = ("suffix", "sink_recent")  # the policies whose kept set is a window (block protocol)
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
+# options added after runs existed, with their defaults: at the default they are left out of the fingerprint
+# (with the options that only mean something beside them), so a run from before them still resumes
+LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token"}
+LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
 
 
 class MeasureError(ValueError):
@@ -59,10 +69,18 @@ class MeasureConfig:
         n_sink: first tokens kept (None: 0 for windows, 4 for policies).
         positions: "original" (kept tokens keep their position ids) or "reindexed".
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
+        policy_args: parameters of ``kvpress:<PressClass>`` policies (``--policy-arg key=value``), or None.
         chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
             token; :mod:`truncsens.policies.streaming`).
+        granularity: "token" (one kept set per target, shared by all layers and heads) or "head"
+            (one per key/value head, shared by all layers; ``streaming`` and ``prefill_evict`` only;
+            :mod:`truncsens.engine.granularity`).
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
+        protocol: "exact" (one pass per target and window) or "block" (K consecutive targets per
+            pass, K = max(1, min(block_size, floor(w * block_fraction))); window sweeps under
+            ``reencode`` only; :mod:`truncsens.engine.block_plan`).
+        block_fraction, block_size: the block protocol's K (fraction in (0, 1], size >= 1).
         docs_per_shard, out, resume, overwrite, progress, command: shards, results file (None: see
             :func:`default_out`; an existing one is replaced only with ``overwrite``), progress
             reports, the command line recorded in the results.
@@ -70,9 +88,13 @@ class MeasureConfig:
     Raises:
         MeasureError: a count below 1 (``--chunk`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
-            a chunk other than 1 outside ``streaming``.
+            a chunk other than 1 outside ``streaming``, an unknown protocol, a block fraction outside
+            (0, 1], a block size below 1, ``--protocol block`` outside a reencode window sweep (or a
+            sweep of one of :data:`BLOCK_POLICIES` under reencode), ``granularity`` other than token or
+            head, head granularity under ``reencode`` or with a ``kvpress:`` policy (presses keep their
+            own per-layer, per-head sets).
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
-            cannot run.
+            cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
     """
 
@@ -92,7 +114,12 @@ class MeasureConfig:
     per_query: bool = False
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
+    policy_args: dict | None = None
     chunk: int = 1
+    protocol: str = "exact"
+    block_fraction: float = DEFAULT_BLOCK_FRACTION
+    block_size: int = DEFAULT_BLOCK_SIZE
+    granularity: str = "token"
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
@@ -137,11 +164,39 @@ class MeasureConfig:
         if self.chunk != 1 and self.semantics != "streaming":
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
+        self._check_protocol()
+        if self.granularity not in GRANULARITIES:
+            raise MeasureError(f"--granularity must be token or head, got {self.granularity!r}")
+        if self.granularity == "head" and self.policies is None:
+            raise MeasureError("--granularity head needs --policy NAME with --semantics streaming or prefill_evict "
+                               "(a window sweep re-encodes one sequence, which has a single kept set)")
+        try:
+            semantics.check_granularity(self.granularity)
+        except SemanticsError as exc:
+            raise MeasureError(str(exc)) from None
+        if self.granularity == "head" and any(n.startswith("kvpress:") for n in self.policies or ()):
+            raise MeasureError("kvpress presses keep their own per-layer, per-head kept sets; leave --granularity "
+                               "at token with a kvpress: policy")
         semantics.check_positions(self.positions)
+        check_policy_args([policy_class(n) for n in self.policies or ()], self.policy_args)
         for policy in self.build_policies():
             semantics.check_policy(policy)
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, "" if self.policies is None else "-policies"))
+
+    def _check_protocol(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise MeasureError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if not 0 < self.block_fraction <= 1:
+            raise MeasureError(f"--block-fraction must be in (0, 1], got {self.block_fraction}")
+        if self.block_size < 1:
+            raise MeasureError(f"--block-size must be at least 1, got {self.block_size}")
+        window_like = self.policies is None or (len(self.policies) == 1 and self.policies[0] in BLOCK_POLICIES)
+        if self.protocol == "block" and (not window_like or self.semantics != "reencode"):
+            raise MeasureError(
+                "--protocol block measures window sweeps under re-encoding (no --policy, or one of --policy "
+                f"{' / '.join(BLOCK_POLICIES)} with --semantics reencode); under streaming and prefill_evict one pass "
+                "per document already serves all its targets (docs/method.md): use --protocol exact there")
 
     @property
     def sweep_dim(self) -> str:
@@ -151,7 +206,7 @@ class MeasureConfig:
     def policy_params(self) -> dict:
         """The options that configure policies (each policy takes those it has)."""
         return dict(n_sink=self.n_sink, score=self.score, per_query=self.per_query,
-                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction)
+                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction, policy_args=self.policy_args)
 
     def build_policies(self) -> list:
         """The configured policies (none for a window sweep, whose policy follows from the sinks)."""
@@ -167,7 +222,10 @@ class MeasureConfig:
         """What must match for ``--resume`` to reuse shards: every field except :data:`RUN_ONLY_FIELDS`,
         plus ``resolved`` values (N, corpus hash, the sweep)."""
         keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
-        if keep.get("chunk") == 1:  # the default: runs from before --chunk existed keep their fingerprint
-            del keep["chunk"]
+        for name, default in LATER_OPTIONS.items():  # at their default, options added later leave the
+            if name in keep and keep[name] == default:  # fingerprint as it was, so earlier runs still resume
+                del keep[name]
+                for dependent in LATER_OPTIONS_DEPENDENTS.get(name, ()):
+                    del keep[dependent]
         keep.update(resolved)
         return keep

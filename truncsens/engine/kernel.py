@@ -21,6 +21,7 @@ import torch
 
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
+from truncsens.engine.granularity import evicted_mass, kept_count
 from truncsens.engine.semantics import Semantics
 from truncsens.policies import Kept, Policy
 from truncsens.targets import TargetSet, doc_seed
@@ -55,7 +56,7 @@ def policy_seeds(targets: TargetSet, sl: slice, seed: int, policy: str, budget: 
 def measure_targets(
     model, targets: TargetSet, policies: Sequence[Policy], budgets: Sequence[int], semantics: Semantics,
     positions: str, seed: int, device: str, max_batch_tokens: int, on_tokens: Callable[[int], None] | None = None,
-    chunk: int = 1,
+    chunk: int = 1, granularity: str = "token",
 ) -> KernelOutput:
     """Metrics of every (policy, target, budget).
 
@@ -69,10 +70,13 @@ def measure_targets(
         max_batch_tokens: token budget of one forward pass.
         on_tokens: progress callback (forward tokens processed).
         chunk: streaming decisions every ``chunk`` tokens (:mod:`truncsens.policies.streaming`).
+        granularity: "token" or "head" (:mod:`truncsens.engine.granularity`); under "head"
+            ``kept_tokens`` is the mean kept per key/value head, rounded to a whole token.
 
     Returns:
         :class:`KernelOutput`.
     """
+    semantics.check_granularity(granularity)  # head granularity needs per-head caches (not reencode)
     n, N = targets.context.shape
     P, K = len(policies), len(budgets)
     metrics = {m: np.zeros((P, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
@@ -90,7 +94,7 @@ def measure_targets(
         out.n_clamped += n_clamped
         for name, v in values.items():
             metrics[name][p, sl, j] = v.cpu().numpy()
-        kept_tokens[p, sl, j] = keep_last.sum(-1).cpu().numpy()
+        kept_tokens[p, sl, j] = np.rint(kept_count(keep_last).cpu().numpy())
 
     def progress(tokens: int) -> None:
         if on_tokens:
@@ -99,15 +103,15 @@ def measure_targets(
     if semantics.reference_state:
         def step(sl: slice) -> None:
             ids = context[sl]  # [b, N]
-            ref = semantics.reference(model, ids, policies)
+            ref = semantics.reference(model, ids, policies, granularity)
             progress(ids.numel())
             for p, policy in enumerate(policies):
                 for j, k in enumerate(budgets):
                     lp, keep_last = semantics.policy_logprobs(  # [b, V], [b, N]
-                        model, ids, policy, k, policy_seeds(targets, sl, seed, policy.name, k), ref, positions, chunk)
+                        model, ids, policy, k, policy_seeds(targets, sl, seed, policy.name, k), ref, positions, chunk, granularity)
                     record(p, j, sl, ref.logprobs, lp, keep_last)
                     if lost is not None and ref.last_attention is not None:
-                        lost[p, sl, j] = (ref.last_attention * (~keep_last).float()).sum(-1).cpu().numpy()
+                        lost[p, sl, j] = evicted_mass(ref.last_attention, keep_last).cpu().numpy()
                     progress(ids.shape[0] * semantics.cost(N, k))
 
         run_in_batches(step, n, N, max_batch_tokens)

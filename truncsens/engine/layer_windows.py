@@ -223,23 +223,38 @@ def attention_windows(model) -> list[int | None]:
     return list(layer_windows(model).windows)
 
 
-def kept_attention_mask(windows: LayerWindows, keep, offset, q_pos, k_pos, dtype):
+def kept_attention_mask(windows: LayerWindows, keep, offset, q_pos, k_pos, dtype, groups: int = 1):
     """The ``attention_mask`` argument that makes every layer read the kept keys within its own window.
 
     Args:
         windows: the model's :class:`LayerWindows` (checked with :meth:`LayerWindows.check_supported`).
-        keep: [B, Tq, Tk] bool kept keys; offset: [B, Tq, Tk] float offsets or None.
+        keep: [B, Tq, Tk] bool kept keys, or [B, Hkv, Tq, Tk] per key/value head (head granularity);
+            offset: the same shape, float offsets, or None.
         q_pos: [B, Tq], k_pos: [B, Tk] int64 positions of queries and keys.
         dtype: the model's compute dtype.
+        groups: with per-head ``keep``, query heads per key/value head (G = H / Hkv): query head
+            ``h·G + i`` reads key/value head h's kept keys (transformers' ``repeat_kv`` order).
 
     Returns:
         one [B, 1, Tq, Tk] additive mask when every layer has the same window (or the model
-        applies its windows itself), else a dict layer type -> [B, 1, Tq, Tk] mask.
+        applies its windows itself), else a dict layer type -> [B, 1, Tq, Tk] mask. With per-head
+        ``keep`` the heads dimension is H = Hkv·G instead of 1 ([B, H, Tq, Tk]: transformers'
+        eager and sdpa attention add a 4D mask with a heads dimension to each head's scores).
 
     Raises:
         WindowError: layers with different windows and a model that takes a single mask.
         ValueError: a query row keeps no key.
     """
+    if keep.dim() == 4:
+        B, Hkv, Tq, Tk = keep.shape
+        folded = kept_attention_mask(  # [B·Hkv, 1, Tq, Tk] (or a dict of them)
+            windows, keep.reshape(B * Hkv, Tq, Tk), None if offset is None else offset.reshape(B * Hkv, Tq, Tk),
+            q_pos.repeat_interleave(Hkv, 0), k_pos.repeat_interleave(Hkv, 0), dtype)
+
+        def per_query_head(m):
+            return m.view(B, Hkv, Tq, Tk).repeat_interleave(groups, dim=1)  # [B, Hkv·G, Tq, Tk]
+
+        return {t: per_query_head(m) for t, m in folded.items()} if isinstance(folded, dict) else per_query_head(folded)
     from truncsens.engine.masks import additive_mask, layer_masks
 
     if windows.applies_own or not windows.windowed:

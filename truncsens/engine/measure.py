@@ -8,8 +8,10 @@ writes what it returns with :mod:`truncsens.results`.
 Results: dims (target, window) for a window sweep; (target, budget), or (policy, target, budget)
 when several policies run, for a policy sweep, whose attrs add ``policy`` (names in order),
 ``policy_params`` (JSON), ``budget_counts``, ``score_source`` (where scores came from) and, for
-streaming, ``chunk`` (tokens between eviction decisions), and whose data vars add ``kept_tokens`` (int32,
-keys the target's query kept; random for ``poisson``) and, for streaming and prefill-evict,
+streaming, ``chunk`` (tokens between eviction decisions), ``granularity`` (``token``: one kept set per
+target; ``head``: one per key/value head), and whose data vars add ``kept_tokens`` (int32, keys the
+target's query kept, under head granularity the mean per key/value head rounded to a token; random
+for ``poisson``) and, for streaming and prefill-evict,
 ``evicted_attention_mass`` (float32: the attention probability mass the full-context target query
 puts on the keys its policy evicted, mean over layers and heads).
 """
@@ -112,6 +114,7 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         })
         if sweep.semantics.name == "streaming":
             attrs["chunk"] = cfg.chunk
+        attrs["granularity"] = cfg.granularity
     return attrs
 
 
@@ -171,9 +174,19 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     batch_tokens = cfg.batch_tokens(loaded.device)
     attrs = provenance(cfg, loaded, N, docs, sweep)
 
+    if cfg.protocol == "block":
+        from truncsens.engine.block_runs import run_block_shards
+
+        path, reused, n_targets = run_block_shards(cfg, loaded, N, sweep, docs, attrs, ranks, stop_after_shards)
+        return MeasureSummary(
+            path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
+            n_docs_skipped=docs.n_short, sweep_dim=sweep.dim, sweep=sweep.values, reference_context=N,
+            shards_reused=reused, extra={"protocol": "block"})
+
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_targets(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
-                              cfg.seed, loaded.device, batch_tokens, on_tokens, chunk=cfg.chunk)
+                              cfg.seed, loaded.device, batch_tokens, on_tokens, chunk=cfg.chunk,
+                              granularity=cfg.granularity)
         return shard_results(out, plan, sweep, attrs, docs.bos_id)
 
     per_target = N + len(sweep.policies) * sum(sweep.semantics.cost(N, k) for k in sweep.budgets)

@@ -13,6 +13,11 @@ is restored afterwards. Only the decode step needs eager unless the full matrix 
 For a model with sliding-window layers (:mod:`truncsens.engine.layer_windows`) the cache keeps every
 key of every layer, so statistics and prefill-evict see all T keys; the model's own masks apply the
 windows (attention outside a layer's window is 0).
+
+Head granularity (``heads=Hkv``, docs/method.md "Granularity"): the statistics keep a key/value
+head dimension instead: attention of KV head h is the mean over layers and over the query heads of
+h's group (query heads ``h·G .. h·G + G - 1``, G = H / Hkv, transformers' ``repeat_kv`` order), and
+key norms are the mean over layers of head h's key norms.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ class ReferencePass:
         attention: [B, T, T] float32 attention probabilities, query rows, mean over layers and
             heads, or None.
         key_norm: [B, T] float32 L2 norm of each key, mean over layers and key/value heads, or None.
+        With ``heads=Hkv`` (head granularity) the three carry a key/value head dimension after B:
+        [B, Hkv, T], [B, Hkv, T, T], [B, Hkv, T] (module docstring).
         cache: key/value cache of the first T - 1 tokens (full context), or None.
     """
 
@@ -73,10 +80,32 @@ def eager_attention(model) -> Iterator[None]:
 ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")  # Llama/Qwen/Mistral, GPT-2/GPT-Neo, Falcon
 
 
-class AttentionCollector:
-    """Forward hooks on every attention module (``*.self_attn``, ``*.attn``, ...) that sum attention probabilities over heads and layers."""
+def head_counts(model) -> tuple[int, int]:
+    """(query heads H, key/value heads Hkv) of a transformers model's config (Hkv = H without
+    grouped-query attention, e.g. GPT-2).
 
-    def __init__(self, model) -> None:
+    Raises:
+        ValueError: the config names no number of attention heads, or H is not a multiple of Hkv.
+    """
+    config = getattr(model, "config", None)
+    get = getattr(config, "get_text_config", None)
+    config = get() if get else config
+    h = getattr(config, "num_attention_heads", None)
+    if not isinstance(h, int):
+        raise ValueError("head granularity: the model config names no number of attention heads")
+    kv = getattr(config, "num_key_value_heads", None) or h
+    if h % kv:
+        raise ValueError(f"head granularity: {h} query heads are not a multiple of {kv} key/value heads")
+    return h, kv
+
+
+class AttentionCollector:
+    """Forward hooks on every attention module (``*.self_attn``, ``*.attn``, ...) that sum attention
+    probabilities over heads and layers, or, with ``kv_heads``, over layers and the query heads of
+    each key/value head's group."""
+
+    def __init__(self, model, kv_heads: int | None = None) -> None:
+        self.kv_heads = kv_heads
         found = {name: m for name, m in model.named_modules()
                  if name.rsplit(".", 1)[-1] in ATTENTION_NAMES and type(m).__name__.endswith("Attention")}
         # innermost matches only (GPT-Neo wraps its self-attention in another attention module)
@@ -92,9 +121,13 @@ class AttentionCollector:
         weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
         if weights is None:
             raise RuntimeError("attention statistics: the attention module returned no weights (not eager?)")
-        s = weights.float().sum(1)  # [B, H, Tq, Tk] -> [B, Tq, Tk]
+        B, H, Tq, Tk = weights.shape
+        if self.kv_heads is None:
+            s = weights.float().sum(1)  # [B, H, Tq, Tk] -> [B, Tq, Tk]
+        else:
+            s = weights.float().view(B, self.kv_heads, H // self.kv_heads, Tq, Tk).sum(2)  # -> [B, Hkv, Tq, Tk]
         self.total = s if self.total is None else self.total + s
-        self.count += weights.shape[1]
+        self.count += H if self.kv_heads is None else H // self.kv_heads
 
     @contextlib.contextmanager
     def collect(self) -> Iterator["AttentionCollector"]:
@@ -108,7 +141,8 @@ class AttentionCollector:
                 h.remove()
 
     def mean(self) -> torch.Tensor:
-        """[B, Tq, Tk] attention probabilities, mean over layers and heads."""
+        """[B, Tq, Tk] attention probabilities, mean over layers and heads ([B, Hkv, Tq, Tk] with
+        ``kv_heads``: mean over layers and each group's query heads)."""
         return self.total / self.count
 
 
@@ -118,7 +152,7 @@ def _ones(b: int, t: int, device) -> torch.Tensor:
 
 @torch.no_grad()
 def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False, attention: bool = False,
-                   key_norm: bool = False, keep_cache: bool = False) -> ReferencePass:
+                   key_norm: bool = False, keep_cache: bool = False, heads: int | None = None) -> ReferencePass:
     """Full-context pass over ``input_ids`` with original positions 0..T-1.
 
     Args:
@@ -128,6 +162,7 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
         attention: return the full attention matrix (eager prefill too; memory B·T² floats).
         key_norm: return the mean key norms.
         keep_cache: return the cache of the first T - 1 tokens.
+        heads: None (statistics averaged over heads) or Hkv: statistics per key/value head (module docstring).
 
     Returns:
         :class:`ReferencePass`.
@@ -144,29 +179,30 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
     # every key is kept, also in sliding-window layers (the model's masks still apply their windows)
     cache = kvcache.new_full_cache(model) if layer_windows(model).windowed else kvcache.new_cache(model)
     kw = kvcache.cache_keyword(model)
-    collector = AttentionCollector(model) if (attention or last_attention) else None
+    collector = AttentionCollector(model, heads) if (attention or last_attention) else None
     prefix_rows = None
     with eager_attention(model) if attention else contextlib.nullcontext():
         with collector.collect() if attention else contextlib.nullcontext():
             model(input_ids=input_ids[:, : T - 1], position_ids=pos[:, : T - 1], attention_mask=_ones(B, T - 1, device),
                   use_cache=True, logits_to_keep=1, **{kw: cache})
         if attention:
-            prefix_rows = collector.mean()  # [B, T-1, T-1]
+            prefix_rows = collector.mean()  # [B, T-1, T-1] ([B, Hkv, T-1, T-1] per head)
     with eager_attention(model) if collector else contextlib.nullcontext():
         with collector.collect() if collector else contextlib.nullcontext():
             out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=_ones(B, T, device),
                         use_cache=True, logits_to_keep=1, **{kw: cache})
-        last_row = collector.mean()[:, -1, :] if collector else None  # [B, T]
+        last_row = collector.mean()[..., -1, :] if collector else None  # [B, T] ([B, Hkv, T] per head)
     result = ReferencePass(last_logprobs(out.logits[:, -1, :]))  # [B, V]
     if last_attention or attention:
         result.last_attention = last_row
     if attention:
-        full = torch.zeros(B, T, T, dtype=torch.float32, device=device)
-        full[:, : T - 1, : T - 1] = prefix_rows
-        full[:, T - 1, :] = last_row
+        full = torch.zeros(*last_row.shape[:-1], T, T, dtype=torch.float32, device=device)  # [B, (Hkv,) T, T]
+        full[..., : T - 1, : T - 1] = prefix_rows
+        full[..., T - 1, :] = last_row
         result.attention = full
     if key_norm:
-        norms = [kvcache.layer_kv(cache, layer)[0].float().norm(dim=-1).mean(1) for layer in range(kvcache.n_layers(cache))]  # [B, T] each
+        norms = [kvcache.layer_kv(cache, layer)[0].float().norm(dim=-1) for layer in range(kvcache.n_layers(cache))]  # [B, Hkv, T] each
+        norms = [n if heads else n.mean(1) for n in norms]  # [B, Hkv, T] per head, else [B, T]
         result.key_norm = torch.stack(norms).mean(0)  # [B, T]
     if keep_cache:
         kvcache.truncate(cache, T - 1)

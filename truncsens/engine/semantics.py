@@ -26,10 +26,17 @@ W reads key j from query q only if the policy keeps j for q and ``q - j < W`` on
 (reindexed positions under ``reencode``). A model whose layers have different windows gets a dict
 ``{layer type: 4D mask}``; a model with layers that are neither full nor sliding-window attention
 is refused with an error naming its windows.
+
+Granularity (docs/method.md, "Granularity"): ``token`` gives one kept set per target shared by all
+layers and heads; ``head`` (``streaming`` and ``prefill_evict`` only) one per key/value head, shared
+by all layers. The policy runs unchanged on B·Hkv folded rows (scores of KV head h: mean over layers
+and over the query heads of h's group; one seed per row, :func:`truncsens.policies.base.head_seeds`),
+and the kept pass masks each query head with its KV head's kept set ([B, H, Tq, Tk] masks).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import ClassVar, Sequence
 
 import torch
@@ -38,13 +45,18 @@ from truncsens.engine import evict_attention, kvcache
 from truncsens.engine.forward import last_logprobs, model_dtype, next_token_logprobs
 from truncsens.engine.layer_windows import WindowError, kept_attention_mask, layer_windows, own_window_differs
 from truncsens.engine.masks import check_causal
+from truncsens.engine.granularity import fold_reference, groups_of, heads_of
+from truncsens.engine.prefill_layers import PrefillReference, record_prefill
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
+from truncsens.engine.rerotation import HeadKept, decode_gathered
 from truncsens.engine.streaming_pass import decide_offline, stream_online
-from truncsens.policies.streaming import Evictions
 from truncsens.results import POSITIONS, SEMANTICS as SEMANTICS_NAMES  # the results file's vocabulary
 from truncsens.policies.base import (
     ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS, Kept, Policy, PolicyError,
+    check_granularity, head_seeds, unfold_heads,
 )
+from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
+from truncsens.policies.streaming import Evictions
 
 _CAPABILITY_TEXT = {
     LOGIT_OFFSETS: "attention-logit offsets on kept keys",
@@ -52,6 +64,7 @@ _CAPABILITY_TEXT = {
     KEY_NORM_SCORES: "key norms",
     OBSERVATION_WINDOW: "the attention of an observation window of a full prefill",
     PER_QUERY_DRAWS: "an independent kept set per query (--per-query; a streaming cache evicts once per key)",
+    PREFILL_LAYERS: "each attention layer's inputs and keys of a full prefill (a kvpress press)",
 }
 ATTENTION_KINDS = ("attention", "last_attention", "window_attention")
 
@@ -83,9 +96,10 @@ class Semantics:
         if positions not in POSITIONS:
             raise SemanticsError(f"--positions must be one of {POSITIONS}, got {positions!r}")
         if positions not in self.positions:
+            able = " or ".join(s.name for s in SEMANTICS.values() if positions in s.positions)
             raise SemanticsError(
                 f"semantics {self.name} keeps original positions (keys are computed once, at their own position); "
-                "--positions reindexed works only with --semantics reencode")
+                f"--positions {positions} works only with --semantics {able}")
 
     def check_policy(self, policy: Policy) -> None:
         """Raise :class:`~truncsens.policies.PolicyError` when the policy needs what this semantics lacks."""
@@ -106,6 +120,14 @@ class Semantics:
         if self.needs_transformers:
             windows_of(model, self.name, name)
 
+    def check_granularity(self, granularity: str) -> None:
+        """Raise :class:`~truncsens.policies.PolicyError` for an unknown granularity, or
+        :class:`SemanticsError` for ``head`` under a semantics without per-head caches."""
+        check_granularity(granularity)
+        if granularity == "head" and not self.needs_transformers:
+            raise SemanticsError(f"--granularity head needs a per-head cache; semantics {self.name} re-encodes one "
+                                 "sequence of kept tokens, which has a single kept set: use --granularity token")
+
     def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
         """[Q] int64 query positions a policy decides kept keys for: the target's query (T - 1) only."""
         return torch.tensor([context_len - 1], device=device)
@@ -114,14 +136,17 @@ class Semantics:
         """Forward tokens per target of one kept pass at ``budget`` (the reference pass not included)."""
         raise NotImplementedError
 
-    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
-        """Full-context pass over ``input_ids`` [B, T] with what ``policies`` and the kept passes need."""
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
+                  granularity: str = "token") -> ReferencePass:
+        """Full-context pass over ``input_ids`` [B, T] with what ``policies`` and the kept passes need
+        (statistics per key/value head under head granularity)."""
         kinds = {p.score_kind() for p in policies}
         return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
-                              key_norm="key_norm" in kinds, keep_cache=False)
+                              key_norm="key_norm" in kinds, keep_cache=False, heads=heads_of(model, granularity))
 
     def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor) -> torch.Tensor | None:
-        """[B, Q, T] scores for ``policy`` from the full-context reference pass, or None when it needs none.
+        """[B, Q, T] scores for ``policy`` from the full-context reference pass, or None when it needs none
+        (with a per-head ``ref`` folded by :func:`fold_reference`, B counts (sequence, KV head) rows).
 
         ``attention``: attention each key received, accumulated over layers, heads and the queries
         up to each query (H2O-style, arXiv 2306.14048); ``last_attention``: the attention row of the
@@ -143,17 +168,28 @@ class Semantics:
         return ref.key_norm.unsqueeze(1).expand(B, queries.numel(), T)  # [B, Q, T]
 
     def policy_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
-                        ref: ReferencePass | None, positions: str, chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                        ref: ReferencePass | None, positions: str, chunk: int = 1,
+                        granularity: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``policy`` at ``budget`` on ``input_ids`` [B, T]: per-query kept sets from the reference
-        pass's scores (:meth:`scores`), then :meth:`kept_logprobs`.
+        pass's scores (:meth:`scores`), then :meth:`kept_logprobs`. Under head granularity the policy
+        runs on B·Hkv rows (scores of ``ref`` computed with ``heads``, seeds from
+        :func:`~truncsens.policies.base.head_seeds`), k keys kept per KV head.
 
         Returns:
-            (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read).
+            (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read;
+            [B, Hkv, T] under head granularity).
         """
         T = input_ids.shape[1]
         queries = self.queries(T, input_ids.device)  # [Q]
-        kept = policy.keep(T, budget, queries, seeds, self.scores(policy, ref, queries) if ref is not None else None)
-        return self.kept_logprobs(model, input_ids, kept, ref, positions), kept.keep[:, -1, :]
+        heads = heads_of(model, granularity)
+        if heads:
+            rows = head_seeds(seeds, heads)  # B·Hkv seeds
+            scores = self.scores(policy, fold_reference(ref), queries) if ref is not None else None  # [B·Hkv, Q, T]
+            kept = policy.keep(T, budget, queries, rows, scores)  # [B·Hkv, Q, T]
+            kept = Kept(unfold_heads(kept.keep, heads), unfold_heads(kept.offset, heads), kept.queries)  # [B, Hkv, Q, T]
+        else:
+            kept = policy.keep(T, budget, queries, seeds, self.scores(policy, ref, queries) if ref is not None else None)
+        return self.kept_logprobs(model, input_ids, kept, ref, positions), kept.last()
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:  # pragma: no cover - abstract
@@ -189,8 +225,9 @@ class Reencode(Semantics):
         """``budget`` tokens: the kept tokens are re-encoded."""
         return budget
 
-    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
-        """Reference log-probabilities only (positions 0..T-1)."""
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
+                  granularity: str = "token") -> ReferencePass:
+        """Reference log-probabilities only (positions 0..T-1; ``granularity`` is always token here)."""
         B, T = input_ids.shape
         return ReferencePass(next_token_logprobs(model, input_ids, torch.arange(T, device=input_ids.device).expand(B, T)))
 
@@ -245,35 +282,45 @@ class Streaming(Semantics):
     name = "streaming"
     provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
 
-    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
-        """Reference log-probabilities and the target query's attention row (for the evicted mass);
-        policies take no score from it (their scores are online)."""
-        return reference_pass(model, input_ids, last_attention=True)
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
+                  granularity: str = "token") -> ReferencePass:
+        """Reference log-probabilities and the target query's attention row (for the evicted mass; per
+        key/value head under head granularity); policies take no score from it (their scores are online)."""
+        return reference_pass(model, input_ids, last_attention=True, heads=heads_of(model, granularity))
 
     def policy_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
-                        ref: ReferencePass | None, positions: str, chunk: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                        ref: ReferencePass | None, positions: str, chunk: int = 1,
+                        granularity: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``policy`` as one evicting cache over ``input_ids`` [B, T] in chunks of ``chunk`` tokens
-        (:mod:`truncsens.engine.streaming_pass`).
+        (:mod:`truncsens.engine.streaming_pass`), one cache per key/value head under head granularity.
 
         Returns:
-            (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read).
+            (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read;
+            [B, Hkv, T] under head granularity).
 
         Raises:
             PolicyError: a bad chunk or budget (see :func:`truncsens.policies.streaming.run_stream`).
         """
-        lp, evictions = self.stream(model, input_ids, policy, budget, seeds, chunk)
+        lp, evictions = self.stream(model, input_ids, policy, budget, seeds, chunk, granularity)
         return lp, evictions.last()
 
     @torch.no_grad()
     def stream(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
-               chunk: int = 1):
+               chunk: int = 1, granularity: str = "token"):
         """(log-probabilities [B, V] float64, :class:`~truncsens.policies.streaming.Evictions`) of one
         streaming run: offline decisions and one forward from the eviction steps (:meth:`kept_logprobs`)
-        when the policy reads no scores, else the sequential run with online scores."""
+        when the policy reads no scores, else the sequential run with online scores. Under head
+        granularity the decisions are taken on B·Hkv rows (:func:`~truncsens.policies.base.head_seeds`)
+        and ``evict`` is [B, Hkv, T]."""
         B, T = input_ids.shape
+        heads = heads_of(model, granularity)
+        rows = head_seeds(seeds, heads) if heads else seeds
         if policy.needs_scores:
-            return stream_online(model, input_ids, policy, budget, seeds, chunk, windows_of(model, self.name))
-        evictions = decide_offline(policy, budget, T, chunk, seeds, input_ids.device)
+            return stream_online(model, input_ids, policy, budget, rows, chunk, windows_of(model, self.name),
+                                 heads=heads, groups=groups_of(model, True))
+        evictions = decide_offline(policy, budget, T, chunk, rows, input_ids.device)  # [B or B·Hkv, T]
+        if heads:
+            evictions = Evictions(unfold_heads(evictions.evict, heads), unfold_heads(evictions.offset, heads))
         return self.kept_logprobs(model, input_ids, evictions, None, "original"), evictions
 
     def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
@@ -293,8 +340,8 @@ class Streaming(Semantics):
         query chunks of ``query_chunk`` rows with SDPA on CPU, FlexAttention on CUDA), each layer's
         window applied inside; no T x T mask is built, memory grows linearly in T. Models that apply
         their windows themselves (GPT-Neo) get the dense mask of ``evictions.kept()`` instead.
-        Given a :class:`Kept` ([B, T, T] per-query kept sets), a dense [B, 1, T, T] additive mask
-        (or a dict of them per layer type) is built.
+        Given a :class:`Kept` ([B, T, T] per-query kept sets, or [B, Hkv, T, T] per key/value head), a
+        dense [B, 1, T, T] additive mask ([B, H, T, T] per head; or a dict of them per layer type) is built.
 
         Raises:
             ValueError: a kept set that is not causal, or a query that keeps no key.
@@ -310,38 +357,77 @@ class Streaming(Semantics):
                 return last_logprobs(out.logits[:, -1, :])  # [B, V]
             kept = kept.kept()
         check_causal(kept.keep)
-        mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model))
+        mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model),
+                                   groups_of(model, kept.per_head))
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
         return last_logprobs(out.logits[:, -1, :])  # [B, V]
 
 
 class PrefillEvict(Semantics):
-    """Full-context keys and values, evicted before the target's query reads them (kvpress convention)."""
+    """Full-context keys and values, evicted before the target's query reads them (kvpress convention).
+
+    With ``--positions reindexed`` the kept keys are re-rotated to positions 0..k-2 and the query
+    decoded at k - 1 (RoPE models; :mod:`truncsens.engine.rerotation`, kvpress's KeyRerotationPress)."""
 
     name = "prefill_evict"
-    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS})
+    positions = ("original", "reindexed")
+    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
+                          PREFILL_LAYERS})
 
     def cost(self, context_len: int, budget: int) -> int:
         """One token: the target's query is decoded against the prefilled cache."""
         return 1
 
-    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy]) -> ReferencePass:
-        """The reference pass, keeping the full-context cache of the first T - 1 tokens."""
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
+                  granularity: str = "token") -> ReferencePass:
+        """The reference pass, keeping the full-context cache of the first T - 1 tokens (statistics per
+        key/value head under head granularity; and, for policies that need :data:`PREFILL_LAYERS`, each
+        attention layer's prefill inputs: :class:`~truncsens.engine.prefill_layers.PrefillReference`)."""
         kinds = {p.score_kind() for p in policies}
-        return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
-                              key_norm="key_norm" in kinds, keep_cache=True)
+        wants_layers = any(PREFILL_LAYERS in p.requirements() for p in policies)
+        with record_prefill(model) if wants_layers else contextlib.nullcontext() as layers:
+            ref = reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
+                                 key_norm="key_norm" in kinds, keep_cache=True, heads=heads_of(model, granularity))
+        return ref if layers is None else PrefillReference.of(ref, layers)
+
+    def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor):
+        """As :meth:`Semantics.scores`; for :data:`PREFILL_LAYERS` policies the pair
+        (:class:`~truncsens.engine.prefill_layers.PrefillLayers`, prefill cache)."""
+        if PREFILL_LAYERS in policy.requirements():
+            return ref.layers, ref.cache
+        return super().scores(policy, ref, queries)
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:
         """Decode token T - 1 against ``ref.cache`` (every key of every layer, see
         :func:`~truncsens.engine.reference_pass.reference_pass`) with a [B, 1, 1, T] mask of the kept
-        keys within each layer's window (a dict of them per layer type when windows differ); the
-        cache is truncated back to T - 1 tokens afterwards, so one prefill serves every pass."""
+        keys within each layer's window (a dict of them per layer type when windows differ; [B, H, 1, T]
+        for per-head kept sets of ``--granularity head``, query head h·G + i reading KV head h's keys);
+        the cache is truncated back to T - 1 tokens afterwards, so one prefill serves every pass.
+        Per-layer, per-head kept sets (:class:`~truncsens.engine.rerotation.HeadKept`, kvpress presses)
+        and ``reindexed`` positions decode against a cache gathered from ``ref.cache`` instead
+        (:func:`~truncsens.engine.rerotation.decode_gathered`; ``ref.cache`` is left unchanged).
+
+        Raises:
+            SemanticsError: gathered decoding on a model with sliding-window layers; ``reindexed``
+                positions with ``--granularity head``.
+            truncsens.engine.rerotation.RotaryError: ``reindexed`` on a model without a fixed RoPE.
+        """
         B, T = input_ids.shape
-        keep_last, offset_last = kept.keep[:, -1:, :], kept.offset[:, -1:, :]  # [B, 1, T] each
+        windows = windows_of(model, self.name)
+        if positions == "reindexed" or isinstance(kept, HeadKept):
+            if windows.windowed:
+                raise SemanticsError(f"per-head kept sets and --positions reindexed under {self.name} need a model "
+                                     f"without sliding-window layers; this one has {windows.describe()}")
+            if kept.per_head and not isinstance(kept, HeadKept):
+                raise SemanticsError("--positions reindexed with --granularity head is not supported under "
+                                     f"{self.name}; use --positions original or --granularity token")
+            return decode_gathered(model, input_ids, kept, ref.cache, positions == "reindexed")
+        keep_last, offset_last = kept.keep[..., -1:, :], kept.offset[..., -1:, :]  # [B, (Hkv,) 1, T] each
         pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)  # [B, 1]
         k_pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
-        mask = kept_attention_mask(windows_of(model, self.name), keep_last, offset_last, pos, k_pos, model_dtype(model))
+        mask = kept_attention_mask(windows, keep_last, offset_last, pos, k_pos, model_dtype(model),
+                                   groups_of(model, kept.per_head))
         try:
             out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos, attention_mask=mask, use_cache=True,
                         logits_to_keep=1, **{kvcache.cache_keyword(model): ref.cache})

@@ -109,7 +109,7 @@ def run_shards(
     docs_per_shard: int, fingerprint: dict, resume: bool,
     compute_shard: Callable[[TargetSet, Callable[[int], None]], "results.xr.Dataset"],
     tokens_per_target: int, desc: str, progress: bool = True, stop_after_shards: int | None = None,
-    ranks: Ranks | None = None, overwrite: bool = False,
+    ranks: Ranks | None = None, overwrite: bool = False, select: Callable[..., TargetSet] | None = None,
 ) -> tuple[Path, int, int]:
     """Process documents in shards, write each shard file, merge them into ``out``.
 
@@ -128,6 +128,8 @@ def run_shards(
         ranks: this process's place in a multi-process run (default: a single process).
         overwrite: whether an existing ``out`` may be replaced (checked again once the lock is held,
             so a run that finished in the meantime is never overwritten by one that waited).
+        select: ``(docs, N, targets_per_doc, seed) -> TargetSet`` (default
+            :func:`truncsens.targets.select_targets`; the block protocol draws blocks).
 
     Returns:
         (path of the merged file, shards reused, number of targets; -1 on ranks other than 0).
@@ -144,7 +146,8 @@ def run_shards(
             if ranks.is_main:
                 check_output(out, overwrite, resume)
             return _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard,
-                               fingerprint, resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards)
+                               fingerprint, resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards,
+                               select or select_targets)
         except BaseException:
             if ranks.is_main and shard_dir.is_dir() and not kept_shards(out):  # nothing finished: leave no folder
                 shutil.rmtree(shard_dir, ignore_errors=True)
@@ -152,14 +155,14 @@ def run_shards(
 
 
 def _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard, fingerprint,
-                resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards):
+                resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards, select=select_targets):
     prepare_shard_dir(shard_dir, fingerprint, resume, write=False)
     ranks.barrier()  # every rank has checked before rank 0 writes
     if ranks.is_main:
         prepare_shard_dir(shard_dir, fingerprint, resume)
     ranks.barrier()
     groups = [docs[i : i + docs_per_shard] for i in range(0, len(docs), docs_per_shard)]
-    plans = [select_targets(g, reference_context, targets_per_doc, seed) for g in groups]
+    plans = [select(g, reference_context, targets_per_doc, seed) for g in groups]
     run_hash = fingerprint_hash(fingerprint)
     reused, written = 0, 0
     mine = [i for i in range(len(plans)) if ranks.owns(i)]

@@ -16,6 +16,7 @@ import dataclasses
 from truncsens.policies.base import CAPABILITIES, Kept, Policy, PolicyError
 from truncsens.policies.h2o import H2OPolicy
 from truncsens.policies.key_norm import KeyNormPolicy
+from truncsens.policies.kvpress_adapter import PREFIX as KVPRESS_PREFIX, KVPressPolicy, kvpress_policy_class
 from truncsens.policies.poisson import SCORES, PoissonPolicy
 from truncsens.policies.random import RandomPolicy
 from truncsens.policies.sink_recent import SinkRecentPolicy
@@ -31,13 +32,17 @@ POLICIES: dict[str, type[Policy]] = {
 
 
 def policy_class(name: str) -> type[Policy]:
-    """The policy class registered under ``name``.
+    """The policy class registered under ``name``, or a kvpress press's for ``kvpress:<PressClass>``
+    (:mod:`truncsens.policies.kvpress_adapter`, resolved on demand, not listed in :data:`POLICIES`).
 
     Raises:
-        PolicyError: unknown name (the message lists the known ones).
+        PolicyError: unknown name (the message lists the known ones); for ``kvpress:`` names, kvpress
+            not importable or no such score-based press (the message names the press and the install).
     """
+    if name.startswith(KVPRESS_PREFIX):
+        return kvpress_policy_class(name)
     if name not in POLICIES:
-        raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+        raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)} or {KVPRESS_PREFIX}<PressClass>")
     return POLICIES[name]
 
 
@@ -75,6 +80,6 @@ def policy_params(policy: Policy) -> dict:
 
 
 __all__ = [
-    "CAPABILITIES", "H2OPolicy", "KeyNormPolicy", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError",
+    "CAPABILITIES", "H2OPolicy", "KVPressPolicy", "KeyNormPolicy", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError",
     "RandomPolicy", "SCORES", "SinkRecentPolicy", "SnapKVPolicy", "SuffixPolicy", "TOVAPolicy", "TopKPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
 ]

@@ -21,6 +21,12 @@ Two representations of a decision (docs/method.md, section 3):
   goes. At each chunk end the policy sees a :class:`StreamView` (the keys still cached and the
   statistics the evicted run itself computed) and returns the keys it keeps (a subset: an evicted key
   never comes back).
+
+Granularity (docs/method.md, "Granularity"): ``token`` (default) gives one kept set per sequence and
+query, shared by every layer and head; ``head`` gives one per (sequence, key/value head), shared by
+every layer (kvpress also differs per layer; we do not). Policies stay per row: the engine folds the
+KV heads into the batch (:func:`fold_heads`, one seed per row from :func:`head_seeds`), runs
+``keep``/``evict`` unchanged on B·Hkv rows, and unfolds the result (:func:`unfold_heads`).
 """
 
 from __future__ import annotations
@@ -52,8 +58,9 @@ class Kept:
     """The kept keys of a batch of sequences, per query.
 
     Attributes:
-        keep: [B, Q, T] bool, key j kept for query ``queries[i]`` (never true for j > query).
-        offset: [B, Q, T] float32 additive logit offsets of kept keys (0 elsewhere).
+        keep: [B, Q, T] bool, key j kept for query ``queries[i]`` (never true for j > query); under
+            head granularity [B, Hkv, Q, T], one kept set per key/value head (shared by its layers).
+        offset: [B, Q, T] (or [B, Hkv, Q, T]) float32 additive logit offsets of kept keys (0 elsewhere).
         queries: [Q] int64 query positions.
     """
 
@@ -62,8 +69,17 @@ class Kept:
     queries: torch.Tensor
 
     @property
+    def per_head(self) -> bool:
+        """Whether the kept sets are per key/value head (keep [B, Hkv, Q, T])."""
+        return self.keep.dim() == 4
+
+    def last(self) -> torch.Tensor:
+        """Keys the last query read: [B, T] bool, or [B, Hkv, T] under head granularity."""
+        return self.keep[..., -1, :]
+
+    @property
     def counts(self) -> torch.Tensor:
-        """[B, Q] int64 number of kept keys per query."""
+        """[B, Q] (or [B, Hkv, Q]) int64 number of kept keys per query."""
         return self.keep.sum(-1)
 
     def has_offsets(self) -> bool:
@@ -88,7 +104,8 @@ class Policy:
         """Which ``scores`` :meth:`keep` and :meth:`evict` need (a key of :data:`SCORE_KINDS`), or None:
 
         - ``"attention"``: attention each key received, accumulated over the queries so far (mean over
-          layers and heads; H2O, arXiv 2306.14048);
+          layers and heads, or over layers and a KV head's query heads under head granularity; H2O,
+          arXiv 2306.14048);
         - ``"last_attention"``: attention of the newest processed query (TOVA, arXiv 2401.06104);
         - ``"key_norm"``: L2 norm of each key (mean over layers and key/value heads);
         - ``"window_attention"``: attention of an observation window of prompt queries (SnapKV,
@@ -165,6 +182,8 @@ class StreamView:
         uniforms: [B, end] float64, one uniform per key from the sequence's seed (:func:`uniforms`).
         accumulated: [B, end] float32 attention each key received from the processed queries of the
             evicted run (mean over layers and heads), or None when the policy needs none.
+        Under head granularity the B rows are (sequence, key/value head) pairs (:func:`fold_heads`),
+        and the statistics are those of the row's KV head (mean over layers and its query heads).
         last: [B, end] float32 attention of the newest processed query, or None.
         key_norm: [B, end] float32 key L2 norms (mean over layers and key/value heads), or None.
     """
@@ -305,6 +324,48 @@ def smallest_k(values: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Ten
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, torch.arange(values.shape[-1], device=values.device).expand_as(order))  # [..., T]
     return allowed & (rank < k)
+
+
+GRANULARITIES = ("token", "head")
+
+
+def check_granularity(granularity: str) -> None:
+    """Raise :class:`PolicyError` unless ``granularity`` is one of :data:`GRANULARITIES`."""
+    if granularity not in GRANULARITIES:
+        raise PolicyError(f"--granularity must be token or head, got {granularity!r}")
+
+
+def head_seeds(seeds: Sequence[int], n_heads: int) -> list[int]:
+    """One seed per (sequence, key/value head), in the folded row order ``b·Hkv + h``.
+
+    Seed of head h of a sequence of seed s: the first 8 bytes of BLAKE2b("s:kv_head:h") as an
+    integer below 2^63, so heads draw independently and a head's draw depends neither on batching
+    nor on the other heads.
+
+    Args:
+        seeds: B sequence seeds; n_heads: Hkv >= 1.
+
+    Returns:
+        B·Hkv seeds.
+    """
+    import hashlib
+
+    out = []
+    for s in seeds:
+        for h in range(n_heads):
+            digest = hashlib.blake2b(f"{int(s)}:kv_head:{h}".encode(), digest_size=8).digest()
+            out.append(int.from_bytes(digest, "big") % (2**63))
+    return out
+
+
+def fold_heads(x: torch.Tensor) -> torch.Tensor:
+    """[B, Hkv, ...] -> [B·Hkv, ...] (row ``b·Hkv + h``; a view when contiguous)."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def unfold_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[B·Hkv, ...] -> [B, Hkv, ...] (the inverse of :func:`fold_heads`)."""
+    return x.reshape(x.shape[0] // n_heads, n_heads, *x.shape[1:])
 
 
 def expand(mask: torch.Tensor, batch: int) -> torch.Tensor:

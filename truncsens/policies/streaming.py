@@ -34,6 +34,7 @@ class ChunkStats:
         attention: [B, c, e] float attention probabilities of each chunk query over keys 0..e-1 (0 on
             keys it did not read; mean over layers and heads), or None.
         key_norm: [B, c] float L2 norms of the chunk's keys (mean over layers and key/value heads), or None.
+        Under head granularity B counts (sequence, key/value head) rows and the statistics are per KV head.
     """
 
     attention: torch.Tensor | None = None
@@ -45,24 +46,27 @@ class Evictions:
     """Streaming decisions of B sequences of T tokens.
 
     Attributes:
-        evict: [B, T] int64, key j is read by queries ``j <= q < evict[b, j]`` (T: never evicted).
-        offset: [B, T] float32 logit offset of each key for its life in the cache (0 if certain).
+        evict: [B, T] int64, key j is read by queries ``j <= q < evict[b, j]`` (T: never evicted);
+            under head granularity [B, Hkv, T], one eviction step per key and key/value head.
+        offset: [B, T] (or [B, Hkv, T]) float32 logit offset of each key for its life in the cache
+            (0 if certain).
     """
 
     evict: torch.Tensor
     offset: torch.Tensor
 
     def kept(self) -> Kept:
-        """Per-query kept sets [B, T, T] (query rows 0..T-1) with the keys' offsets."""
-        B, T = self.evict.shape
+        """Per-query kept sets [..., T, T] (query rows 0..T-1; ``...`` = B or B, Hkv) with the keys' offsets."""
+        T = self.evict.shape[-1]
         q = torch.arange(T, device=self.evict.device)
-        keep = (q.view(1, T, 1) >= q.view(1, 1, T)) & (q.view(1, T, 1) < self.evict.unsqueeze(1))  # [B, T, T]
-        offset = torch.where(keep, self.offset.unsqueeze(1).expand(B, T, T), torch.zeros((), device=keep.device))
+        ev = self.evict.unsqueeze(-2)  # [..., 1, T]
+        keep = (q.view(T, 1) >= q.view(1, T)) & (q.view(T, 1) < ev)  # [..., T, T]
+        offset = torch.where(keep, self.offset.unsqueeze(-2).expand(keep.shape), torch.zeros((), device=keep.device))
         return Kept(keep, offset, q)
 
     def last(self) -> torch.Tensor:
-        """[B, T] bool keys the target's query (T - 1) read."""
-        return self.evict >= self.evict.shape[1]
+        """[B, T] (or [B, Hkv, T]) bool keys the target's query (T - 1) read."""
+        return self.evict >= self.evict.shape[-1]
 
 
 def chunk_bounds(context_len: int, chunk: int) -> list[tuple[int, int]]:
@@ -89,7 +93,9 @@ def run_stream(policy: Policy, budget: int, context_len: int, chunk: int, seeds:
     Args:
         policy: the policy (its :meth:`~truncsens.policies.base.Policy.evict`).
         budget: k >= the policy's minimum; context_len: T; chunk: C >= 1 (see :func:`chunk_bounds`).
-        seeds: one seed per sequence (one uniform per key, :func:`~truncsens.policies.base.uniforms`).
+        seeds: one seed per row (one uniform per key, :func:`~truncsens.policies.base.uniforms`): a
+            sequence, or a (sequence, key/value head) pair under head granularity
+            (:func:`~truncsens.policies.base.head_seeds`).
         observe: ``observe(s, e, alive [B, e] bool, offset [B, e] float32) -> ChunkStats`` processes
             the queries s..e-1, query q reading the keys ``alive[:, :s]`` and the chunk's tokens up to q
             with their offsets (the model run of the engine, or a synthetic source in tests).

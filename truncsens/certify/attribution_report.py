@@ -1,0 +1,188 @@
+"""The ``truncsens certify-attribution`` summary: statistics of :mod:`truncsens.certify.attribution`
+read from a results file, beside the paper's figures, as a dict (``--json``), printed tables (one
+renderer, :func:`truncsens.tables.render_table`) and a figure of recomputation curves.
+
+Paper (P. Xie, arXiv 2607.21475): attribution AUC of the certificate 0.75 at 6k tokens and 0.73 at
+16k, output confidence at or below chance; certificate-gated recomputation beats random and
+confidence-gated; output confidence predicts failure better than the certificate. Verdict rules,
+fixed before looking at any result (:func:`truncsens.certify.attribution.verdict_above`): a claim
+"holds" when its bootstrap interval over documents lies on the claimed side (AUC above 0.5, a
+difference above 0), "not shown" when only the estimate does, "fails" otherwise. "Confidence at or
+below chance" holds when the interval of its attribution AUC reaches down to 0.5.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from truncsens.certify.attribution import (
+    GATE_FRACTIONS, PAPER_AUC, by_documents, certificate_score, failures, removal_curves, verdict_above,
+)
+from truncsens.tables import Column, fmt_num, render_table
+
+CURVE_FRACTIONS = np.linspace(0, 1, 41)
+
+
+def _arrays(ds, budget: int | None) -> dict[str, np.ndarray]:
+    """Per-target arrays of poisson at one budget (all budgets stacked when None), with doc ids."""
+    budgets = [int(b) for b in ds["budget"].values] if budget is None else [budget]
+    token = ds["token_id"].values
+    parts = []
+    for k in budgets:
+        sel = ds.sel(policy="poisson", budget=k)
+        parts.append({
+            "cert": certificate_score(sel["radius_eb"].values, sel["attn_norm"].values),
+            "conf_kept": sel["confidence_kept"].values, "conf_ref": ds["confidence_ref"].values,
+            "fail_kept": failures(sel["argmax_kept"].values, token, sel["nll_kept"].values, ds.attrs["failure_nll"]),
+            "fail_ref": failures(ds["argmax_ref"].values, token, sel["nll_ref"].values, ds.attrs["failure_nll"]),
+            "doc": np.asarray(ds["doc"].values, dtype=str)})
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
+def _counts(ds, policy: str, k: int) -> dict:
+    sel = ds.sel(policy=policy, budget=k)
+    token = ds["token_id"].values
+    fk = failures(sel["argmax_kept"].values, token, sel["nll_kept"].values, ds.attrs["failure_nll"])
+    fr = failures(ds["argmax_ref"].values, token, sel["nll_ref"].values, ds.attrs["failure_nll"])
+    return {"failures": int(fk.sum()), "eviction_caused": int((fk & ~fr).sum()), "inherent": int((fk & fr).sum()),
+            "fixed": int((~fk & fr).sum())}
+
+
+def _flip(stat: dict) -> dict:
+    return {"value": -stat["value"], "ci": [-stat["ci"][1], -stat["ci"][0]]}
+
+
+def _verdicts(stats: dict) -> dict:
+    conf = stats["auc_attribution_confidence"]
+    lo = conf["ci"][0] if math.isfinite(conf["ci"][0]) else conf["value"]
+    at_chance = "holds" if lo <= 0.5 else "fails (confidence separates them)"
+    out = {"certificate_attributes": verdict_above(stats["auc_attribution_certificate"], 0.5),
+           "confidence_at_chance": "not measurable" if math.isnan(conf["value"]) else at_chance,
+           "confidence_predicts_failure_better": verdict_above(_flip(stats["diff_auc_failure"]))}
+    for f in GATE_FRACTIONS:
+        out[f"gating_beats_random_{f:g}"] = verdict_above(stats[f"diff_removed_random_{f:g}"])
+        out[f"gating_beats_confidence_{f:g}"] = verdict_above(stats[f"diff_removed_confidence_{f:g}"])
+    return out
+
+
+def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
+    """The summary of an attribution results Dataset (verdict rules in the module docstring)."""
+    N = int(ds.attrs["reference_context"])
+    kind = np.asarray(ds["task_kind"].values, dtype=str)
+    policies = [str(p) for p in ds["policy"].values]
+    rows = []
+    for k in (int(b) for b in ds["budget"].values):
+        a = _arrays(ds, k)
+        stats = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"],
+                             n_boot, seed)
+        rows.append({"budget": k, "percent": 100 * k / N, "counts": {p: _counts(ds, p, k) for p in policies},
+                     "poisson": stats, "verdicts": _verdicts(stats)})
+    a = _arrays(ds, None)
+    pooled = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"], n_boot,
+                          seed)
+    fail_ref = _arrays(ds, int(ds["budget"].values[0]))["fail_ref"]
+    traj = ds.attrs.get("trajectory")
+    return {
+        "model": ds.attrs.get("model"), "corpus": ds.attrs.get("corpus"), "reference_context": N,
+        "delta": float(ds.attrs["delta"]), "failure_nll": float(ds.attrs["failure_nll"]),
+        "min_distance": int(ds.attrs["min_distance"]), "n_targets": int(ds.sizes["target"]),
+        "n_docs": len(set(np.asarray(ds["doc"].values, dtype=str))),
+        "n_targets_by_kind": {k: int((kind == k).sum()) for k in sorted(set(kind))},
+        "full_cache_failures": {k: int(fail_ref[kind == k].sum()) for k in sorted(set(kind))},
+        "budgets": rows, "pooled": {"poisson": pooled, "verdicts": _verdicts(pooled)},
+        "paper": {"auc_attribution_certificate": PAPER_AUC,
+                  "claims": ["confidence at or below chance for attribution", "certificate-gated recomputation beats "
+                             "random and confidence-gated", "confidence predicts failure better than the certificate"]},
+        "trajectory": json.loads(traj) if traj else None,
+    }
+
+
+def _ci(stat: dict, digits: int = 3) -> str:
+    lo, hi = stat["ci"]
+    inner = f" [{fmt_num(lo, digits)}, {fmt_num(hi, digits)}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return fmt_num(stat["value"], digits) + inner
+
+
+def format_attribution(s: dict) -> str:
+    """Printed tables of :func:`summarize_attribution`."""
+    kinds = ", ".join(f"{n} {k}" for k, n in s["n_targets_by_kind"].items())
+    lines = [f"certify-attribution: {s['model']} on {s['corpus']}, N = {s['reference_context']}, {s['n_targets']} "
+             f"targets ({kinds}) from {s['n_docs']} documents; D = {s['min_distance']}; failure: wrong top-1 or NLL > "
+             f"{s['failure_nll']:.3f} nats; full cache fails on "
+             + ", ".join(f"{n} {k}" for k, n in s["full_cache_failures"].items()), ""]
+    policies = list(s["budgets"][0]["counts"]) if s["budgets"] else []
+    cols = [Column("budget", ">")] + [Column(f"{p}: fail / evict / inherent", ">") for p in policies]
+    rows = [[f"{b['budget']} ({b['percent']:.1f}%)"] + [
+        f"{c['failures']} / {c['eviction_caused']} / {c['inherent']}" for c in (b["counts"][p] for p in policies)]
+        for b in s["budgets"]]
+    lines += [render_table(cols, rows), ""]
+    table = [*((f"{b['budget']}", b["poisson"]) for b in s["budgets"]), ("pooled", s["pooled"]["poisson"])]
+    cols = [Column("poisson budget", ">"), Column("AUC attrib. certificate", ">"),
+            Column("AUC attrib. -confidence", ">"),
+            Column("AUC attrib. -conf. full", ">"), Column("AUC failure certificate", ">"),
+            Column("AUC failure -confidence", ">")]
+    rows = [[name, _ci(t["auc_attribution_certificate"]), _ci(t["auc_attribution_confidence"]),
+             _ci(t["auc_attribution_confidence_ref"]), _ci(t["auc_failure_certificate"]),
+             _ci(t["auc_failure_confidence"])] for name, t in table]
+    lines += [render_table(cols, rows), ""]
+    cols = [Column("poisson budget", ">"), Column("recompute", ">"), Column("certificate-gated", ">"),
+            Column("confidence-gated", ">"), Column("random", ">")]
+    rows = [[name, f"{100 * f:g}%", _ci(t[f"removed_certificate_{f:g}"]), _ci(t[f"removed_confidence_{f:g}"]),
+             fmt_num(t[f"removed_random_{f:g}"]["value"], 3)] for name, t in table for f in GATE_FRACTIONS]
+    lines += ["share of eviction-caused failures removed by recomputing a share of targets [doc bootstrap]",
+              render_table(cols, rows), ""]
+    v = s["pooled"]["verdicts"]
+    paper = " / ".join(f"{a:g} at {n}" for n, a in s["paper"]["auc_attribution_certificate"].items())
+    lines += ["claims of the paper (pooled over budgets) -> on this model:",
+              f"  certificate tells eviction-caused from inherent failures (AUC {paper}): "
+              f"{_ci(s['pooled']['poisson']['auc_attribution_certificate'])} -> {v['certificate_attributes']}",
+              "  output confidence at or below chance for that: "
+              f"{_ci(s['pooled']['poisson']['auc_attribution_confidence'])} -> {v['confidence_at_chance']}",
+              f"  confidence predicts failure better than the certificate: -(certificate - confidence) AUC "
+              f"{_ci(_flip(s['pooled']['poisson']['diff_auc_failure']))} -> {v['confidence_predicts_failure_better']}"]
+    for f in GATE_FRACTIONS:
+        lines.append(f"  certificate-gated beats random / confidence-gated at {100 * f:g}%: "
+                     f"{v[f'gating_beats_random_{f:g}']} / {v[f'gating_beats_confidence_{f:g}']}")
+    t = s.get("trajectory")
+    if t:
+        lines += ["", f"trajectory: {t['n_steps']} greedy steps from {t['prefix_tokens']} tokens of {t['doc']}, "
+                      f"poisson budget {t['budget']}, {t['streams']} layer x head streams, delta = {t['delta']:g}",
+                  f"  misses per step (level delta_t): {t['misses_per_step']}",
+                  f"  misses per step (naive, level delta): {t['naive_misses_per_step']}",
+                  f"  streams whose confidence sequence was violated: {t['violated_streams']} of {t['streams']} (valid "
+                  f"sequences: at most {t['expected_violated_at_most']:.2f} expected); naive reading: "
+                  f"{t['naive_violated_streams']}; largest e-value {fmt_num(t['max_e_value'], 3)} (threshold "
+                  f"{fmt_num(t['threshold'], 3)})"]
+    return "\n".join(lines)
+
+
+def save_curves(ds, stem: str | Path) -> Path:
+    """``<stem>-recomputation.png``: share of eviction-caused failures removed against the share of
+    targets recomputed (certificate-gated, confidence-gated, random), one panel per budget and pooled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stem = Path(stem)
+    path = stem.with_name(stem.name + "-recomputation.png")
+    panels = [(f"budget {int(k)}", int(k)) for k in ds["budget"].values] + [("pooled", None)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), squeeze=False)
+    for ax, (title, k) in zip(axes[0], panels):
+        a = _arrays(ds, k)
+        caused = a["fail_kept"] & ~a["fail_ref"]
+        curves = removal_curves(a["cert"], a["conf_kept"], caused, CURVE_FRACTIONS)
+        for name, style in (("certificate", "o-"), ("confidence", "s-"), ("random", "k:")):
+            ax.plot(CURVE_FRACTIONS, curves[name], style, ms=2, label=name)
+        ax.set_title(f"{title}: {int(caused.sum())} eviction-caused of {caused.size}", fontsize=9)
+        ax.set_xlabel("share of targets recomputed")
+    axes[0][0].set_ylabel("eviction-caused failures removed")
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,184 @@
+"""The ``truncsens certify-attribution`` driver: held-out corpus -> attribution task set
+(:mod:`truncsens.certify.tasks`) -> the certify passes of every target
+(:func:`truncsens.certify.run.compute_arrays`, the same engine as ``truncsens certify``) -> one
+results file; optionally a greedy trajectory under eviction (:mod:`truncsens.certify.trajectory`).
+
+Results file: the layout of :mod:`truncsens.certify.run` (dims policy × target × budget [× layer ×
+head]) plus, per target, ``task_kind`` ("copy" or "kv") and ``source_position`` (the earlier
+occurrence of the target token); attrs add ``min_distance``, ``copy_per_doc``, ``kv_docs``,
+``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON) and the variables
+``trajectory_error``, ``trajectory_radius_step`` (EB radius at δ_t), ``trajectory_radius_naive``
+(at δ), dims (step, layer, head), and ``trajectory_token`` (dim step). The run is small (a few
+minutes on 2 CPU cores), so it is written at the end in one piece, not in resumable shards.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from truncsens import results
+from truncsens.certify.attribution import FAILURE_NLL
+from truncsens.certify.config import CertifyConfig, CertifyError
+from truncsens.certify.probe import check_model
+from truncsens.certify.run import compute_arrays, shard_dataset
+from truncsens.certify.tasks import TaskSet, build_task_set, copy_vocabulary, default_min_distance
+from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
+from truncsens.engine.config import MeasureError, default_out
+from truncsens.engine.documents import prepare_documents
+from truncsens.engine.measure import provenance, resolve_reference_context
+from truncsens.engine.semantics import SEMANTICS
+from truncsens.engine.shards import ShardProgress, check_output
+from truncsens.engine.sweep import Sweep
+from truncsens.models import LoadedModel, load_model
+
+
+@dataclass
+class AttributionConfig:
+    """Configuration of one attribution run (token counts in tokens); validates itself once.
+
+    Attributes:
+        model, domain, corpus, split, budgets, delta, n_sink, seed, device, dtype, max_batch_tokens:
+            as in :class:`~truncsens.certify.config.CertifyConfig`.
+        reference_context: N (default 512: small enough for a few minutes on 2 CPU cores).
+        max_docs: held-out documents searched for copy targets; copy_per_doc: copy targets per document;
+        copy_rule: "induction" (the preceding token repeats too) or "token" (:mod:`truncsens.certify.tasks`).
+        kv_docs: synthetic key–value documents (one target each).
+        min_distance: D (default N // 4).
+        trajectory: steps of the greedy trajectory (0: none); trajectory_budget: its budget, a token
+            count or a percentage of N (the same syntax as ``budgets``, one value).
+        out: results file (default ``results/<model>-<corpus or domain>-attribution.nc``).
+
+    Raises:
+        CertifyError: every check of :class:`CertifyConfig`, a negative count, no target source.
+    """
+
+    model: str = "reference"
+    domain: str = "code"
+    corpus: str | None = None
+    split: str = "auto"
+    reference_context: int | None = 512
+    budgets: str = "12.5%,25%,50%"
+    delta: float = 0.05
+    n_sink: int = 4
+    max_docs: int | None = 16
+    copy_per_doc: int = 4
+    copy_rule: str = "induction"
+    kv_docs: int = 8
+    min_distance: int | None = None
+    trajectory: int = 0
+    trajectory_budget: str = "25%"
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_batch_tokens: int | None = None
+    out: str | None = None
+    overwrite: bool = False
+    progress: bool = True
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("copy_per_doc", "kv_docs", "trajectory"):
+            if getattr(self, name) < 0:
+                raise CertifyError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.copy_rule not in ("induction", "token"):
+            raise CertifyError(f"--copy-rule must be induction or token, got {self.copy_rule!r}")
+        if self.copy_per_doc == 0 and self.kv_docs == 0:
+            raise CertifyError("no attribution targets: --copy-per-doc and --kv-docs are both 0")
+        if self.min_distance is not None and self.min_distance < 1:
+            raise CertifyError(f"--min-distance must be at least 1 token, got {self.min_distance}")
+        self.certify_config()  # budgets, delta, run options: checked once, by CertifyConfig / MeasureConfig
+        CertifyConfig(budgets=self.trajectory_budget, n_sink=self.n_sink)  # one budget, same syntax
+        if self.out is None:
+            self.out = str(default_out(self.model, self.corpus, self.domain, "-attribution"))
+
+    def certify_config(self) -> CertifyConfig:
+        """The equivalent :class:`CertifyConfig` (documents, policies, budgets)."""
+        return CertifyConfig(
+            model=self.model, domain=self.domain, corpus=self.corpus, split=self.split,
+            reference_context=self.reference_context, budgets=self.budgets, delta=self.delta, n_sink=self.n_sink,
+            targets_per_doc=1, max_docs=self.max_docs, seed=self.seed, device=self.device, dtype=self.dtype,
+            max_batch_tokens=self.max_batch_tokens, out=self.out or "unused.nc", overwrite=self.overwrite,
+            progress=self.progress, command=self.command)
+
+
+@dataclass
+class AttributionRun:
+    """What a finished run did: the results file, its Dataset, the task set, the trajectory summary."""
+
+    path: Path
+    dataset: object
+    tasks: TaskSet
+    budgets: list[int]
+    reference_context: int
+    trajectory: dict | None = None
+
+
+def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -> AttributionRun:
+    """Build the task set, run the certify passes on every target, write ``cfg.out``.
+
+    Raises:
+        CertifyError: a budget at or above N or at most the sinks (also the trajectory's).
+        truncsens.certify.probe.CertifyModelError: a model without the attention interface.
+        truncsens.certify.tasks.TaskError: D outside [1, N], no target found.
+        MeasureError: ``cfg.out`` exists (without ``--overwrite``), bad N or corpus, a model
+            without a tokenizer. Nothing is written before every check has passed.
+    """
+    check_output(cfg.out, cfg.overwrite, False)
+    ccfg = cfg.certify_config()
+    loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
+    check_model(loaded.model, loaded.name)
+    if loaded.tokenizer is None:
+        raise MeasureError(f"model {loaded.name!r} has no tokenizer: the attribution tasks are text")
+    N = resolve_reference_context(ccfg.measure_config(), loaded)
+    budgets = ccfg.resolve_budgets(N)
+    traj_budget = CertifyConfig(budgets=cfg.trajectory_budget, n_sink=cfg.n_sink).resolve_budgets(N)[0]
+    if cfg.trajectory and N - cfg.trajectory <= traj_budget:
+        raise CertifyError(f"--trajectory {cfg.trajectory} leaves a prefix of {N - cfg.trajectory} tokens, not above "
+                           f"the trajectory budget of {traj_budget} tokens; use fewer steps or a smaller "
+                           "--trajectory-budget")
+    mcfg = ccfg.measure_config(budgets)
+    policies = mcfg.build_policies()
+    for p in policies:
+        for k in budgets:
+            p.check(k, N)
+    sweep = Sweep("budget", budgets, budgets, policies, SEMANTICS["prefill_evict"])
+    docs = prepare_documents(mcfg, loaded, N)
+    tok = loaded.tokenizer
+    D = cfg.min_distance or default_min_distance(N)
+    eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
+    tasks = build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N, D,
+                           cfg.copy_per_doc, cfg.kv_docs, cfg.seed, induction=cfg.copy_rule == "induction")
+    attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta, "targets_per_doc": 0,
+             "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs,
+             "failure_nll": FAILURE_NLL,
+             "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",
+             "created": results.utc_now()}
+    plan = tasks.targets
+    per_target = N + len(policies) * len(budgets)
+    with ShardProgress(len(plan) * per_target, "certify-attribution", cfg.progress, 1) as bar:
+        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device,
+                                mcfg.batch_tokens(loaded.device), bar.update)
+        bar.shard_done(0)
+    ds = shard_dataset(arrays, plan, sweep, attrs)
+    ds["task_kind"] = (("target",), np.asarray(tasks.kind, dtype=str))
+    ds["source_position"] = (("target",), tasks.source)
+    ds["source_position"].attrs["description"] = "position of the most recent earlier occurrence of the target token"
+    ds.attrs["n_docs"] = len(set(plan.doc))
+    trajectory = None
+    if cfg.trajectory:
+        poisson = next(p for p in policies if p.name == "poisson")
+        first = docs.used[0]
+        prefix = first.ids[: N - cfg.trajectory].to(loaded.device)  # the trajectory ends within N tokens
+        traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed)
+        trajectory = {"doc": first.id, **trajectory_summary(traj)}
+        ds.attrs["trajectory"] = json.dumps(trajectory)
+        for name, values in (("trajectory_error", traj.error), ("trajectory_radius_step", traj.radius_step),
+                             ("trajectory_radius_naive", traj.radius_naive)):
+            ds[name] = (("step", "layer", "head"), values)  # [n, L, H]
+        ds["trajectory_token"] = (("step",), traj.tokens.numpy())
+    path = results.save(ds, cfg.out)
+    return AttributionRun(path, results.load(path), tasks, budgets, N, trajectory)

@@ -1,0 +1,78 @@
+"""``truncsens measure --protocol block``: the driver's block branch (targets drawn in blocks, shards
+measured by :func:`truncsens.engine.block_protocol.measure_blocks`).
+
+Results are those of a window sweep (dims ``target``, ``window``) plus the coords
+``actual_window`` [target, window] (int32, tokens of window each value was measured with; sinks
+not counted) and ``actual_context`` [target] (int32, tokens of each target's reference context);
+a sweep of ``--policy suffix`` or ``sink_recent`` under reencode (dims ``target``, ``budget``) has
+``actual_budget`` [target, budget] (sinks + actual window) instead of ``actual_window``,
+and the attrs ``protocol`` ("block"), ``block_fraction``, ``block_size``, ``block_length`` (B,
+targets per block) and ``attention_implementation``. A file without these coords is an exact run:
+actual = nominal (:func:`actual_coords`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import xarray as xr
+
+from truncsens.engine.block_plan import block_length, check_block_windows, extra_context, forward_tokens
+from truncsens.engine.block_protocol import check_block_model, choose_attention, measure_blocks
+from truncsens.engine.kernel import KernelOutput
+from truncsens.engine.measure import shard_results
+from truncsens.engine.shards import run_shards
+from truncsens.targets import TargetSet, select_block_targets
+
+
+def actual_coords(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """([target, window] actual windows, [target] actual reference contexts) of a window-sweep
+    results dataset; the nominal window and ``reference_context`` where the file has none (exact runs)."""
+    n, windows = ds.sizes["target"], np.asarray(ds["window"].values, np.int64)
+    window = (np.asarray(ds["actual_window"].transpose("target", "window").values, np.int64)
+              if "actual_window" in ds.coords else np.broadcast_to(windows, (n, windows.size)).copy())
+    context = (np.asarray(ds["actual_context"].values, np.int64) if "actual_context" in ds.coords
+               else np.full(n, int(ds.attrs.get("reference_context", 0)), np.int64))
+    return window, context
+
+
+def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: dict, ranks=None,
+                     stop_after_shards: int | None = None) -> tuple:
+    """Run a window sweep by the block protocol and write ``cfg.out`` (see :func:`truncsens.engine.measure.run_measure`).
+
+    Returns:
+        (path, shards reused, number of targets).
+
+    Raises:
+        MeasureError: a window that does not fit the shortest actual reference context, or a model
+            with sliding-window layers; and what :func:`~truncsens.engine.shards.run_shards` raises.
+    """
+    N = reference_context
+    B = block_length(N, cfg.block_fraction, cfg.block_size)
+    room = max(0, loaded.max_context - N)  # positions the model has beyond N
+    n_sink = getattr(sweep.policies[0], "n_sink", 0) if sweep.policies else 0  # suffix: 0; sink_recent: its sinks
+    windows = [k - n_sink for k in sweep.budgets]  # window w is budget n_sink + w (truncsens.engine.sweep)
+    check_block_windows(windows, N, n_sink, B, room)
+    check_block_model(loaded.model, loaded.name)
+    attrs = {**attrs, "protocol": "block", "block_fraction": float(cfg.block_fraction), "block_size": int(cfg.block_size),
+             "block_length": B, "block_extra_context": extra_context(B, room), "attention_implementation": choose_attention(loaded.model, loaded.device)}
+    batch_tokens = cfg.batch_tokens(loaded.device)
+
+    def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
+        out = measure_blocks(loaded.model, plan, windows, n_sink, cfg.positions, cfg.block_fraction,
+                             cfg.block_size, loaded.device, batch_tokens, on_tokens, room)
+        kept = (out.actual_window + n_sink).astype(np.int32)[None]  # [1, n, S] keys the target's query read
+        kernel = KernelOutput({m: v[None] for m, v in out.metrics.items()}, kept, None, out.n_clamped)
+        ds = shard_results(kernel, plan, sweep, attrs, docs.bos_id)
+        actual = out.actual_window if sweep.is_window_sweep else out.actual_window + n_sink  # [n, S]
+        return ds.assign_coords({f"actual_{sweep.dim}": (("target", sweep.dim), actual.astype(np.int32)),
+                                 "actual_context": ("target", out.actual_context.astype(np.int32))})
+
+    per_target = max(1, forward_tokens([B], N, windows, n_sink, cfg.block_fraction, cfg.block_size, room) // B)
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
+    return run_shards(
+        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
+        compute_shard, per_target, "measure (block protocol)", cfg.progress, stop_after_shards, ranks, cfg.overwrite,
+        select=partial(select_block_targets, block=B))
