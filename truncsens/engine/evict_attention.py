@@ -235,8 +235,15 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
 
 def supported(model, windows) -> bool:
     """Whether ``model`` can run :func:`evict_attention_forward`: a transformers model that can switch
-    its attention implementation, and windows it does not apply itself on cache indices."""
-    return hasattr(model, "set_attn_implementation") and not windows.applies_own
+    its attention implementation (transformers' ``_can_set_attn_implementation`` when it has one), and
+    windows it does not apply itself on cache indices."""
+    if not hasattr(model, "set_attn_implementation") or windows.applies_own:
+        return False
+    can_set = getattr(type(model), "_can_set_attn_implementation", None)
+    try:
+        return bool(can_set()) if callable(can_set) else True
+    except Exception:  # noqa: BLE001 - transformers' source heuristic failed: keep the dense path
+        return False
 
 
 def evict_kwargs(evict: torch.Tensor, offset: torch.Tensor, windows=None, query_chunk: int = DEFAULT_QUERY_CHUNK,
