@@ -42,7 +42,21 @@ fixed overheads still hide its T^2 terms (its [1, 1, T, T] float mask alone is 6
 memory at 4k. The times were taken while the 2 cores ran about 16 other processes (load average
 ~16), which stalls torch's thread pool on every small op and penalises the evict path's many small
 per-chunk ops: in one process with ``torch.set_num_threads(1)`` at T = 2048 (sink_recent) the
-forward took 1.2 s (evict) vs 1.5 s (dense). Use ``--threads 1`` on a busy machine.
+forward took 1.2 s (evict) vs 1.5 s (dense). Use ``--threads 1`` on a busy machine; with it
+(``--policies sink_recent --threads 1``, load average ~5)::
+
+    path   policy            T  peak MiB  decide s forward s
+    evict  sink_recent    1024      30.4      1.34      0.48
+    evict  sink_recent    4096      86.2      6.02      1.98
+    evict  sink_recent   16384     405.6     35.71      4.12
+    dense  sink_recent    1024      28.3      0.57      0.46
+    dense  sink_recent    4096     281.9      2.92      2.32
+    growth of peak memory (4 = linear in T, 16 = quadratic):
+      evict  sink_recent  mem(4096)/mem(1024)   2.8 mem(16384)/mem(4096)   4.7
+      dense  sink_recent  mem(4096)/mem(1024)  10.0
+
+The decisions (``decide s``: :func:`truncsens.policies.streaming.run_stream`, one policy step per
+token) now dominate the time at 16k; the forward grows linearly.
 """
 
 from __future__ import annotations
