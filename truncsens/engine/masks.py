@@ -11,6 +11,10 @@ Such a mask replaces the model's own sliding-window mask, so for a model with wi
 (:mod:`truncsens.engine.layer_windows`) the window is put into it: :func:`within_window` keeps a key
 only if ``q - j < W`` (transformers' ``sliding_window_overlay``), and :func:`layer_masks` builds one
 mask per layer type (transformers 5.x models with ``config.layer_types`` take them as a dict).
+
+These masks are O(T^2) in memory. Streaming decisions given as eviction steps
+(:class:`truncsens.policies.streaming.Evictions`) do not need them: the one-pass streaming forward
+computes attention from the steps directly (:mod:`truncsens.engine.evict_attention`, memory linear in T).
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ Every result says which one produced it (the ``semantics`` attr), and they are n
   only the keys its policy had kept so far; an evicted key never comes back, and the policy decides
   only from what this evicted run computed (online scores). Decisions are one eviction step per key
   (:mod:`truncsens.policies.streaming`), taken every ``chunk`` tokens, and run by
-  :mod:`truncsens.engine.streaming_pass`: one parallel forward with a 4D float mask (0 keep, -inf
-  drop, ``log(1/π)`` Hájek offset) when the policy reads no scores, else chunk by chunk.
+  :mod:`truncsens.engine.streaming_pass`: one parallel forward when the policy reads no scores,
+  attention computed from the eviction steps and ``log(1/π)`` Hájek offsets without a T x T mask
+  (:mod:`truncsens.engine.evict_attention`, memory linear in T), else chunk by chunk.
 - ``prefill_evict``: keys and values computed with the full context, then evicted before the
   target's query reads them (the kvpress convention): the last token is decoded against the
   full-context cache of the first T - 1 tokens with the evicted keys masked out.
@@ -40,7 +41,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.engine import kvcache
+from truncsens.engine import evict_attention, kvcache
 from truncsens.engine.forward import last_logprobs, model_dtype, next_token_logprobs
 from truncsens.engine.layer_windows import WindowError, kept_attention_mask, layer_windows, own_window_differs
 from truncsens.engine.masks import check_causal
@@ -307,9 +308,10 @@ class Streaming(Semantics):
     def stream(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
                chunk: int = 1, granularity: str = "token"):
         """(log-probabilities [B, V] float64, :class:`~truncsens.policies.streaming.Evictions`) of one
-        streaming run: offline decisions and one masked forward when the policy reads no scores,
-        else the sequential run with online scores. Under head granularity the decisions are taken on
-        B·Hkv rows (:func:`~truncsens.policies.base.head_seeds`) and ``evict`` is [B, Hkv, T]."""
+        streaming run: offline decisions and one forward from the eviction steps (:meth:`kept_logprobs`)
+        when the policy reads no scores, else the sequential run with online scores. Under head
+        granularity the decisions are taken on B·Hkv rows (:func:`~truncsens.policies.base.head_seeds`)
+        and ``evict`` is [B, Hkv, T]."""
         B, T = input_ids.shape
         heads = heads_of(model, granularity)
         rows = head_seeds(seeds, heads) if heads else seeds
@@ -319,7 +321,7 @@ class Streaming(Semantics):
         evictions = decide_offline(policy, budget, T, chunk, rows, input_ids.device)  # [B or B·Hkv, T]
         if heads:
             evictions = Evictions(unfold_heads(evictions.evict, heads), unfold_heads(evictions.offset, heads))
-        return self.kept_logprobs(model, input_ids, evictions.kept(), None, "original"), evictions
+        return self.kept_logprobs(model, input_ids, evictions, None, "original"), evictions
 
     def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
         """Every position 0..T-1: each token was processed under its own kept set."""
@@ -329,15 +331,33 @@ class Streaming(Semantics):
         """The whole context: every token is processed again under its kept set."""
         return context_len
 
-    def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
-                      positions: str) -> torch.Tensor:
-        """One masked forward over ``input_ids`` [B, T], row q reading ``kept.keep[:, q]`` (within
-        each layer's window: a [B, 1, T, T] mask, or a dict of them per layer type; [B, H, T, T] for
-        per-head ``kept.keep`` [B, Hkv, T, T])."""
+    def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept | Evictions, ref: ReferencePass | None,
+                      positions: str, query_chunk: int = evict_attention.DEFAULT_QUERY_CHUNK) -> torch.Tensor:
+        """One forward over ``input_ids`` [B, T], row q reading the keys kept for it.
+
+        Given :class:`~truncsens.policies.streaming.Evictions` (``evict``/``offset`` [B, T] or
+        [B, Hkv, T]), attention runs from the eviction steps (:mod:`truncsens.engine.evict_attention`:
+        query chunks of ``query_chunk`` rows with SDPA on CPU, FlexAttention on CUDA), each layer's
+        window applied inside; no T x T mask is built, memory grows linearly in T. Models that apply
+        their windows themselves (GPT-Neo) get the dense mask of ``evictions.kept()`` instead.
+        Given a :class:`Kept` ([B, T, T] per-query kept sets, or [B, Hkv, T, T] per key/value head), a
+        dense [B, 1, T, T] additive mask ([B, H, T, T] per head; or a dict of them per layer type) is built.
+
+        Raises:
+            ValueError: a kept set that is not causal, or a query that keeps no key.
+        """
         B, T = input_ids.shape
-        check_causal(kept.keep)
+        windows = windows_of(model, self.name)
         pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
-        mask = kept_attention_mask(windows_of(model, self.name), kept.keep, kept.offset, pos, pos, model_dtype(model),
+        if isinstance(kept, Evictions):
+            if evict_attention.supported(model, windows):
+                kwargs = evict_attention.evict_kwargs(kept.evict, kept.offset, windows, query_chunk)
+                with evict_attention.evict_attention(model):
+                    out = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=1, **kwargs)
+                return last_logprobs(out.logits[:, -1, :])  # [B, V]
+            kept = kept.kept()
+        check_causal(kept.keep)
+        mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model),
                                    groups_of(model, kept.per_head))
         out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
         return last_logprobs(out.logits[:, -1, :])  # [B, V]
