@@ -315,3 +315,17 @@ def test_block_passes_build_no_square_mask(monkeypatch):
     pos = torch.cat([torch.arange(2), torch.arange(20, 68)]).expand(2, 50)  # 2 sinks, then a window at 20..67
     lp = pass_logprobs(model, ids, pos, 5)
     assert lp.shape == (2, 5, 100) and seen and all(mask is None and causal for mask, causal in seen)
+
+
+def test_block_run_from_the_command_line_names_its_protocol(tmp_path):
+    out = tmp_path / "b.nc"
+    result = CliRunner().invoke(app, ["measure", "--protocol", "block", "--reference-context", "64", "--windows", "8,16,32",
+                                      "--max-docs", "1", "--targets-per-doc", "8", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "block protocol, windows 8..32" in result.output
+    ds = results.load(out)
+    assert ds.attrs["protocol"] == "block" and ds.sizes["target"] == 8
+    # a block of B = K(64) = 8 consecutive targets; window 8 runs K(8) = 1 target per pass (exact), window 32 four
+    assert list(np.diff(np.sort(ds["position"].values))) == [1] * 7
+    assert (ds["actual_window"].sel(window=8).values == 8).all()
+    assert sorted(set(ds["actual_window"].sel(window=32).values.tolist())) == [32, 33, 34, 35]
