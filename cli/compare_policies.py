@@ -1,4 +1,5 @@
-"""``truncsens compare-policies RESULTS``: retention policies at equal budget, side by side."""
+"""``truncsens compare-policies RESULTS...``: retention policies at equal budget, side by side (one run, or
+several runs of other policies on the same targets)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from truncsens.cli.errors import user_errors
 
 
 def compare_policies(
-    results_file: Path = typer.Argument(..., help="Results file of `truncsens measure --policy ...` (a budget sweep)."),
+    results_file: List[Path] = typer.Argument(..., help="Results file of `truncsens measure --policy ...` (a budget sweep); several files: runs of other policies on the same targets and settings, compared side by side."),
     metrics: Optional[List[str]] = typer.Option(None, "--metrics", "--metric", "-m", help="Metrics to summarize and fit, repeated or comma-separated (default: kl, tv)."),
     numerator: Optional[str] = typer.Option(None, help="Policy on top of the ratio of means (default random)."),
     denominator: Optional[str] = typer.Option(None, help="Policy at the bottom of the ratio of means (default sink_recent)."),
@@ -40,9 +41,9 @@ def compare_policies(
         cfg = CompareConfig(metrics=names, numerator=numerator, denominator=denominator, n_boot=bootstrap, seed=seed,
                             fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
         plot = plot or plot_out is not None
-        stem = plot_out or default_plot_stem(results_file)
+        stem = plot_out or default_plot_stem(results_file[0])
         check_new_files([json_out, *(plot_paths(stem) if plot else [])], overwrite)  # before the bootstrap
-        cmp = compare_policies_file(results_file, cfg, truncation)
+        cmp = compare_policies_file(results_file if len(results_file) > 1 else results_file[0], cfg, truncation)
         wrote = []
         if plot:
             wrote += [str(p) for p in plot_comparison(cmp, stem, names[0])]

@@ -284,13 +284,19 @@ def default_plot_stem(results_file: str | Path) -> Path:
     return path.with_name(path.stem + "-policies")
 
 
-def compare_policies_file(results_file: str | Path, cfg: CompareConfig = CompareConfig(),
+def compare_policies_file(results_file: str | Path | Sequence[str | Path], cfg: CompareConfig = CompareConfig(),
                           truncation_file: str | Path | None = None) -> PolicyComparison:
-    """:func:`compare_policies` of a results file (and optionally a truncation results file).
+    """:func:`compare_policies` of a results file, or of several runs of other policies on the same
+    targets (joined along ``policy`` by :func:`truncsens.results_join.join_policy_runs`), optionally
+    beside a truncation results file.
 
     Raises:
-        FileNotFoundError, ResultsError: a path is missing or not a results file; see :func:`compare_policies`.
+        FileNotFoundError, ResultsError: a path is missing or not a results file, or the runs are not
+            of the same targets and settings; see :func:`compare_policies`.
     """
-    ds = load(results_file)
+    from truncsens.results_join import join_policy_runs
+
+    files = [results_file] if isinstance(results_file, (str, Path)) else list(results_file)
+    ds = join_policy_runs([load(f) for f in files], [str(f) for f in files])
     trunc = load(truncation_file) if truncation_file else None
-    return compare_policies(ds, cfg, trunc, source=str(results_file))
+    return compare_policies(ds, cfg, trunc, source=", ".join(str(f) for f in files))

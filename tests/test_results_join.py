@@ -1,0 +1,78 @@
+"""Joining policy runs of the same targets (truncsens.results_join) and compare-policies over several files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from truncsens import results
+from truncsens.cli.main import app
+from truncsens.divergences import METRICS
+from truncsens.results import ResultsError
+from truncsens.results_join import join_policy_runs, policy_names, with_policy_dim
+
+BUDGETS = [16, 32, 64]
+
+
+def run(policies, offset=0.0, n=4, positions=None, **over):
+    """A policy sweep of n targets from n/2 documents; metric m of policy p, target i, budget j is
+    offset + 10·p + i + j/10 + (index of m)."""
+    P = len(policies)
+    base = offset + 10 * np.arange(P)[:, None, None] + np.arange(n)[None, :, None] + np.arange(3)[None, None, :] / 10
+    metrics = {m: base + i for i, m in enumerate(METRICS)}
+    metrics["top1_agree"] = np.ones(base.shape, np.int64)
+    if P == 1:
+        metrics = {m: v[0] for m, v in metrics.items()}
+    attrs = {
+        "truncsens_version": "0.1.0", "model": "tiny", "model_revision": "", "tokenizer": "tiny", "dtype": "float32",
+        "device": "cpu", "semantics": "streaming", "positions": "original", "n_sink": 4, "reference_context": 128,
+        "corpus": "code", "corpus_sha256": "ab" * 32, "domain": "code", "seed": 0, "policy": ",".join(policies),
+        "created": "2026-01-01T00:00:00+00:00", "command": f"truncsens measure --policy {','.join(policies)}", **over,
+    }
+    positions = positions if positions is not None else list(range(200, 200 + n))
+    return results.make_results(metrics, "budget", BUDGETS, [f"d{i // 2}" for i in range(n)], positions,
+                                list(range(n)), attrs, policies=None if P == 1 else list(policies))
+
+
+def test_join_puts_every_run_s_policies_side_by_side_unchanged():
+    a, b = run(["sink_recent", "h2o"]), run(["poisson"], offset=100.0, chunk=1)  # chunk 1 = the default of a
+    joined = join_policy_runs([a, b], ["a.nc", "b.nc"])
+    assert [str(p) for p in joined["policy"].values] == ["sink_recent", "h2o", "poisson"]
+    assert joined["kl"].dims == ("policy", "target", "budget")
+    np.testing.assert_array_equal(joined["kl"].sel(policy="h2o").values, a["kl"].sel(policy="h2o").values)
+    # poisson: offset 100, target 3, budget 64 (j = 2), kl is the metric of index 1 of METRICS
+    assert joined["kl"].sel(policy="poisson").values[3, 2] == pytest.approx(100 + 3 + 0.2 + METRICS.index("kl"))
+    assert joined.attrs["policy"] == "sink_recent,h2o,poisson"
+    assert [j["file"] for j in joined.attrs["joined_from"]] == ["a.nc", "b.nc"]
+    assert joined.attrs["joined_from"][1]["command"] == "truncsens measure --policy poisson"
+
+
+def test_a_single_run_comes_back_as_it_is():
+    a = run(["random"])
+    assert join_policy_runs([a]) is a
+    assert policy_names(a) == ["random"] and with_policy_dim(a).sizes["policy"] == 1
+
+
+@pytest.mark.parametrize("other, says", [
+    (lambda: run(["h2o"], positions=list(range(300, 304))), "different targets (coord position"),
+    (lambda: run(["h2o"], semantics="prefill_evict"), "semantics is 'prefill_evict'"),
+    (lambda: run(["h2o"], granularity="head"), "granularity is 'head' there and 'token' here"),
+    (lambda: run(["sink_recent"]), "policy sink_recent appears in more than one run"),
+])
+def test_runs_of_other_measurements_are_refused(other, says):
+    with pytest.raises(ResultsError, match=None) as err:
+        join_policy_runs([run(["sink_recent", "random"]), other()], ["a.nc", "b.nc"])
+    assert says in str(err.value)
+
+
+def test_compare_policies_takes_several_runs(tmp_path):
+    results.save(run(["sink_recent", "random"]), tmp_path / "a.nc")
+    results.save(run(["h2o"], offset=1.0), tmp_path / "b.nc")
+    out = CliRunner().invoke(app, ["compare-policies", str(tmp_path / "a.nc"), str(tmp_path / "b.nc"), "--metrics", "kl",
+                                   "--bootstrap", "0"])
+    assert out.exit_code == 0, out.output
+    header = [line for line in out.output.splitlines() if line.strip().startswith("budget")][0]
+    assert header.split()[1:] == ["sink_recent", "random", "h2o"]
+    bad = CliRunner().invoke(app, ["compare-policies", str(tmp_path / "a.nc"), str(tmp_path / "a.nc")])
+    assert bad.exit_code == 2 and "appears in more than one run" in bad.stderr

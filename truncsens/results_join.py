@@ -1,0 +1,89 @@
+"""Policy sweeps of the same targets, measured in separate runs, joined along the ``policy`` dim.
+
+Score-reading policies under ``streaming`` run token by token and take far longer than the others,
+so they are often measured in runs of their own. Two runs measured the same thing, and can be compared
+side by side, exactly when they agree on everything but the policies: the model and its revision, the
+corpus (hash), N, the semantics, positions, sinks, chunk, granularity, the draws, the budgets and
+the targets (document, position, token). :func:`join_policy_runs` checks that and concatenates the
+runs along ``policy``; nothing is recomputed or altered.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import xarray as xr
+
+from truncsens.results import ResultsError
+
+# attrs that must agree for two policy runs to be one measurement; an attr a file lacks (it was written before
+# the option existed) reads as the option's default. The policies' own seeds (policy_seed) may differ: they
+# belong to the policies, and the joined file keeps each run's command.
+SAME_MEASUREMENT = ("model", "model_revision", "tokenizer", "dtype", "semantics", "positions", "n_sink",
+                    "reference_context", "corpus", "corpus_sha256", "split", "seed", "chunk", "granularity",
+                    "bos_rule", "tokenizer_adds", "protocol")
+ATTR_DEFAULTS = {"chunk": 1, "granularity": "token", "protocol": "exact"}
+TARGET_COORDS = ("doc", "position", "token_id")
+
+
+def policy_names(ds: xr.Dataset) -> list[str]:
+    """The policies of a budget sweep: its ``policy`` coord, or the ``policy`` attr of a one-policy file."""
+    if "policy" in ds.dims:
+        return [str(p) for p in ds["policy"].values]
+    return [str(ds.attrs.get("policy", ""))]
+
+
+def with_policy_dim(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with a leading ``policy`` dim (a one-policy file gets one of length 1)."""
+    if "policy" in ds.dims:
+        return ds
+    return ds.expand_dims(policy=policy_names(ds)).transpose("policy", ...)
+
+
+def join_policy_runs(runs: Sequence[xr.Dataset], sources: Sequence[str] | None = None) -> xr.Dataset:
+    """Join budget sweeps of the same targets along ``policy``.
+
+    Args:
+        runs: results Datasets of ``truncsens measure --policy ...`` (one or more policies each).
+        sources: their file names, for error messages and the ``joined_from`` attr.
+
+    Returns:
+        One Dataset with every run's policies in order, the first run's attrs plus ``policy`` (all
+        names, comma-separated) and ``joined_from`` (the sources and their ``command`` attrs); a single
+        run is returned unchanged.
+
+    Raises:
+        ResultsError: a run is not a budget sweep, a policy appears twice, or two runs differ in a
+            measurement attr (:data:`SAME_MEASUREMENT`), the budgets, the draws or the targets.
+    """
+    sources = list(sources or [f"run {i + 1}" for i in range(len(runs))])
+    if len(runs) == 1:
+        return runs[0]
+    first, name0 = runs[0], sources[0]
+    seen: list[str] = []
+    for ds, name in zip(runs, sources):
+        if "budget" not in ds.dims:
+            raise ResultsError(f"{name} is not a policy sweep (no budget dim): join only runs of truncsens measure --policy")
+        for key in SAME_MEASUREMENT:
+            a, b = (run.attrs.get(key, ATTR_DEFAULTS.get(key)) for run in (first, ds))
+            if a != b:
+                raise ResultsError(f"{name} and {name0} are different measurements: {key} is {b!r} there and {a!r} here")
+        if not np.array_equal(ds["budget"].values, first["budget"].values):
+            raise ResultsError(f"{name} and {name0} have different budgets: {ds['budget'].values.tolist()} "
+                               f"and {first['budget'].values.tolist()}")
+        if ds.sizes.get("draw") != first.sizes.get("draw"):
+            raise ResultsError(f"{name} and {name0} have different numbers of draws")
+        for coord in TARGET_COORDS:
+            if not np.array_equal(ds[coord].values, first[coord].values):
+                raise ResultsError(f"{name} and {name0} measure different targets (coord {coord} differs): "
+                                   "join only runs with the same corpus, N, seed and targets per document")
+        for policy in policy_names(ds):
+            if policy in seen:
+                raise ResultsError(f"policy {policy} appears in more than one run ({name})")
+            seen.append(policy)
+    joined = xr.concat([with_policy_dim(ds) for ds in runs], dim="policy", data_vars="minimal", coords="minimal",
+                       compat="override", join="exact", combine_attrs="override")
+    joined.attrs = {**first.attrs, "policy": ",".join(seen),
+                    "joined_from": [{"file": s, "command": ds.attrs.get("command", "")} for ds, s in zip(runs, sources)]}
+    return joined
