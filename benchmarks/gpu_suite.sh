@@ -18,3 +18,5 @@ run block_qwen2.5-0.5b_bf16_N8192 benchmarks/block_throughput.py --random-config
 run block_llama-3.2-1b_bf16_N8192 benchmarks/block_throughput.py --random-config llama-3.2-1b --device cuda --dtype bfloat16 --reference-context 8192 --blocks 8
 run block_qwen2.5-0.5b_bf16_N32768 benchmarks/block_throughput.py --random-config qwen2.5-0.5b --device cuda --dtype bfloat16 --reference-context 32768 --blocks 2
 run block_llama-3.2-1b_bf16_N32768 benchmarks/block_throughput.py --random-config llama-3.2-1b --device cuda --dtype bfloat16 --reference-context 32768 --blocks 2
+# Streaming memory: attention from eviction steps (FlexAttention on CUDA) vs a dense T x T mask, T up to 64k
+echo "== streaming_memory"; timeout 300 python3 benchmarks/streaming_memory.py --device cuda --lengths 1024 4096 16384 65536 > "$OUT/streaming_memory.txt" 2>&1; echo "rc=$?"; cat "$OUT/streaming_memory.txt"
