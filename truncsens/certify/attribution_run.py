@@ -24,15 +24,12 @@ from truncsens import results
 from truncsens.certify.attribution import FAILURE_NLL
 from truncsens.certify.config import CertifyConfig, CertifyError
 from truncsens.certify.probe import check_model
-from truncsens.certify.run import compute_arrays, shard_dataset
+from truncsens.certify.run import certify_sweep, compute_arrays, shard_dataset
 from truncsens.certify.tasks import TaskSet, build_task_set, copy_vocabulary, default_min_distance
 from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError, default_out
-from truncsens.engine.documents import prepare_documents
 from truncsens.engine.measure import provenance, resolve_reference_context
-from truncsens.engine.semantics import SEMANTICS
 from truncsens.engine.shards import ShardProgress, check_output
-from truncsens.engine.sweep import Sweep
 from truncsens.models import LoadedModel, load_model
 
 
@@ -140,13 +137,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
         raise CertifyError(f"--trajectory {cfg.trajectory} leaves a prefix of {N - cfg.trajectory} tokens, not above "
                            f"the trajectory budget of {traj_budget} tokens; use fewer steps or a smaller "
                            "--trajectory-budget")
-    mcfg = ccfg.measure_config(budgets)
-    policies = mcfg.build_policies()
-    for p in policies:
-        for k in budgets:
-            p.check(k, N)
-    sweep = Sweep("budget", budgets, budgets, policies, SEMANTICS["prefill_evict"])
-    docs = prepare_documents(mcfg, loaded, N)
+    mcfg, sweep, docs = certify_sweep(ccfg, loaded, N, budgets)
     tok = loaded.tokenizer
     D = cfg.min_distance or default_min_distance(N)
     eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
@@ -158,7 +149,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
              "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",
              "created": results.utc_now()}
     plan = tasks.targets
-    per_target = N + len(policies) * len(budgets)
+    per_target = N + len(sweep.policies) * len(budgets)
     with ShardProgress(len(plan) * per_target, "certify-attribution", cfg.progress, 1) as bar:
         arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device,
                                 mcfg.batch_tokens(loaded.device), bar.update)
@@ -170,7 +161,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     ds.attrs["n_docs"] = len(set(plan.doc))
     trajectory = None
     if cfg.trajectory:
-        poisson = next(p for p in policies if p.name == "poisson")
+        poisson = next(p for p in sweep.policies if p.name == "poisson")
         first = docs.used[0]
         prefix = first.ids[: N - cfg.trajectory].to(loaded.device)  # the trajectory ends within N tokens
         traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed)

@@ -114,6 +114,22 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
     return {"metrics": metrics, "kept_tokens": kept_tokens, "records": records, **top, "n_clamped": state["n_clamped"]}
 
 
+def certify_sweep(cfg: CertifyConfig, loaded: LoadedModel, N: int, budgets: list[int]):
+    """(measure config, sweep, documents) of a certify run: poisson, topk and random under
+    ``prefill_evict`` at ``budgets`` (each checked against N), and the documents long enough for N.
+
+    Raises:
+        PolicyError: a budget a policy cannot run at N.
+    """
+    mcfg = cfg.measure_config(budgets)
+    policies = mcfg.build_policies()
+    for p in policies:
+        for k in budgets:
+            p.check(k, N)
+    sweep = Sweep("budget", budgets, budgets, policies, SEMANTICS["prefill_evict"])
+    return mcfg, sweep, prepare_documents(mcfg, loaded, N)
+
+
 def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> CertifySummary:
     """Run a certify measurement and write the results file ``cfg.out``.
 
@@ -129,13 +145,7 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
     check_model(loaded.model, loaded.name)
     N = resolve_reference_context(cfg.measure_config(), loaded)
     budgets = cfg.resolve_budgets(N)
-    mcfg = cfg.measure_config(budgets)
-    policies = mcfg.build_policies()
-    for p in policies:
-        for k in budgets:
-            p.check(k, N)
-    sweep = Sweep("budget", budgets, budgets, policies, SEMANTICS["prefill_evict"])
-    docs = prepare_documents(mcfg, loaded, N)
+    mcfg, sweep, docs = certify_sweep(cfg, loaded, N, budgets)
     attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta,
              "certify": "attention-level certificates of the target query, arXiv 2607.21475 (truncsens certify)"}
     batch_tokens = mcfg.batch_tokens(loaded.device)
@@ -147,5 +157,5 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, budgets_tokens=budgets)
     path, reused, n_targets = run_shards(
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, N + len(policies) * len(budgets), "certify", cfg.progress, overwrite=cfg.overwrite)
+        compute_shard, N + len(sweep.policies) * len(budgets), "certify", cfg.progress, overwrite=cfg.overwrite)
     return CertifySummary(path, n_targets, len(docs.used), budgets, N, reused)
