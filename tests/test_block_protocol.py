@@ -287,7 +287,7 @@ def test_show_header_names_the_block_protocol():
              "reference_context": np.int64(1024), "protocol": "block", "block_length": np.int64(64),
              "block_extra_context": np.int64(0), "block_size": 64, "block_fraction": 0.125}
     line = format_results_header("f.nc", attrs, 10)
-    assert line.endswith("10 targets; protocol block (64 targets per block, K = max(1, min(64, floor(0.125 w))) per pass; "
+    assert line.endswith("10 targets; protocol block (blocks of up to 64 consecutive targets, K = max(1, min(64, floor(0.125 w))) per pass; "
                          "actual windows w..w+K-1, reference contexts 961..1024)")
     exact = {k: v for k, v in attrs.items() if not k.startswith(("protocol", "block"))}
     assert format_results_header("f.nc", exact, 10).endswith("reference context 1024, 10 targets")

@@ -48,6 +48,13 @@ def test_join_puts_every_run_s_policies_side_by_side_unchanged():
     assert joined.attrs["joined_from"][1]["command"] == "truncsens measure --policy poisson"
 
 
+def test_runs_whose_policies_keep_different_sinks_join_with_each_policy_s_parameters():
+    a = run(["sink_recent"], policy_params='{"sink_recent": {"n_sink": 4}}')
+    b = run(["suffix"], n_sink=0, policy_params='{"suffix": {}}')
+    joined = join_policy_runs([a, b])
+    assert joined.attrs["policy_params"] == '{"sink_recent": {"n_sink": 4}, "suffix": {}}'
+
+
 def test_a_single_run_comes_back_as_it_is():
     a = run(["random"])
     assert join_policy_runs([a]) is a
@@ -59,6 +66,7 @@ def test_a_single_run_comes_back_as_it_is():
     (lambda: run(["h2o"], semantics="prefill_evict"), "semantics is 'prefill_evict'"),
     (lambda: run(["h2o"], granularity="head"), "granularity is 'head' there and 'token' here"),
     (lambda: run(["sink_recent"]), "policy sink_recent appears in more than one run"),
+    (lambda: run(["h2o"], reference_context=np.int64(256)), "reference_context is 256 there and 128 here"),
 ])
 def test_runs_of_other_measurements_are_refused(other, says):
     with pytest.raises(ResultsError, match=None) as err:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # type hints only
 
 def format_results_header(file: str, attrs: dict, n_targets: int) -> str:
     """The first line of ``show``: model, corpus, semantics, positions, sinks, N, number of targets, and
-    the protocol when it is not the exact one (block: targets per block, K fraction and cap)."""
+    the protocol when it is not the exact one (block: the longest block, K fraction and cap)."""
     a = attrs
     return (f"{file}: model {a['model']}, corpus {a['corpus']} ({a['domain']}), semantics {a['semantics']}, "
             f"positions {a['positions']}, sinks {a['n_sink']}, reference context {a['reference_context']}, "
@@ -36,7 +36,7 @@ def protocol_note(attrs: dict) -> str:
     B, e, N = attrs.get("block_length"), attrs.get("block_extra_context", 0), attrs.get("reference_context")
     known = all(isinstance(v, numbers.Integral) for v in (B, e, N))  # NetCDF attrs may be numpy integers
     contexts = f"{int(N) + int(e) - int(B) + 1}..{int(N) + int(e)}" if known else "per target"
-    return (f"; protocol {attrs['protocol']} ({B if B is not None else '?'} targets per block, "
+    return (f"; protocol {attrs['protocol']} (blocks of up to {B if B is not None else '?'} consecutive targets, "
             f"K = max(1, min({attrs.get('block_size', '?')}, floor({attrs.get('block_fraction', '?')} w))) per pass; "
             f"actual windows w..w+K-1, reference contexts {contexts})")
 

@@ -10,6 +10,7 @@ runs along ``policy``; nothing is recomputed or altered.
 
 from __future__ import annotations
 
+import json
 from typing import Sequence
 
 import numpy as np
@@ -20,11 +21,18 @@ from truncsens.results import ResultsError
 # attrs that must agree for two policy runs to be one measurement; an attr a file lacks (it was written before
 # the option existed) reads as the option's default. The policies' own seeds (policy_seed) may differ: they
 # belong to the policies, and the joined file keeps each run's command.
-SAME_MEASUREMENT = ("model", "model_revision", "tokenizer", "dtype", "semantics", "positions", "n_sink",
+# Sinks are a policy parameter (suffix keeps none, sink_recent its --sinks): each policy's are in the
+# policy_params attr, merged over the runs.
+SAME_MEASUREMENT = ("model", "model_revision", "tokenizer", "dtype", "semantics", "positions",
                     "reference_context", "corpus", "corpus_sha256", "split", "seed", "chunk", "granularity",
                     "bos_rule", "tokenizer_adds", "protocol")
 ATTR_DEFAULTS = {"chunk": 1, "granularity": "token", "protocol": "exact"}
 TARGET_COORDS = ("doc", "position", "token_id")
+
+
+def _plain(value):
+    """A numpy scalar as the Python value it holds (for messages)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def policy_names(ds: xr.Dataset) -> list[str]:
@@ -50,7 +58,7 @@ def join_policy_runs(runs: Sequence[xr.Dataset], sources: Sequence[str] | None =
 
     Returns:
         One Dataset with every run's policies in order, the first run's attrs plus ``policy`` (all
-        names, comma-separated) and ``joined_from`` (the sources and their ``command`` attrs); a single
+        names, comma-separated), ``policy_params`` (every run's, merged) and ``joined_from`` (the sources and their ``command`` attrs); a single
         run is returned unchanged.
 
     Raises:
@@ -68,12 +76,14 @@ def join_policy_runs(runs: Sequence[xr.Dataset], sources: Sequence[str] | None =
         for key in SAME_MEASUREMENT:
             a, b = (run.attrs.get(key, ATTR_DEFAULTS.get(key)) for run in (first, ds))
             if a != b:
-                raise ResultsError(f"{name} and {name0} are different measurements: {key} is {b!r} there and {a!r} here")
+                raise ResultsError(f"{name} and {name0} are different measurements: {key} is {_plain(b)!r} there "
+                                   f"and {_plain(a)!r} here")
         if not np.array_equal(ds["budget"].values, first["budget"].values):
             raise ResultsError(f"{name} and {name0} have different budgets: {ds['budget'].values.tolist()} "
                                f"and {first['budget'].values.tolist()}")
         if ds.sizes.get("draw") != first.sizes.get("draw"):
-            raise ResultsError(f"{name} and {name0} have different numbers of draws")
+            raise ResultsError(f"{name} and {name0} have different numbers of draws: "
+                               f"{ds.sizes.get('draw', 1)} and {first.sizes.get('draw', 1)}")
         for coord in TARGET_COORDS:
             if not np.array_equal(ds[coord].values, first[coord].values):
                 raise ResultsError(f"{name} and {name0} measure different targets (coord {coord} differs): "
@@ -84,6 +94,10 @@ def join_policy_runs(runs: Sequence[xr.Dataset], sources: Sequence[str] | None =
             seen.append(policy)
     joined = xr.concat([with_policy_dim(ds) for ds in runs], dim="policy", data_vars="minimal", coords="minimal",
                        compat="override", join="exact", combine_attrs="override")
-    joined.attrs = {**first.attrs, "policy": ",".join(seen),
+    params: dict = {}
+    for ds in runs:
+        given = ds.attrs.get("policy_params") or {}
+        params.update(json.loads(given) if isinstance(given, str) else given)
+    joined.attrs = {**first.attrs, "policy": ",".join(seen), "policy_params": json.dumps(params, sort_keys=True),
                     "joined_from": [{"file": s, "command": ds.attrs.get("command", "")} for ds, s in zip(runs, sources)]}
     return joined

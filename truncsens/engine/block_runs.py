@@ -70,7 +70,8 @@ def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: di
         return ds.assign_coords({f"actual_{sweep.dim}": (("target", sweep.dim), actual.astype(np.int32)),
                                  "actual_context": ("target", out.actual_context.astype(np.int32))})
 
-    per_target = max(1, forward_tokens([B], N, windows, n_sink, cfg.block_fraction, cfg.block_size, room) // B)
+    size = min(B, cfg.targets_per_doc or B)  # a document's block: B targets, fewer when fewer are asked for
+    per_target = max(1, forward_tokens([size], N, windows, n_sink, cfg.block_fraction, cfg.block_size, room) // size)
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
     return run_shards(
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
