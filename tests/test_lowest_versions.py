@@ -5,7 +5,8 @@ sees the installed packages (``--system-site-packages``: the same torch, numpy, 
 exactly ``transformers==MIN`` into it from the package index (pip also brings the older tokenizers
 and huggingface-hub that version requires), and runs :data:`SUBSET` there in a subprocess: model
 loading from every source (the bundled reference model included), the engine against its naive
-reference with Llama and GPT-2, prefill-evict cache surgery and streaming masks. It is part of
+reference with Llama and GPT-2, prefill-evict cache surgery, streaming masks and attention from
+eviction steps. It is part of
 the README's test command (``python -m pytest -q``); it skips, saying why, only when the package
 index cannot be reached. Deselect it while iterating with ``-m "not lowest_versions"``.
 """
@@ -23,9 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBSET = ["tests/test_models.py", "tests/test_model_sources.py", "tests/test_engine_equality.py",
-          "tests/test_prefill_evict.py", "tests/test_masks_streaming.py"]
+          "tests/test_prefill_evict.py", "tests/test_masks_streaming.py", "tests/test_evict_attention.py"]
 SELECT = "not reference or test_reference_source or cache_surgery_reference and suffix"  # tiny models + 2 reference tests
-MIN_PASSED = 60  # the selection holds 68 tests today; fewer passing means tests were skipped or lost
+MIN_PASSED = 90  # the selection holds 100 tests today; fewer passing means tests were skipped or lost
 OFFLINE = ("NewConnectionError", "Failed to establish a new connection", "Temporary failure in name resolution",
            "Network is unreachable", "Could not fetch URL", "ProxyError", "Name or service not known")
 
