@@ -4,6 +4,7 @@ Llama writes the results schema, the figures and a JSON summary whose numbers fo
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -52,7 +53,44 @@ def test_small_run_writes_results_figures_and_json(tmp_path, tiny_llama_dir, cor
     expected = coverage(sel["attn_error"].values[tail], sel["radius_eb"].values[tail])
     assert first["coverage_eb"]["covered"] == expected["covered"] and first["coverage_eb"]["n"] == 6 * 2 * 4
     assert first["kl"]["poisson"]["mean"] == pytest.approx(float(sel["kl"].mean()), rel=1e-5)
+    # AUC of the certificate for failure on these targets, brute force over (failure, success) pairs
+    cert, fail = [], []
+    for k in (16, 40):
+        sel = ds.sel(policy="poisson", budget=k)
+        cert.append((sel["radius_eb"].values / sel["attn_norm"].values).mean(axis=(1, 2)))  # [target]
+        fail.append((sel["argmax_kept"].values != ds["token_id"].values) | (sel["nll_kept"].values > math.log(4)))
+    cert, fail = np.concatenate(cert), np.concatenate(fail)
+    pos, neg = cert[fail], cert[~fail]
+    assert summary["auc"]["n_failures"] == int(fail.sum()) == 12  # the random tiny model fails every target
+    assert neg.size == 0 and summary["auc"]["failure"]["certificate"]["value"] == "nan"  # no success: no AUC
     for path in summary["files"]:
         assert (tmp_path / path.split("/")[-1]).is_file()
     again = runner.invoke(app, ["certify", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--out", str(out)])
     assert again.exit_code == 2 and "already exists" in again.output
+
+
+def test_failure_aucs_by_hand():
+    import xarray as xr
+
+    from truncsens.certify.report import failure_aucs
+
+    # 4 targets in 4 documents, one budget, one layer and head; radius / norm = certificate score
+    token = np.array([1, 2, 3, 4])
+    ds = xr.Dataset(
+        {"radius_eb": (("policy", "target", "budget", "layer", "head"), np.array([0.9, 0.1, 0.5, 0.3]).reshape(1, 4, 1, 1, 1)),
+         "attn_norm": (("policy", "target", "budget", "layer", "head"), np.ones((1, 4, 1, 1, 1))),
+         "argmax_kept": (("policy", "target", "budget"), np.array([9, 2, 9, 4]).reshape(1, 4, 1)),  # fails on 0 and 2
+         "nll_kept": (("policy", "target", "budget"), np.full((1, 4, 1), 0.1)),
+         "nll_ref": (("policy", "target", "budget"), np.full((1, 4, 1), 0.1)),
+         "confidence_kept": (("policy", "target", "budget"), np.array([0.9, 0.2, 0.3, 0.8]).reshape(1, 4, 1)),
+         "argmax_ref": ("target", np.array([1, 2, 9, 4])),  # the full cache is wrong on 2 only
+         "confidence_ref": ("target", np.full(4, 0.5))},
+        coords={"policy": ["poisson"], "budget": [16], "token_id": ("target", token), "doc": ("target", ["a", "b", "c", "d"])})
+    aucs = failure_aucs(ds, n_boot=0)
+    # failures {0, 2} vs successes {1, 3}: certificates 0.9, 0.5 vs 0.1, 0.3 -> every pair ordered: AUC 1
+    assert aucs["failure"]["certificate"]["value"] == 1.0
+    # -confidence: -0.9, -0.3 vs -0.2, -0.8: pairs (-0.9 > -0.2) no, (-0.9 > -0.8) no, (-0.3 > -0.2) no, (-0.3 > -0.8) yes
+    assert aucs["failure"]["confidence"]["value"] == 0.25
+    assert (aucs["n_failures"], aucs["n_eviction_caused"], aucs["n_inherent"]) == (2, 1, 1)
+    # eviction-caused (0, certificate 0.9) above inherent (2, certificate 0.5): AUC 1
+    assert aucs["attribution"]["certificate"]["value"] == 1.0

@@ -65,13 +65,55 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
     return {
         "model": ds.attrs.get("model"), "corpus": ds.attrs.get("corpus"), "reference_context": N, "delta": delta,
         "n_targets": int(ds.sizes["target"]), "n_docs": len(set(doc)), "budgets": budgets,
+        "auc": failure_aucs(ds, n_boot, seed),
         "spearman_eb_pooled": spearman,
         "verdict_spearman": "holds" if spearman["rho"] > PAPER_SPEARMAN else f"fails (paper: > {PAPER_SPEARMAN})",
         "reliability": reliability({k: v for k, v in pooled.items()}),
-        "not_measured": ["attribution AUC (0.75 at 6k, 0.73 at 16k tokens) and gated recomputation: see "
-                         "truncsens certify-attribution",
+        "not_measured": ["attribution on a task set built to be lost by eviction (copy and key-value recall) and "
+                         "gated recomputation: see truncsens certify-attribution",
                          "time-uniform validity on a generated trajectory: truncsens certify-attribution --trajectory N"],
     }
+
+
+def failure_aucs(ds, n_boot: int = 200, seed: int = 0) -> dict | None:
+    """AUCs of the certificate and of output confidence on this run's own targets (pooled over budgets,
+    poisson; bootstrap over documents): for predicting failure, and for telling eviction-caused from
+    inherent failures (:mod:`truncsens.certify.attribution`: failure = wrong top-1 or NLL above
+    :data:`~truncsens.certify.attribution.FAILURE_NLL`; certificate = mean over layers and heads of
+    r_EB/||o||). None for files without the output records (written before they existed).
+
+    Returns:
+        {"failure": {"certificate", "confidence"}, "attribution": {...}, "n_failures", "n_eviction_caused",
+        "n_inherent"}, each AUC as {"value", "ci"}.
+    """
+    from truncsens.certify.attribution import FAILURE_NLL, by_documents, certificate_score, failures
+
+    needed = ("argmax_ref", "argmax_kept", "confidence_kept", "confidence_ref")
+    if not all(name in ds for name in needed):
+        return None
+    token, doc = ds["token_id"].values, np.asarray(ds["doc"].values, dtype=str)
+    parts = {name: [] for name in ("cert", "conf_kept", "conf_ref", "fail_kept", "fail_ref", "doc")}
+    for k in (int(b) for b in ds["budget"].values):
+        sel = ds.sel(policy="poisson", budget=k)
+        parts["cert"].append(certificate_score(sel["radius_eb"].values, sel["attn_norm"].values))
+        parts["conf_kept"].append(sel["confidence_kept"].values)
+        parts["conf_ref"].append(ds["confidence_ref"].values)
+        parts["fail_kept"].append(failures(sel["argmax_kept"].values, token, sel["nll_kept"].values, FAILURE_NLL))
+        parts["fail_ref"].append(failures(ds["argmax_ref"].values, token, sel["nll_ref"].values, FAILURE_NLL))
+        parts["doc"].append(doc)
+    a = {name: np.concatenate(v) for name, v in parts.items()}
+    stats = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"], n_boot, seed)
+    return {"failure": {"certificate": stats["auc_failure_certificate"], "confidence": stats["auc_failure_confidence"]},
+            "attribution": {"certificate": stats["auc_attribution_certificate"],
+                            "confidence": stats["auc_attribution_confidence"]},
+            "n_failures": int(a["fail_kept"].sum()), "n_eviction_caused": int((a["fail_kept"] & ~a["fail_ref"]).sum()),
+            "n_inherent": int((a["fail_kept"] & a["fail_ref"]).sum())}
+
+
+def _auc(stat: dict) -> str:
+    lo, hi = stat["ci"]
+    inner = f" [{fmt_num(lo, 3)}, {fmt_num(hi, 3)}]" if math.isfinite(lo) and math.isfinite(hi) else ""
+    return fmt_num(stat["value"], 3) + inner
 
 
 def _pct(c: dict) -> str:
@@ -105,6 +147,14 @@ def format_summary(s: dict) -> str:
     lines.append(render_table(cols, rows))
     lines += ["", "reliability (all budgets): nominal -> coverage EB / normal"]
     lines += [f"  {100 * r['nominal']:.0f}% -> {_pct(r['eb'])} / {_pct(r['normal'])}" for r in s["reliability"]]
+    auc = s.get("auc")
+    if auc:
+        lines += ["", f"AUC on these targets (poisson, all budgets; {auc['n_failures']} failures: {auc['n_eviction_caused']} "
+                      f"eviction-caused, {auc['n_inherent']} inherent) [doc bootstrap]",
+                  f"  predicting failure:        certificate {_auc(auc['failure']['certificate'])}, "
+                  f"-confidence {_auc(auc['failure']['confidence'])} (paper: confidence better)",
+                  f"  eviction-caused vs inherent: certificate {_auc(auc['attribution']['certificate'])}, "
+                  f"-confidence {_auc(auc['attribution']['confidence'])} (paper: 0.75 / 0.73, confidence at or below chance)"]
     lines += ["", "not measured here: " + "; ".join(s["not_measured"])]
     return "\n".join(lines)
 
