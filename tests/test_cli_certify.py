@@ -53,16 +53,11 @@ def test_small_run_writes_results_figures_and_json(tmp_path, tiny_llama_dir, cor
     expected = coverage(sel["attn_error"].values[tail], sel["radius_eb"].values[tail])
     assert first["coverage_eb"]["covered"] == expected["covered"] and first["coverage_eb"]["n"] == 6 * 2 * 4
     assert first["kl"]["poisson"]["mean"] == pytest.approx(float(sel["kl"].mean()), rel=1e-5)
-    # AUC of the certificate for failure on these targets, brute force over (failure, success) pairs
-    cert, fail = [], []
-    for k in (16, 40):
-        sel = ds.sel(policy="poisson", budget=k)
-        cert.append((sel["radius_eb"].values / sel["attn_norm"].values).mean(axis=(1, 2)))  # [target]
-        fail.append((sel["argmax_kept"].values != ds["token_id"].values) | (sel["nll_kept"].values > math.log(4)))
-    cert, fail = np.concatenate(cert), np.concatenate(fail)
-    pos, neg = cert[fail], cert[~fail]
+    # failures on these targets (wrong top-1 or NLL > ln 4), counted by hand
+    fail = np.concatenate([(ds.sel(policy="poisson", budget=k)["argmax_kept"].values != ds["token_id"].values)
+                           | (ds.sel(policy="poisson", budget=k)["nll_kept"].values > math.log(4)) for k in (16, 40)])
     assert summary["auc"]["n_failures"] == int(fail.sum()) == 12  # the random tiny model fails every target
-    assert neg.size == 0 and summary["auc"]["failure"]["certificate"]["value"] == "nan"  # no success: no AUC
+    assert summary["auc"]["failure"]["certificate"]["value"] == "nan"  # no success: no AUC (hand case: test below)
     for path in summary["files"]:
         assert (tmp_path / path.split("/")[-1]).is_file()
     again = runner.invoke(app, ["certify", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--out", str(out)])

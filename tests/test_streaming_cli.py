@@ -4,7 +4,6 @@ chunk 1 of the whole run equal to the exact evicting cache, and bad input (one `
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ from truncsens.cli.main import app
 from truncsens.divergences import all_metrics
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.kernel import policy_seeds
-from truncsens.engine.measure import run_measure
 from truncsens.models import load_model
 from truncsens.policies import PolicyError, make_policy
 from truncsens.targets import TargetSet
