@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -13,16 +12,6 @@ import typer
 
 from truncsens.cli.errors import user_errors
 
-
-def _plain(value):
-    """JSON-safe: non-finite floats as strings ("inf", "nan")."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def certify(
@@ -52,6 +41,8 @@ def certify(
     from truncsens.certify.report import format_summary, save_figures, summarize
     from truncsens.certify.run import run_certify
 
+    from truncsens.fitfile import sanitize
+
     with user_errors():
         cfg = CertifyConfig(
             model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context,
@@ -64,7 +55,7 @@ def certify(
         figures = save_figures(ds, summary, Path(done.path).with_suffix(""))
         summary["files"] = [str(done.path), *map(str, figures)]
         if as_json:
-            typer.echo(json.dumps(_plain(summary), indent=2))
+            typer.echo(json.dumps(sanitize(summary), indent=2, allow_nan=False))
         else:
             typer.echo(f"wrote {done.path} and {', '.join(map(str, figures))}")
             typer.echo(format_summary(summary))

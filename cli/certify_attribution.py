@@ -11,7 +11,6 @@ from typing import Optional
 
 import typer
 
-from truncsens.cli.certify import _plain
 from truncsens.cli.errors import user_errors
 
 
@@ -44,6 +43,8 @@ def certify_attribution(
     from truncsens.certify.attribution_report import format_attribution, save_curves, summarize_attribution
     from truncsens.certify.attribution_run import AttributionConfig, run_attribution
 
+    from truncsens.fitfile import sanitize
+
     with user_errors():
         cfg = AttributionConfig(
             model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context,
@@ -57,7 +58,7 @@ def certify_attribution(
         figure = save_curves(done.dataset, Path(done.path).with_suffix(""))
         summary["files"] = [str(done.path), str(figure)]
         if as_json:
-            typer.echo(json.dumps(_plain(summary), indent=2))
+            typer.echo(json.dumps(sanitize(summary), indent=2, allow_nan=False))
         else:
             typer.echo(f"wrote {done.path} and {figure}")
             typer.echo(format_attribution(summary))

@@ -43,7 +43,7 @@ def compare_policies(
         plot = plot or plot_out is not None
         stem = plot_out or default_plot_stem(results_file[0])
         check_new_files([json_out, *(plot_paths(stem) if plot else [])], overwrite)  # before the bootstrap
-        cmp = compare_policies_file(results_file if len(results_file) > 1 else results_file[0], cfg, truncation)
+        cmp = compare_policies_file(results_file, cfg, truncation)
         wrote = []
         if plot:
             wrote += [str(p) for p in plot_comparison(cmp, stem, names[0])]

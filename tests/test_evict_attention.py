@@ -244,3 +244,7 @@ def test_head_granularity_streaming_equals_dense(tiny_llama_dir, name):
     fast, ev = streaming.stream(model, ids, make_policy(name, n_sink=2), 8, [0, 1], 1, "head")
     assert ev.evict.shape == (2, 2, T)
     assert_same(fast, streaming.kept_logprobs(model, ids, ev.kept(), None, "original"))
+    full = next_token_logprobs(model, ids, torch.arange(T).expand(2, T))
+    assert kl(full, fast).min() > 1e-5  # eviction changed the output: the equality is not of two no-ops
+    if name == "random":  # per-head draws: the two KV heads keep different keys
+        assert not torch.equal(ev.evict[:, 0], ev.evict[:, 1])

@@ -219,7 +219,7 @@ def test_measure_records_granularity(tiny_llama_dir, corpus_dir, tmp_path):
     assert head.attrs["granularity"] == "head" and token.attrs["granularity"] == "token"
     np.testing.assert_array_equal(head["kept_tokens"].values, 8)
     mass = head["evicted_attention_mass"].values
-    assert bool(((mass >= 0) & (mass <= 1)).all())
+    assert bool(((mass >= 0) & (mass <= 1)).all()) and mass.min() > 0  # 8 of 24 keys kept: some mass is lost
     assert np.abs(head["kl"].values - token["kl"].values).max() > 1e-6  # per-head key norms changed the choice
 
 

@@ -18,11 +18,21 @@ from truncsens.divergences import kl
 from truncsens.engine.forward import next_token_logprobs
 from truncsens.engine.semantics import SEMANTICS
 from truncsens.models import load_model
-from truncsens.policies import make_policy
+from truncsens.policies import POLICIES, PolicyError, make_policy
 from truncsens.policies.base import StreamView
 from truncsens.policies.streaming import chunk_bounds, run_stream, ChunkStats
 
-ONLINE = ("suffix", "sink_recent", "random", "poisson", "h2o", "tova", "key_norm")
+
+
+def _streamable(name: str) -> bool:
+    try:
+        SEMANTICS["streaming"].check_policy(make_policy(name))
+    except PolicyError:
+        return False
+    return True
+
+
+ONLINE = tuple(n for n in POLICIES if _streamable(n))  # every registered policy a streaming cache can run
 
 
 def random_ids(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -75,6 +85,12 @@ def test_chunk_bounds_and_hand_computed_suffix_steps():
     ev = run_stream(make_policy("suffix"), 3, 10, 4, [0], lambda s, e, a, o: ChunkStats())
     assert ev.evict[0].tolist() == [4, 4, 8, 8, 8, 8, 9, 10, 10, 10]
     assert ev.last()[0].nonzero().flatten().tolist() == [7, 8, 9]
+    # sink_recent, T = 20, k = 7, 3 sinks, chunk 1: the target's query reads the sinks and the last 4
+    ev = run_stream(make_policy("sink_recent", n_sink=3), 7, 20, 1, [0], lambda s, e, a, o: ChunkStats())
+    assert ev.last()[0].nonzero().flatten().tolist() == [0, 1, 2, 16, 17, 18, 19]
+    # between queries the cache holds k - 1 = 6 keys: the 3 sinks and the 3 newest, so key 3 is last read by
+    # query 6 (cache 0,1,2,4,5,6 after token 6 is processed): evict step 7; sinks are never evicted (T = 20)
+    assert ev.evict[0, :8].tolist() == [20, 20, 20, 7, 8, 9, 10, 11]
 
 
 @pytest.mark.parametrize("name", ["suffix", "sink_recent", "random"])

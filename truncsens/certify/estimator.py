@@ -62,19 +62,6 @@ class AttentionRecords:
     has_tail: torch.Tensor
 
 
-def full_attention(logits: torch.Tensor, values: torch.Tensor, available: torch.Tensor) -> torch.Tensor:
-    """Exact output ``o = Σ_i w_i v_i / Σ_i w_i`` over the available keys.
-
-    Args:
-        logits: [..., n]; values: [..., n, d]; available: [..., n] bool (broadcastable).
-
-    Returns:
-        [..., d].
-    """
-    z = torch.where(available, logits, torch.full_like(logits, -math.inf))
-    return (torch.softmax(z, dim=-1).unsqueeze(-1) * values).sum(-2)  # [..., d]
-
-
 def eb_sum_radius(variance: torch.Tensor, value_range: torch.Tensor, n: torch.Tensor, has_tail: torch.Tensor,
                   delta: float) -> torch.Tensor:
     """``r_EB`` of the module docstring: ``n · MP(V̂/n, n, B̂, δ)`` (Maurer and Pontil 2009, Theorem 4).
@@ -127,7 +114,7 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
     available, kept, tail = (t.expand(shape) for t in (available, kept, tail))
     pi = pi.to(torch.float64).expand(shape)
     pi_kept = torch.where(kept & tail, pi, torch.ones_like(pi))  # [..., n] π on kept random keys, 1 on certain ones
-    o = full_attention(logits, values, available)  # [..., d]
+    o = hajek_attention(logits, values, available, torch.ones_like(logits))  # [..., d] exact: every key, π = 1
     o_hat = hajek_attention(logits, values, kept, pi_kept)  # [..., d]
     variance = hajek_variance(logits, values, kept, pi_kept, tail)  # [...]
     # plug-in range B̂ = max over kept random keys of w_i ‖v_i − ô‖ / (π_i Ẑ) (module docstring)

@@ -58,11 +58,12 @@ class EvictAttentionError(ValueError):
 
 def flex_available() -> bool:
     """Whether the installed torch has FlexAttention (:mod:`torch.nn.attention.flex_attention`)."""
+    import importlib.util
+
     try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
+        return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+    except ModuleNotFoundError:  # no torch.nn.attention at all
         return False
-    return True
 
 
 def check_evictions(evict: torch.Tensor, offset: torch.Tensor, n_keys: int, n_kv_heads: int) -> None:

@@ -39,7 +39,7 @@ from truncsens.policies import Policy
 from truncsens.policies.base import unfold_heads
 from truncsens.policies.streaming import ChunkStats, Evictions, run_stream
 
-ATTENTION_KINDS = ("attention", "last_attention")
+ONLINE_ATTENTION_KINDS = ("attention", "last_attention")  # score kinds read from the run's own attention
 
 
 def decide_offline(policy: Policy, budget: int, context_len: int, chunk: int, seeds: Sequence[int],
@@ -78,7 +78,7 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
     cache = kvcache.new_full_cache(model) if windows.windowed else kvcache.new_cache(model)
     kw = kvcache.cache_keyword(model)
     dtype = model_dtype(model)
-    collector = AttentionCollector(model, heads) if kind in ATTENTION_KINDS else None
+    collector = AttentionCollector(model, heads) if kind in ONLINE_ATTENTION_KINDS else None
     compact = not windows.applies_own  # GPT-Neo applies its windows on cache indices: keep every slot
     state = {"slots": torch.zeros(B, 0, dtype=torch.long, device=device)}  # [B, L] position of each slot, -1: dead
     result: dict[str, torch.Tensor] = {}
