@@ -128,7 +128,8 @@ def run_stream(policy: Policy, budget: int, context_len: int, chunk: int, seeds:
             last[:, :e] = stats.attention[:, -1].float()
         if stats.key_norm is not None:
             norms[:, s:e] = stats.key_norm.float()
-        view = StreamView(alive[:, :e].clone(), offset[:, :e].clone(), drawn[:, :e].clone(), budget, e, u[:, :e],
+        # the view reads the loop's own buffers (policies return new tensors and never write into a view)
+        view = StreamView(alive[:, :e], offset[:, :e], drawn[:, :e], budget, e, u[:, :e],
                           accumulated=acc[:, :e] if kind == "attention" else None,
                           last=last[:, :e] if kind == "last_attention" else None,
                           key_norm=norms[:, :e] if kind == "key_norm" else None)
