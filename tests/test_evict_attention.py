@@ -78,6 +78,18 @@ def test_chunked_equals_dense_mask(query_chunk, window, per_head):
     assert (plain - want).abs().max() > 1e-2  # the offsets took part: the test can fail
 
 
+def test_layers_of_one_window_share_one_plan():
+    """A second layer (other keys and values, the same eviction steps) reuses the first layer's plan and
+    still equals the dense reference; another window gets a plan of its own."""
+    evict, offset = random_evictions(2, 23, None, seed=3)
+    plans: dict = {}
+    for layer, window in enumerate((None, None, 6)):
+        query, key, value = qkv(seed=10 + layer)
+        got = chunked_attention(query, key, value, evict, offset, 0.3, window, 5, plans)
+        torch.testing.assert_close(got, dense_reference(query, key, value, evict, offset, 0.3, window), atol=1e-6, rtol=1e-5)
+    assert sorted(k[0] or 0 for k in plans) == [0, 6] and len(plans[(None, 23, torch.float32)]) == 5  # 23 rows by 5
+
+
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("per_head", [False, True])
 def test_flex_equals_dense_mask(per_head):

@@ -46,8 +46,8 @@ from typing import Iterator
 import torch
 
 NAME = "truncsens_evict"
-EVICT, OFFSET, WINDOWS, CHUNK, BACKEND = ("truncsens_evict", "truncsens_offset", "truncsens_windows",
-                                          "truncsens_query_chunk", "truncsens_backend")
+EVICT, OFFSET, WINDOWS, CHUNK, BACKEND, PLANS = ("truncsens_evict", "truncsens_offset", "truncsens_windows",
+                                                 "truncsens_query_chunk", "truncsens_backend", "truncsens_plans")
 BACKENDS = ("auto", "chunked", "flex")
 DEFAULT_QUERY_CHUNK = 256
 
@@ -83,9 +83,51 @@ def _heads(t: torch.Tensor, groups: int) -> torch.Tensor:
     return t.unsqueeze(1) if t.dim() == 2 else t.repeat_interleave(groups, dim=1)
 
 
+def chunk_plan(evict: torch.Tensor, offset: torch.Tensor, n_queries: int, groups: int, window: int | None,
+               query_chunk: int, dtype: torch.dtype) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """Which keys each chunk of query rows reads, and its additive mask: the part of
+    :func:`chunked_attention` that depends only on the eviction steps and the window, so one plan serves
+    every layer of a forward call (:func:`evict_attention_forward` keeps it in the call's kwargs).
+
+    Args:
+        evict: [B, Tk] or [B, Hkv, Tk] int64; offset: the same shape, float.
+        n_queries: Tq (queries at positions Tk - Tq .. Tk - 1); groups: query heads per key/value head.
+        window: W or None; query_chunk: Cq >= 1; dtype: the mask's dtype (the query's).
+
+    Returns:
+        per chunk (s, e, index [B, n] int64 keys read, in order, mask [B, 1|H, e - s, n]).
+
+    Raises:
+        EvictAttentionError: a query row that keeps no key (softmax undefined).
+    """
+    B, Tk = evict.shape[0], evict.shape[-1]
+    device = evict.device
+    j_all = torch.arange(Tk, device=device)
+    alive_any = evict if evict.dim() == 2 else evict.amax(1)  # [B, Tk] latest step any head reads each key
+    evict_h, offset_h = _heads(evict, groups), _heads(offset, groups)  # [B, 1|H, Tk] each
+    plan = []
+    for s in range(Tk - n_queries, Tk, query_chunk):
+        e = min(s + query_chunk, Tk)
+        live = (alive_any > s) & (j_all < e)  # [B, Tk] keys some query of s..e-1 may read
+        n = max(int(live.sum(1).max()), 1)
+        index = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, :n]  # [B, n] live keys first, in order
+        cols = index.unsqueeze(1).expand(B, evict_h.shape[1], n)  # [B, 1|H, n]
+        ev, off = evict_h.gather(2, cols), offset_h.gather(2, cols)  # [B, 1|H, n] each
+        q_pos = torch.arange(s, e, device=device).view(1, 1, e - s, 1)  # [1, 1, c, 1]
+        j = index.unsqueeze(1).unsqueeze(1)  # [B, 1, 1, n]
+        keep = (j <= q_pos) & (q_pos < ev.unsqueeze(2))  # [B, 1|H, c, n]
+        if window is not None:
+            keep = keep & (q_pos - j < window)
+        if not bool(keep.any(-1).all()):
+            raise EvictAttentionError("a query keeps no key at all; every query must keep at least its own token")
+        mask = torch.where(keep, off.unsqueeze(2).to(dtype), torch.tensor(float("-inf"), dtype=dtype, device=device))
+        plan.append((s, e, index, mask))  # mask [B, 1|H, c, n]
+    return plan
+
+
 def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, evict: torch.Tensor,
                       offset: torch.Tensor, scaling: float | None, window: int | None = None,
-                      query_chunk: int = DEFAULT_QUERY_CHUNK) -> torch.Tensor:
+                      query_chunk: int = DEFAULT_QUERY_CHUNK, plans: dict | None = None) -> torch.Tensor:
     """Attention of every query over the keys it keeps, by chunks of query rows.
 
     Args:
@@ -94,6 +136,8 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         evict: [B, Tk] or [B, Hkv, Tk] int64 eviction steps; offset: the same shape, float logit offsets.
         scaling: the logit scale (None: 1/sqrt(D)); window: W (``q - j < W``) or None.
         query_chunk: Cq >= 1 query rows per step (any value; the last chunk may be shorter).
+        plans: a dict that lives for one forward call: the :func:`chunk_plan` built for one layer is kept
+            there (keyed by window, Tq and dtype) and reused by the other layers.
 
     Returns:
         [B, H, Tq, D] attention output, in the query's dtype.
@@ -109,31 +153,19 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         raise EvictAttentionError(f"the query chunk must be at least 1 row, got {query_chunk}")
     check_evictions(evict, offset, Tk, Hkv)
     groups = H // Hkv
-    device = query.device
     first = Tk - Tq  # position of query row 0
-    j_all = torch.arange(Tk, device=device)
-    alive_any = evict if evict.dim() == 2 else evict.amax(1)  # [B, Tk] latest step any head reads each key
-    evict_h, offset_h = _heads(evict, groups), _heads(offset, groups)  # [B, 1|H, Tk] each
+    key_ = (window, Tq, query.dtype)
+    plan = plans.get(key_) if plans is not None else None
+    if plan is None:
+        plan = chunk_plan(evict, offset, Tq, groups, window, query_chunk, query.dtype)
+        if plans is not None:
+            plans[key_] = plan
     out = []
-    for s in range(first, Tk, query_chunk):
-        e = min(s + query_chunk, Tk)
-        live = (alive_any > s) & (j_all < e)  # [B, Tk] keys some query of s..e-1 may read
-        n = max(int(live.sum(1).max()), 1)
-        index = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, :n]  # [B, n] live keys first, in order
+    for s, e, index, mask in plan:
+        n = index.shape[1]
         take = index.view(B, 1, n, 1).expand(B, Hkv, n, D)  # [B, Hkv, n, D]
         k = key.gather(2, take).repeat_interleave(groups, dim=1)  # [B, H, n, D]
         v = value.gather(2, take).repeat_interleave(groups, dim=1)  # [B, H, n, D]
-        cols = index.unsqueeze(1).expand(B, evict_h.shape[1], n)  # [B, 1|H, n]
-        ev, off = evict_h.gather(2, cols), offset_h.gather(2, cols)  # [B, 1|H, n] each
-        q_pos = torch.arange(s, e, device=device).view(1, 1, e - s, 1)  # [1, 1, c, 1]
-        j = index.unsqueeze(1).unsqueeze(1)  # [B, 1, 1, n]
-        keep = (j <= q_pos) & (q_pos < ev.unsqueeze(2))  # [B, 1|H, c, n]
-        if window is not None:
-            keep = keep & (q_pos - j < window)
-        if not bool(keep.any(-1).all()):
-            raise EvictAttentionError("a query keeps no key at all; every query must keep at least its own token")
-        mask = torch.where(keep, off.unsqueeze(2).to(query.dtype), torch.tensor(float("-inf"), dtype=query.dtype,
-                                                                                   device=device))  # [B, 1|H, c, n]
         out.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, s - first: e - first], k, v, attn_mask=mask, dropout_p=0.0, scale=scaling))  # [B, H, c, D]
     return torch.cat(out, dim=2)  # [B, H, Tq, D]
@@ -230,7 +262,8 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     if backend == "flex" or (backend == "auto" and query.is_cuda and flex_available()):
         out = flex_evict_attention(query, key, value, evict, offset, scaling, window)
     else:
-        out = chunked_attention(query, key, value, evict, offset, scaling, window, kwargs.get(CHUNK, DEFAULT_QUERY_CHUNK))
+        out = chunked_attention(query, key, value, evict, offset, scaling, window, kwargs.get(CHUNK, DEFAULT_QUERY_CHUNK),
+                                kwargs.get(PLANS))  # the call's plans: layers of one window share theirs
     return out.transpose(1, 2).contiguous(), None  # [B, Tq, H, D]
 
 
@@ -264,7 +297,7 @@ def evict_kwargs(evict: torch.Tensor, offset: torch.Tensor, windows=None, query_
         raise EvictAttentionError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if query_chunk < 1:
         raise EvictAttentionError(f"the query chunk must be at least 1 row, got {query_chunk}")
-    return {EVICT: evict, OFFSET: offset, WINDOWS: windows, CHUNK: query_chunk, BACKEND: backend}
+    return {EVICT: evict, OFFSET: offset, WINDOWS: windows, CHUNK: query_chunk, BACKEND: backend, PLANS: {}}
 
 
 def register() -> None:
