@@ -38,10 +38,10 @@ def certify(
     """Measure the coverage and tightness of Hájek error certificates (poisson vs topk vs random)."""
     from truncsens import results
     from truncsens.certify.config import CertifyConfig
-    from truncsens.certify.report import format_summary, save_figures, summarize
+    from truncsens.certify.report import figure_paths, format_summary, save_figures, summarize
     from truncsens.certify.run import run_certify
 
-    from truncsens.fitfile import sanitize
+    from truncsens.fitfile import check_new_files, sanitize
 
     with user_errors():
         cfg = CertifyConfig(
@@ -49,6 +49,7 @@ def certify(
             budgets=budgets, delta=delta, n_sink=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
             resume=resume, overwrite=overwrite, progress=progress, command="truncsens " + " ".join(sys.argv[1:]))
+        check_new_files(figure_paths(Path(cfg.out).with_suffix("")), overwrite)  # before anything is computed
         done = run_certify(cfg)
         ds = results.load(done.path)
         summary = summarize(ds, seed=cfg.seed)

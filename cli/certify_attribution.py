@@ -40,10 +40,10 @@ def certify_attribution(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of tables."),
 ) -> None:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random)."""
-    from truncsens.certify.attribution_report import format_attribution, save_curves, summarize_attribution
+    from truncsens.certify.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
     from truncsens.certify.attribution_run import AttributionConfig, run_attribution
 
-    from truncsens.fitfile import sanitize
+    from truncsens.fitfile import check_new_files, sanitize
 
     with user_errors():
         cfg = AttributionConfig(
@@ -53,6 +53,7 @@ def certify_attribution(
             min_distance=min_distance, trajectory=trajectory, trajectory_budget=trajectory_budget, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
             overwrite=overwrite, progress=progress, command="truncsens " + " ".join(sys.argv[1:]))
+        check_new_files([curves_path(Path(cfg.out).with_suffix(""))], overwrite)  # before anything is computed
         done = run_attribution(cfg)
         summary = summarize_attribution(done.dataset, seed=cfg.seed)
         figure = save_curves(done.dataset, Path(done.path).with_suffix(""))

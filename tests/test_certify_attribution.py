@@ -202,7 +202,8 @@ def test_cli_bad_input_one_error_line(tmp_path):
     out = tmp_path / "a.nc"
     for args, message in ((["--delta", "1.5"], "--delta"), (["--copy-rule", "bigram"], "--copy-rule"),
                           (["--copy-per-doc", "0", "--kv-docs", "0"], "no attribution targets"),
-                          (["--budgets", "150%"], "percentage")):
+                          (["--budgets", "150%"], "percentage"),
+                          (["--trajectory-budget", "25%,50%"], "takes one budget")):
         result = CliRunner().invoke(app, ["certify-attribution", "--out", str(out), *args])
         assert result.exit_code == 2, result.output
         lines = [line for line in result.output.splitlines() if line.startswith("error:")]

@@ -61,7 +61,7 @@ def test_small_run_writes_results_figures_and_json(tmp_path, tiny_llama_dir, cor
     for path in summary["files"]:
         assert (tmp_path / path.split("/")[-1]).is_file()
     again = runner.invoke(app, ["certify", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--out", str(out)])
-    assert again.exit_code == 2 and "already exists" in again.output
+    assert again.exit_code == 2 and "already exist" in again.output  # the figures (or the file) are not replaced
 
 
 def test_failure_aucs_by_hand():
@@ -89,3 +89,13 @@ def test_failure_aucs_by_hand():
     assert (aucs["n_failures"], aucs["n_eviction_caused"], aucs["n_inherent"]) == (2, 1, 1)
     # eviction-caused (0, certificate 0.9) above inherent (2, certificate 0.5): AUC 1
     assert aucs["attribution"]["certificate"]["value"] == 1.0
+
+
+def test_existing_figures_are_not_replaced_without_overwrite(tmp_path, tiny_llama_dir, corpus_dir):
+    out = tmp_path / "c.nc"
+    figure = tmp_path / "c-scatter.png"
+    figure.write_bytes(b"mine")
+    res = runner.invoke(app, ["certify", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", "64",
+                              "--budgets", "25%", "--max-docs", "1", "--out", str(out), "--no-progress"])
+    assert res.exit_code == 2 and "c-scatter.png" in res.output and "--overwrite" in res.output
+    assert figure.read_bytes() == b"mine" and not out.exists()  # refused before anything was computed

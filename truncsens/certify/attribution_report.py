@@ -160,6 +160,12 @@ def format_attribution(s: dict) -> str:
     return "\n".join(lines)
 
 
+def curves_path(stem: str | Path) -> Path:
+    """The file :func:`save_curves` writes: ``<stem>-recomputation.png``."""
+    stem = Path(stem)
+    return stem.with_name(stem.name + "-recomputation.png")
+
+
 def save_curves(ds, stem: str | Path) -> Path:
     """``<stem>-recomputation.png``: share of eviction-caused failures removed against the share of
     targets recomputed (certificate-gated, confidence-gated, random), one panel per budget and pooled."""
@@ -169,7 +175,7 @@ def save_curves(ds, stem: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     stem = Path(stem)
-    path = stem.with_name(stem.name + "-recomputation.png")
+    path = curves_path(stem)
     panels = [(f"budget {int(k)}", int(k)) for k in ds["budget"].values] + [("pooled", None)]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), squeeze=False)
     for ax, (title, k) in zip(axes[0], panels):

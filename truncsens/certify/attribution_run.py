@@ -22,7 +22,7 @@ import numpy as np
 
 from truncsens import results
 from truncsens.certify.attribution import FAILURE_NLL
-from truncsens.certify.config import CertifyConfig, CertifyError
+from truncsens.certify.config import CertifyConfig, CertifyError, parse_budgets
 from truncsens.certify.probe import check_model
 from truncsens.certify.run import certify_sweep, compute_arrays, shard_dataset
 from truncsens.certify.tasks import TaskSet, build_task_set, copy_vocabulary, default_min_distance
@@ -88,7 +88,8 @@ class AttributionConfig:
         if self.min_distance is not None and self.min_distance < 1:
             raise CertifyError(f"--min-distance must be at least 1 token, got {self.min_distance}")
         self.certify_config()  # budgets, delta, run options: checked once, by CertifyConfig / MeasureConfig
-        CertifyConfig(budgets=self.trajectory_budget, n_sink=self.n_sink)  # one budget, same syntax
+        if len(parse_budgets(self.trajectory_budget)) != 1:  # the syntax of --budgets, one value
+            raise CertifyError(f"--trajectory-budget takes one budget, got {self.trajectory_budget!r}")
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, "-attribution"))
 
