@@ -69,6 +69,24 @@ def projection(N: int, fraction: float, size: int, exact_targets: int, block_tar
             "block_per_doc": forward_tokens(sizes, N, windows, 0, fraction, size)}
 
 
+def fit_row(path: Path, protocol: str, N: int, args, seconds: float | None, reused: Path | None) -> dict:
+    """Targets, documents, forward tokens and the power-law exponents (with intervals and widths) of one run."""
+    ds = results.load(path)
+    windows = [int(w) for w in ds["window"].values]
+    n = int(ds.sizes["target"])
+    tokens = (exact_forward_tokens(n, N, windows, 0) if protocol == "exact"
+              else forward_tokens(block_sizes(ds), N, windows, 0, args.block_fraction, args.block_size))
+    report = fit_results([str(path)], FitConfig(metrics=("tv", "kl"), families=("power",), n_boot=args.bootstrap))
+    row = {"targets": n, "docs": len(set(ds["doc"].values.tolist())), "forward_tokens": tokens, "seconds": seconds}
+    if reused is not None:
+        row["reused"] = str(reused)
+    for metric in ("tv", "kl"):
+        value, ci = power_alpha(report, metric)
+        row[f"alpha_{metric}"], row[f"alpha_{metric}_ci"] = value, ci
+        row[f"width_{metric}"] = None if ci is None else ci[1] - ci[0]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="reference")
@@ -90,39 +108,18 @@ def main() -> None:
     rows = {}
     for protocol, tpd in (("exact", args.exact_targets), ("block", args.block_targets)):
         path = out_dir / f"{protocol}.nc"
+        seconds, reused = None, None
         if protocol == "exact" and args.exact_results:
-            path = Path(args.exact_results)
-            ds = results.load(path)
-            windows = [int(w) for w in ds["window"].values]
-            n = int(ds.sizes["target"])
-            report = fit_results([str(path)], FitConfig(metrics=("tv", "kl"), families=("power",), n_boot=args.bootstrap))
-            row = {"targets": n, "docs": len(set(ds["doc"].values.tolist())),
-                   "forward_tokens": exact_forward_tokens(n, N, windows, 0), "seconds": None, "reused": str(path)}
-            for metric in ("tv", "kl"):
-                value, ci = power_alpha(report, metric)
-                row[f"alpha_{metric}"], row[f"alpha_{metric}_ci"] = value, ci
-                row[f"width_{metric}"] = None if ci is None else ci[1] - ci[0]
-            rows[protocol] = row
-            print(f"{protocol}: {json.dumps(row)}", flush=True)
-            continue
-        cfg = MeasureConfig(model=args.model, domain=args.domain, reference_context=N, targets_per_doc=tpd,
-                            max_docs=args.docs, protocol=protocol, block_fraction=args.block_fraction,
-                            block_size=args.block_size, out=str(path), overwrite=True, progress=False)
-        start = time.perf_counter()
-        summary = run_measure(cfg, loaded)
-        seconds = time.perf_counter() - start
-        ds = results.load(path)
-        windows = [int(w) for w in ds["window"].values]
-        tokens = (exact_forward_tokens(summary.n_targets, N, windows, 0) if protocol == "exact"
-                  else forward_tokens(block_sizes(ds), N, windows, 0, args.block_fraction, args.block_size))
-        report = fit_results([str(path)], FitConfig(metrics=("tv", "kl"), families=("power",), n_boot=args.bootstrap))
-        row = {"targets": summary.n_targets, "docs": summary.n_docs, "forward_tokens": tokens, "seconds": round(seconds, 1)}
-        for metric in ("tv", "kl"):
-            value, ci = power_alpha(report, metric)
-            row[f"alpha_{metric}"], row[f"alpha_{metric}_ci"] = value, ci
-            row[f"width_{metric}"] = None if ci is None else ci[1] - ci[0]
-        rows[protocol] = row
-        print(f"{protocol}: {json.dumps(row)}", flush=True)
+            path = reused = Path(args.exact_results)
+        else:
+            cfg = MeasureConfig(model=args.model, domain=args.domain, reference_context=N, targets_per_doc=tpd,
+                                max_docs=args.docs, protocol=protocol, block_fraction=args.block_fraction,
+                                block_size=args.block_size, out=str(path), overwrite=True, progress=False)
+            start = time.perf_counter()
+            run_measure(cfg, loaded)
+            seconds = round(time.perf_counter() - start, 1)
+        rows[protocol] = fit_row(path, protocol, N, args, seconds, reused)
+        print(f"{protocol}: {json.dumps(rows[protocol])}", flush=True)
     e, b = rows["exact"], rows["block"]
     out = {"reference_context": N, "exact": e, "block": b, "raw_token_ratio": e["forward_tokens"] / b["forward_tokens"]}
     for metric in ("tv", "kl"):
