@@ -57,7 +57,7 @@ from truncsens.policies.base import (
 )
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 from truncsens.policies.streaming import Evictions
-from truncsens.engine.semantics_base import ATTENTION_KINDS, Semantics, SemanticsError, windows_of  # noqa: F401 (re-exported)
+from truncsens.engine.semantics_base import Semantics, SemanticsError, windows_of  # noqa: F401 (SemanticsError, windows_of re-exported)
 
 
 class Reencode(Semantics):
@@ -218,6 +218,7 @@ class PrefillEvict(Semantics):
     decoded at k - 1 (RoPE models; :mod:`truncsens.engine.rerotation`, kvpress's KeyRerotationPress)."""
 
     name = "prefill_evict"
+    keeps_cache = True
     positions = ("original", "reindexed")
     provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
                           PREFILL_LAYERS})
@@ -231,11 +232,9 @@ class PrefillEvict(Semantics):
         """The reference pass, keeping the full-context cache of the first T - 1 tokens (statistics per
         key/value head under head granularity; and, for policies that need :data:`PREFILL_LAYERS`, each
         attention layer's prefill inputs: :class:`~truncsens.engine.prefill_layers.PrefillReference`)."""
-        kinds = {p.score_kind() for p in policies}
         wants_layers = any(PREFILL_LAYERS in p.requirements() for p in policies)
         with record_prefill(model) if wants_layers else contextlib.nullcontext() as layers:
-            ref = reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
-                                 key_norm="key_norm" in kinds, keep_cache=True, heads=heads_of(model, granularity))
+            ref = super().reference(model, input_ids, policies, granularity)
         return ref if layers is None else PrefillReference.of(ref, layers)
 
     def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor):

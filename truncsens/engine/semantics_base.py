@@ -51,6 +51,7 @@ class Semantics:
         positions: position modes it supports.
         provides: capabilities it offers policies.
         needs_transformers: whether it needs a transformers model (4D masks, caches, attention weights).
+        keeps_cache: whether the reference pass keeps the full-context cache (``prefill_evict`` decodes on it).
         reference_state: whether the kept passes read state of the reference pass of the same batch
             (a cache or attention statistics); if not, reference and kept passes are batched apart.
     """
@@ -60,6 +61,7 @@ class Semantics:
     provides: ClassVar[frozenset[str]] = frozenset()
     needs_transformers: ClassVar[bool] = True
     reference_state: ClassVar[bool] = True
+    keeps_cache: ClassVar[bool] = False  # the reference pass keeps its cache for the kept passes
 
     def check_positions(self, positions: str) -> None:
         """Raise :class:`SemanticsError` for an unknown or unsupported position mode."""
@@ -112,7 +114,7 @@ class Semantics:
         (statistics per key/value head under head granularity)."""
         kinds = {p.score_kind() for p in policies}
         return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
-                              key_norm="key_norm" in kinds, keep_cache=False, heads=heads_of(model, granularity))
+                              key_norm="key_norm" in kinds, keep_cache=self.keeps_cache, heads=heads_of(model, granularity))
 
     def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor) -> torch.Tensor | None:
         """[B, Q, T] scores for ``policy`` from the full-context reference pass, or None when it needs none
