@@ -74,28 +74,41 @@ def draw_positions(length: int, reference_context: int, targets_per_doc: int | N
     return np.sort(rng.choice(eligible, size=targets_per_doc, replace=False))
 
 
+def _check_selection(reference_context: int, targets_per_doc: int | None) -> None:
+    if reference_context < 1:
+        raise ValueError(f"reference context must be at least 1 token, got {reference_context}")
+    if targets_per_doc is not None and targets_per_doc < 1:
+        raise ValueError(f"--targets-per-doc must be at least 1, got {targets_per_doc}")
+
+
+def _target_set(docs: list[TokenDoc], reference_context: int, doc_ids: list[str], positions: list[int],
+                firsts: list[int] | None = None) -> TargetSet:
+    """The TargetSet of the given (document, position) pairs: contexts x[t-N : t] [n, N] and tokens
+    x[t] [n]; ``firsts`` [n] the first position of each target's block (None: no blocks)."""
+    n = reference_context
+    block = None if firsts is None else np.asarray(firsts, np.int64)
+    if not positions:
+        return TargetSet([], np.zeros(0, np.int64), torch.zeros(0, n, dtype=torch.long), torch.zeros(0, dtype=torch.long),
+                         None if block is None else np.zeros(0, np.int64))
+    by_id = {d.id: d.ids for d in docs}
+    contexts = torch.stack([by_id[i][t - n : t] for i, t in zip(doc_ids, positions)])  # [n_targets, N]
+    tokens = torch.stack([by_id[i][t] for i, t in zip(doc_ids, positions)])  # [n_targets]
+    return TargetSet(list(doc_ids), np.asarray(positions, np.int64), contexts, tokens, block)
+
+
 def select_targets(docs: list[TokenDoc], reference_context: int, targets_per_doc: int | None, seed: int) -> TargetSet:
     """Targets of every document long enough (``len >= N + 1``), in document order.
 
     Raises:
         ValueError: ``reference_context < 1`` or ``targets_per_doc < 1``.
     """
-    if reference_context < 1:
-        raise ValueError(f"reference context must be at least 1 token, got {reference_context}")
-    if targets_per_doc is not None and targets_per_doc < 1:
-        raise ValueError(f"--targets-per-doc must be at least 1, got {targets_per_doc}")
-    doc_ids, positions, contexts, tokens = [], [], [], []
-    n = reference_context
+    _check_selection(reference_context, targets_per_doc)
+    doc_ids, positions = [], []
     for d in docs:
-        pos = draw_positions(int(d.ids.numel()), n, targets_per_doc, seed, d.id)
-        for t in pos.tolist():
-            doc_ids.append(d.id)
-            positions.append(t)
-            contexts.append(d.ids[t - n : t])
-            tokens.append(d.ids[t])
-    if not contexts:
-        return TargetSet([], np.zeros(0, np.int64), torch.zeros(0, n, dtype=torch.long), torch.zeros(0, dtype=torch.long))
-    return TargetSet(doc_ids, np.asarray(positions, np.int64), torch.stack(contexts), torch.stack(tokens))
+        pos = draw_positions(int(d.ids.numel()), reference_context, targets_per_doc, seed, d.id).tolist()
+        doc_ids += [d.id] * len(pos)
+        positions += pos
+    return _target_set(docs, reference_context, doc_ids, positions)
 
 
 def draw_blocks(length: int, reference_context: int, targets_per_doc: int | None, block: int, seed: int,
@@ -142,21 +155,11 @@ def select_block_targets(docs: list[TokenDoc], reference_context: int, targets_p
     Raises:
         ValueError: ``reference_context < 1``, ``targets_per_doc < 1`` or ``block < 1``.
     """
-    if reference_context < 1:
-        raise ValueError(f"reference context must be at least 1 token, got {reference_context}")
-    if targets_per_doc is not None and targets_per_doc < 1:
-        raise ValueError(f"--targets-per-doc must be at least 1, got {targets_per_doc}")
+    _check_selection(reference_context, targets_per_doc)
     doc_ids, positions, firsts = [], [], []
     for d in docs:
         for start, n in draw_blocks(int(d.ids.numel()), reference_context, targets_per_doc, block, seed, d.id):
             doc_ids += [d.id] * n
             positions += range(start, start + n)
             firsts += [start] * n
-    n = reference_context
-    if not positions:
-        return TargetSet([], np.zeros(0, np.int64), torch.zeros(0, n, dtype=torch.long),
-                         torch.zeros(0, dtype=torch.long), np.zeros(0, np.int64))
-    by_id = {d.id: d.ids for d in docs}
-    contexts = torch.stack([by_id[i][t - n : t] for i, t in zip(doc_ids, positions)])  # [n_targets, N]
-    tokens = torch.stack([by_id[i][t] for i, t in zip(doc_ids, positions)])  # [n_targets]
-    return TargetSet(doc_ids, np.asarray(positions, np.int64), contexts, tokens, np.asarray(firsts, np.int64))
+    return _target_set(docs, reference_context, doc_ids, positions, firsts)
