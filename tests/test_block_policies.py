@@ -1,0 +1,213 @@
+"""The block protocol of policy sweeps under streaming and prefill_evict
+(truncsens.engine.block_policies): every block value equals a single-target run of the same semantics
+over the target's actual context x[r : t], a block of 1 equals the exact protocol, a wrong decode rule
+differs, refusals, and a CLI run with resume."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from truncsens import results
+from truncsens.cli.main import app
+from truncsens.divergences import METRICS, all_metrics
+from truncsens.engine.block_plan import block_length
+from truncsens.engine.block_policies import (
+    check_policy_blocks, decode_block, measure_policy_blocks, target_seeds,
+)
+from truncsens.engine.config import MeasureConfig, MeasureError
+from truncsens.engine.granularity import evicted_mass
+from truncsens.engine.kernel import measure_draws
+from truncsens.engine.reference_pass import reference_pass
+from truncsens.engine.semantics import semantics_for
+from truncsens.models import load_model
+from truncsens.policies import make_policy
+from truncsens.targets import TokenDoc, select_block_targets
+
+STREAMING = ["suffix", "sink_recent", "random", "poisson", "h2o", "tova", "key_norm", "topk"]
+PREFILL_EVICT = STREAMING + ["snapkv"]
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama_dir):
+    return load_model(tiny_llama_dir).model
+
+
+def _docs(seed: int, length: int = 40) -> list[TokenDoc]:
+    g = torch.Generator().manual_seed(seed)
+    return [TokenDoc("d0", torch.randint(0, 250, (length,), generator=g))]
+
+
+@torch.no_grad()
+def single_target(model, semantics, policy, doc: torch.Tensor, t: int, c: int, k: int, seed_value: int) -> dict:
+    """The single-target run of ``semantics`` over x[t - c : t] (c tokens): metrics, kept keys, evicted mass."""
+    ids = doc[t - c : t][None]  # [1, c]
+    ref = semantics.reference(model, ids, [policy])
+    lp, keep_last = semantics.policy_logprobs(model, ids, policy, k, [seed_value], ref, "original", 1)
+    values, _ = all_metrics(ref.logprobs, lp, doc[t : t + 1])
+    return {**{m: float(v[0]) for m, v in values.items()}, "kept_tokens": int(keep_last.sum()),
+            "evicted_attention_mass": float(evicted_mass(ref.last_attention, keep_last)[0])}
+
+
+def check_block_equals_single_targets(model, semantics_name, names, budgets, N=24, fraction=0.25, size=4, room=0,
+                                      draws=1, n_sink=2, tpd=5):
+    semantics = semantics_for(semantics_name)
+    policies = [make_policy(n, n_sink=n_sink) for n in names]
+    docs = _docs(len(names) + room)
+    B = block_length(N, fraction, size)
+    targets = select_block_targets(docs, N, tpd, 0, B)
+    assert len(set(targets.block.tolist())) < len(targets)  # several targets per block
+    out = measure_policy_blocks(model, targets, policies, budgets, semantics, 7, "cpu", 4096, draws=draws, room=room)
+    k_out = out.kernel
+    doc = docs[0].ids
+    for i in range(len(targets)):
+        t, c = int(targets.position[i]), int(out.actual_context[i])
+        first = int(np.flatnonzero(targets.block == targets.block[i])[0])  # the block's first target
+        for p, policy in enumerate(policies):
+            for r in range(draws if policy.randomized else 1):
+                owner = first if semantics_name == "streaming" else i
+                s = target_seeds(targets, [owner], 7, policy.name, r)[0]
+                for jk, k in enumerate(budgets):
+                    want = single_target(model, semantics, policy, doc, t, c, k, s)
+                    for m in METRICS:
+                        assert abs(float(k_out.metrics[m][p, r, i, jk]) - want[m]) <= 1e-5, (policy.name, i, k, m)
+                    assert int(k_out.kept_tokens[p, r, i, jk]) == want["kept_tokens"], (policy.name, i, k)
+                    lost = float(k_out.evicted_attention_mass[p, r, i, jk])
+                    assert abs(lost - want["evicted_attention_mass"]) <= 1e-5, (policy.name, i, k)
+    return out
+
+
+@pytest.mark.parametrize("names", [STREAMING[0:2], STREAMING[2:4], STREAMING[4:6], STREAMING[6:]])
+def test_streaming_block_equals_single_target_streams(llama, names):
+    budgets = [6, 12] if names == STREAMING[0:2] else [6]
+    out = check_block_equals_single_targets(llama, "streaming", names, budgets, draws=2)
+    assert out.actual_context.tolist() == [21, 22, 23, 24, 24]  # blocks of 4 and 1: N - B + 1 + j
+    assert out.kernel.metrics["kl"].shape == (2, 2, 5, len(budgets))
+
+
+@pytest.mark.parametrize("names", [PREFILL_EVICT[:5], PREFILL_EVICT[5:]])
+def test_prefill_evict_block_equals_single_target_decodes(llama, names):
+    check_block_equals_single_targets(llama, "prefill_evict", names, [6, 12], draws=2, room=3)
+
+
+def test_a_block_of_one_equals_the_exact_protocol(llama):
+    docs = _docs(5)
+    for name in ("streaming", "prefill_evict"):
+        semantics = semantics_for(name)
+        policies = [make_policy(n, n_sink=2) for n in ("h2o", "random")]
+        targets = select_block_targets(docs, 24, 3, 0, 1)  # B = 1: every target its own block
+        block = measure_policy_blocks(llama, targets, policies, [8], semantics, 3, "cpu", 4096, draws=2).kernel
+        exact = measure_draws(llama, targets, policies, [8], semantics, "original", 3, "cpu", 4096, draws=2)
+        for m in METRICS:
+            np.testing.assert_allclose(block.metrics[m], exact.metrics[m], atol=1e-5, err_msg=f"{name} {m}")
+        assert np.array_equal(block.kept_tokens, exact.kept_tokens)
+        np.testing.assert_allclose(block.evicted_attention_mass, exact.evicted_attention_mass, atol=1e-5)
+
+
+def test_decoded_queries_that_see_each_other_give_other_values(llama):
+    """The control: decoding the B queries with each other's decoded keys visible (a causal decode of
+    the B tokens) differs from the block rule (each query reads its own new key only)."""
+    ids = _docs(9)[0].ids[:20][None]  # [1, 20]
+    B, L = 4, 20
+    keep = torch.zeros(1, B, L - 1 + B, dtype=torch.bool)
+    for j in range(B):
+        c = L - B + 1 + j
+        keep[0, j, : c - 1] = True  # every cache key before the query (a full kept set)
+        keep[0, j, L - 1 + j] = True
+    offset = torch.zeros(keep.shape)
+    right = decode_block(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, keep, offset)
+    full = reference_pass(llama, ids, queries=B).logprobs  # [1, B, V] the full-context rows
+    torch.testing.assert_close(right, full, atol=1e-5, rtol=0)  # nothing evicted: the reference itself
+    window = torch.zeros_like(keep)  # a sink and the 3 keys before each query, then its own new key
+    for j in range(B):
+        c = L - B + 1 + j
+        window[0, j, 0] = True
+        window[0, j, c - 4 : c - 1] = True
+        window[0, j, L - 1 + j] = True
+    right = decode_block(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, window, offset)
+    wrong_keep = window.clone()  # the earlier queries' keys read from their decode, not from the cache
+    for j in range(1, B):
+        wrong_keep[0, j, L - B : L - B + j] = False
+        wrong_keep[0, j, L - 1 : L - 1 + j] = window[0, j, L - B : L - B + j]
+    wrong = decode_block(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, wrong_keep, offset)
+    assert (wrong[0, 1:] - right[0, 1:]).abs().amax(-1).min() > 1e-3  # every later query differs
+    torch.testing.assert_close(wrong[0, 0], right[0, 0], atol=1e-5, rtol=0)  # query 0 reads the same keys
+
+
+def test_a_stream_per_target_seed_differs_from_the_block_stream(llama):
+    """The control of the streaming rule: target j's value is its block stream's, drawn with the block's
+    seed; with the target's own seed the single-target stream gives another value (random draws)."""
+    semantics = semantics_for("streaming")
+    policy = make_policy("random", n_sink=1)
+    docs = _docs(11)
+    targets = select_block_targets(docs, 24, 4, 0, 4)
+    out = measure_policy_blocks(llama, targets, [policy], [5], semantics, 7, "cpu", 4096).kernel
+    doc, t, c = docs[0].ids, int(targets.position[3]), 24
+    own = single_target(llama, semantics, policy, doc, t, c, 5, target_seeds(targets, [3], 7, "random", 0)[0])
+    assert abs(float(out.metrics["kl"][0, 0, 3, 0]) - own["kl"]) > 1e-4
+
+
+@pytest.mark.parametrize("kwargs,fragment", [
+    (dict(semantics="reencode", policies=["h2o"]), "under --semantics streaming or prefill_evict"),
+    (dict(semantics="prefill_evict", positions="reindexed"), "keeps original positions"),
+    (dict(granularity="head"), "--granularity token"),
+    (dict(chunk=4), "needs --chunk 1"),
+    (dict(budgets=[30]), "budget 30 is larger than the block protocol's shortest reference context 21"),
+])
+def test_refusals_name_the_exact_protocol(kwargs, fragment):
+    args = dict(semantics="streaming", policies=["h2o"], positions="original", granularity="token", chunk=1,
+                budgets=[8], reference_context=24, block=4)
+    args.update(kwargs)
+    names = args.pop("policies")
+    with pytest.raises(MeasureError, match="--protocol exact") as info:
+        check_policy_blocks(args.pop("semantics"), [make_policy(n) for n in names], **args)
+    assert fragment in str(info.value)
+
+
+def test_kvpress_presses_are_refused():
+    from truncsens.policies import Policy
+    from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
+
+    class Press(Policy):  # what a kvpress press declares (kvpress itself need not be installed)
+        name = "kvpress:FakePress"
+
+        def requirements(self):
+            return frozenset({PREFILL_LAYERS})
+
+    with pytest.raises(MeasureError, match="does not run kvpress presses .*--protocol exact"):
+        check_policy_blocks("prefill_evict", [Press()], "original", "token", 1)
+
+
+def test_config_accepts_policy_blocks_and_refuses_the_rest():
+    MeasureConfig(policies=["sink_recent", "h2o"], semantics="streaming", protocol="block")
+    MeasureConfig(policies=["snapkv"], semantics="prefill_evict", protocol="block")
+    for kwargs, fragment in [
+        (dict(policies=["h2o"], semantics="reencode"), "h2o"),
+        (dict(policies=["h2o"], semantics="prefill_evict", positions="reindexed"), "original positions"),
+        (dict(policies=["h2o"], semantics="streaming", granularity="head"), "--granularity token"),
+        (dict(policies=["h2o"], semantics="streaming", chunk=4), "--chunk 1"),
+    ]:
+        with pytest.raises(Exception, match="--protocol exact") as info:
+            MeasureConfig(protocol="block", **kwargs)
+        assert fragment in str(info.value), kwargs
+
+
+def test_cli_streaming_block_run_names_its_protocol_and_resumes(tmp_path):
+    out = tmp_path / "p.nc"
+    args = ["measure", "--protocol", "block", "--semantics", "streaming", "--policy", "sink_recent,h2o",
+            "--budgets", "16,32", "--reference-context", "64", "--max-docs", "2", "--targets-per-doc", "8",
+            "--docs-per-shard", "1", "--block-size", "8", "--out", str(out), "--no-progress"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    ds = results.load(out)
+    assert ds.attrs["protocol"] == "block" and ds.attrs["block_length"] == 8 and ds.sizes["target"] == 16
+    assert ds["actual_context"].values.tolist() == list(range(57, 65)) * 2  # N - 8 + 1 .. N, no room
+    assert "actual_budget" not in ds.coords and "evicted_attention_mass" in ds
+    assert "share their stream's draws" in ds.attrs["draw_seeds"]
+    shown = CliRunner().invoke(app, ["show", str(out)])
+    assert shown.exit_code == 0 and "protocol block" in shown.output, shown.output
+    again = CliRunner().invoke(app, [*args[:-2], "--resume", "--no-progress"])
+    assert again.exit_code == 0, again.output
+    assert np.array_equal(results.load(out)["kl"].values, ds["kl"].values)
