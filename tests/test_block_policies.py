@@ -194,20 +194,41 @@ def test_config_accepts_policy_blocks_and_refuses_the_rest():
         assert fragment in str(info.value), kwargs
 
 
-def test_cli_streaming_block_run_names_its_protocol_and_resumes(tmp_path):
+def test_streaming_block_run_resumes_from_the_command_line(tiny_llama_dir, corpus_dir, tmp_path):
+    from truncsens.engine.measure import run_measure
+    from truncsens.engine.shards import MeasureInterrupted
+
     out = tmp_path / "p.nc"
-    args = ["measure", "--protocol", "block", "--semantics", "streaming", "--policy", "sink_recent,h2o",
-            "--budgets", "16,32", "--reference-context", "64", "--max-docs", "2", "--targets-per-doc", "8",
-            "--docs-per-shard", "1", "--block-size", "8", "--out", str(out), "--no-progress"]
-    first = CliRunner().invoke(app, args)
-    assert first.exit_code == 0, first.output
+    cfg = MeasureConfig(model=tiny_llama_dir, corpus=corpus_dir, policies=["sink_recent", "h2o"], semantics="streaming",
+                        budgets=[16], reference_context=64, max_docs=2, targets_per_doc=4, docs_per_shard=1,
+                        protocol="block", block_size=4, out=str(out), progress=False)
+    with pytest.raises(MeasureInterrupted):
+        run_measure(cfg, stop_after_shards=1)
+    args = ["measure", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--protocol", "block", "--semantics",
+            "streaming", "--policy", "sink_recent,h2o", "--budgets", "16", "--reference-context", "64", "--max-docs",
+            "2", "--targets-per-doc", "4", "--docs-per-shard", "1", "--block-size", "4", "--out", str(out),
+            "--no-progress", "--resume"]
+    resumed = CliRunner().invoke(app, args)
+    assert resumed.exit_code == 0, resumed.output
+    assert "block protocol" in resumed.output and "1 shards reused" in resumed.output, resumed.output
     ds = results.load(out)
-    assert ds.attrs["protocol"] == "block" and ds.attrs["block_length"] == 8 and ds.sizes["target"] == 16
-    assert ds["actual_context"].values.tolist() == list(range(57, 65)) * 2  # N - 8 + 1 .. N, no room
+    assert ds.attrs["protocol"] == "block" and ds.attrs["block_length"] == 4 and ds.sizes["target"] == 8
+    # the tiny model has room beyond N = 64: e = B - 1 = 3, contexts N .. N + 3
+    assert ds.attrs["block_extra_context"] == 3 and ds["actual_context"].values.tolist() == list(range(64, 68)) * 2
     assert "actual_budget" not in ds.coords and "evicted_attention_mass" in ds
     assert "share their stream's draws" in ds.attrs["draw_seeds"]
+
+
+def test_prefill_evict_block_run_on_the_reference_model_names_its_protocol(tmp_path):
+    out = tmp_path / "r.nc"
+    args = ["measure", "--protocol", "block", "--semantics", "prefill_evict", "--policy", "sink_recent,h2o",
+            "--budgets", "16,32", "--reference-context", "128", "--max-docs", "2", "--targets-per-doc", "8",
+            "--block-size", "8", "--out", str(out), "--no-progress"]
+    run = CliRunner().invoke(app, args)
+    assert run.exit_code == 0, run.output
+    ds = results.load(out)
+    assert ds.attrs["protocol"] == "block" and ds.attrs["block_length"] == 8 and ds.sizes["target"] == 16
+    assert ds["actual_context"].values.min() >= 121 and ds["kept_tokens"].sel(budget=16).values.max() == 16
+    assert "share their stream's draws" not in ds.attrs["draw_seeds"]  # every target its own draw
     shown = CliRunner().invoke(app, ["show", str(out)])
     assert shown.exit_code == 0 and "protocol block" in shown.output, shown.output
-    again = CliRunner().invoke(app, [*args[:-2], "--resume", "--no-progress"])
-    assert again.exit_code == 0, again.output
-    assert np.array_equal(results.load(out)["kl"].values, ds["kl"].values)
