@@ -22,6 +22,7 @@ from truncsens.engine.granularity import evicted_mass
 from truncsens.engine.kernel import measure_draws
 from truncsens.engine.reference_pass import reference_pass
 from truncsens.engine.semantics import semantics_for
+from truncsens.engine.streaming_pass import decide_offline
 from truncsens.models import load_model
 from truncsens.policies import make_policy
 from truncsens.targets import TokenDoc, select_block_targets
@@ -147,6 +148,22 @@ def test_a_stream_per_target_seed_differs_from_the_block_stream(llama):
     doc, t, c = docs[0].ids, int(targets.position[3]), 24
     own = single_target(llama, semantics, policy, doc, t, c, 5, target_seeds(targets, [3], 7, "random", 0)[0])
     assert abs(float(out.metrics["kl"][0, 0, 3, 0]) - own["kl"]) > 1e-4
+
+
+@torch.no_grad()
+def test_chunks_above_one_would_not_be_exact(llama):
+    """Why --chunk C > 1 is refused: a prefix run evicts at its own last prompt token, a shared stream only
+    at multiples of C, so some position of one stream differs from its prefix run (with C = 1 none does)."""
+    semantics = semantics_for("streaming")
+    policy = make_policy("sink_recent", n_sink=1)
+    ids = _docs(13)[0].ids[:24][None]  # [1, L]
+    L, B, k = 24, 4, 6
+    for chunk, differs in ((4, True), (1, False)):
+        ev = decide_offline(policy, k, L, chunk, [0], "cpu")
+        rows = semantics.kept_logprobs(llama, ids, ev, None, "original", keep=B)  # [1, B, V]
+        gaps = [float((rows[0, j] - semantics.policy_logprobs(llama, ids[:, : L - B + 1 + j], policy, k, [0], None,
+                                                               "original", chunk)[0][0]).abs().max()) for j in range(B)]
+        assert (max(gaps) > 1e-3) == differs and min(gaps) <= 1e-5, (chunk, gaps)
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
