@@ -249,3 +249,27 @@ def test_prefill_evict_block_run_on_the_reference_model_names_its_protocol(tmp_p
     assert "share their stream's draws" not in ds.attrs["draw_seeds"]  # every target its own draw
     shown = CliRunner().invoke(app, ["show", str(out)])
     assert shown.exit_code == 0 and "protocol block" in shown.output, shown.output
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    """A tiny random Qwen2 with layers full, sliding, sliding (window 5), as in tests/test_sliding_window.py."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                         num_key_value_heads=2, max_position_embeddings=256, num_hidden_layers=3,
+                                         use_sliding_window=True, sliding_window=5, max_window_layers=1,
+                                         tie_word_embeddings=False)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("semantics_name,names", [("streaming", ["sink_recent", "h2o"]),
+                                                  ("prefill_evict", ["tova", "random"])])
+def test_sliding_window_layers_block_equals_single_targets(hybrid, semantics_name, names):
+    budgets = [6] if semantics_name == "streaming" else [4, 8]
+    check_block_equals_single_targets(hybrid, semantics_name, names, budgets, draws=2, room=2)
