@@ -25,6 +25,10 @@ over the prefix x[r : t0+j] (c_j tokens) with the same seed (tests/test_block_po
   ``i <= c_j - 2`` it keeps (Hájek offsets) and its own new key (column L - 1 + j), none of the other
   decoded keys; the cache is truncated back to L - 1 afterwards.
 
+Models with sliding-window layers run as under the exact protocol: the reference pass keeps every
+key, and the kept masks apply each layer's window on original positions
+(:func:`~truncsens.engine.layer_windows.kept_attention_mask`; tested on a hybrid Qwen2).
+
 Refused (:func:`check_policy_blocks`, use ``--protocol exact``): ``reencode`` policy sweeps other than
 suffix / sink_recent (those run as window sweeps, :mod:`truncsens.engine.block_protocol`), kvpress
 presses, ``--positions reindexed``, ``--granularity head`` and ``--chunk`` above 1.

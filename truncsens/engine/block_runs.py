@@ -9,6 +9,10 @@ a sweep of ``--policy suffix`` or ``sink_recent`` under reencode (dims ``target`
 and the attrs ``protocol`` ("block"), ``block_fraction``, ``block_size``, ``block_length`` (B,
 targets per block) and ``attention_implementation``. A file without these coords is an exact run:
 actual = nominal (:func:`actual_coords`).
+
+A policy sweep under ``streaming`` or ``prefill_evict`` (:func:`run_policy_block_shards`,
+:mod:`truncsens.engine.block_policies`) has the layout of an exact policy sweep plus
+``actual_context`` and the block attrs (no ``actual_budget``: budgets are exact).
 """
 
 from __future__ import annotations
