@@ -273,3 +273,14 @@ def hybrid():
 def test_sliding_window_layers_block_equals_single_targets(hybrid, semantics_name, names):
     budgets = [6] if semantics_name == "streaming" else [4, 8]
     check_block_equals_single_targets(hybrid, semantics_name, names, budgets, draws=2, room=2)
+
+
+def test_forward_tokens_by_hand(llama):
+    """Blocks of 4 and 1 target (N = 24, no room: L = 24 each), one deterministic policy, 2 budgets:
+    reference 2 x 24; streaming 2 budgets x 2 blocks x 24; prefill_evict 2 budgets x (4 + 1) decoded queries."""
+    targets = select_block_targets(_docs(4), 24, 5, 0, 4)
+    assert sorted(np.bincount(np.unique(targets.block, return_inverse=True)[1]).tolist()) == [1, 4]
+    policy = [make_policy("sink_recent", n_sink=2)]
+    got = {name: measure_policy_blocks(llama, targets, policy, [6, 12], semantics_for(name), 0, "cpu", 4096).forward_tokens
+           for name in ("streaming", "prefill_evict")}
+    assert got == {"streaming": 48 + 2 * 2 * 24, "prefill_evict": 48 + 2 * 5}
