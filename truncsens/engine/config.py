@@ -194,6 +194,10 @@ class MeasureConfig:
         policies = self.build_policies()
         for policy in policies:
             semantics.check_policy(policy)
+        if self.protocol == "block" and self.semantics != "reencode":
+            from truncsens.engine.block_policies import check_policy_blocks  # (it imports this module)
+
+            check_policy_blocks(self.semantics, policies, self.positions, self.granularity, self.chunk)
         if self.draws > 1 and not any(p.randomized for p in policies):
             raise MeasureError(f"--draws {self.draws} repeats the draws of randomized policies (--policy random or "
                                "poisson); " + ("a window sweep is deterministic" if self.policies is None else
@@ -219,18 +223,7 @@ class MeasureConfig:
                     f"(docs/method.md, Block protocol); policy {', '.join(self.policies)} under reencode: use "
                     "--protocol exact")
             return
-        fix = "use --protocol exact"
-        if any(n.startswith("kvpress:") for n in self.policies or ()):
-            raise MeasureError(f"--protocol block does not run kvpress presses (per-layer kept sets); {fix}")
-        if self.positions != "original":
-            raise MeasureError(f"--protocol block keeps original positions (--positions {self.positions} re-rotates "
-                               f"each target's keys); {fix}")
-        if self.granularity == "head":
-            raise MeasureError(f"--protocol block measures one kept set per target (--granularity token); {fix}")
-        if self.chunk != 1:
-            raise MeasureError(f"--protocol block under streaming needs --chunk 1: with chunks of {self.chunk} tokens "
-                               "a target's own stream evicts at its last prompt token, which a stream shared by a "
-                               f"block does not; {fix} or --chunk 1")
+        # under streaming / prefill_evict: checked on the built policies (check_policy_blocks, __post_init__)
 
     @property
     def sweep_dim(self) -> str:
