@@ -36,9 +36,9 @@ def llama(tiny_llama_dir):
     return load_model(tiny_llama_dir).model
 
 
-def _docs(seed: int, length: int = 40) -> list[TokenDoc]:
+def _docs(seed: int, length: int = 40, n: int = 1) -> list[TokenDoc]:
     g = torch.Generator().manual_seed(seed)
-    return [TokenDoc("d0", torch.randint(0, 250, (length,), generator=g))]
+    return [TokenDoc(f"d{i}", torch.randint(0, 250, (length,), generator=g)) for i in range(n)]
 
 
 @torch.no_grad()
@@ -53,19 +53,20 @@ def single_target(model, semantics, policy, doc: torch.Tensor, t: int, c: int, k
 
 
 def check_block_equals_single_targets(model, semantics_name, names, budgets, N=24, fraction=0.25, size=4, room=0,
-                                      draws=1, n_sink=2, tpd=5):
+                                      draws=1, n_sink=2, tpd=5, n_docs=1):
     semantics = semantics_for(semantics_name)
     policies = [make_policy(n, n_sink=n_sink) for n in names]
-    docs = _docs(len(names) + room)
+    docs = _docs(len(names) + room, n=n_docs)
     B = block_length(N, fraction, size)
     targets = select_block_targets(docs, N, tpd, 0, B)
     assert len(set(targets.block.tolist())) < len(targets)  # several targets per block
     out = measure_policy_blocks(model, targets, policies, budgets, semantics, 7, "cpu", 4096, draws=draws, room=room)
     k_out = out.kernel
-    doc = docs[0].ids
+    by_id = {d.id: d.ids for d in docs}
     for i in range(len(targets)):
-        t, c = int(targets.position[i]), int(out.actual_context[i])
-        first = int(np.flatnonzero(targets.block == targets.block[i])[0])  # the block's first target
+        doc, t, c = by_id[targets.doc[i]], int(targets.position[i]), int(out.actual_context[i])
+        same = (targets.block == targets.block[i]) & (np.asarray(targets.doc) == targets.doc[i])
+        first = int(np.flatnonzero(same)[0])  # the block's first target
         for p, policy in enumerate(policies):
             for r in range(draws if policy.randomized else 1):
                 owner = first if semantics_name == "streaming" else i
@@ -249,6 +250,13 @@ def test_prefill_evict_block_run_on_the_reference_model_names_its_protocol(tmp_p
     assert "share their stream's draws" not in ds.attrs["draw_seeds"]  # every target its own draw
     shown = CliRunner().invoke(app, ["show", str(out)])
     assert shown.exit_code == 0 and "protocol block" in shown.output, shown.output
+
+
+@pytest.mark.parametrize("semantics_name", ["streaming", "prefill_evict"])
+def test_blocks_batched_together_keep_their_own_seeds(llama, semantics_name):
+    """Three documents, blocks of 4: three blocks run in one batch, each with its own seeds and rows."""
+    out = check_block_equals_single_targets(llama, semantics_name, ["poisson", "tova"], [6], draws=2, tpd=4, n_docs=3)
+    assert out.actual_context.tolist() == [21, 22, 23, 24] * 3
 
 
 @pytest.fixture(scope="module")
