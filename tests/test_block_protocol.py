@@ -203,7 +203,8 @@ def test_block_and_exact_alphas_agree_on_the_synthetic_source(tmp_path):
     (["--protocol", "block", "--block-fraction", "0"], "--block-fraction must be in (0, 1]"),
     (["--protocol", "block", "--block-fraction", "1.5"], "--block-fraction must be in (0, 1]"),
     (["--protocol", "block", "--block-size", "0"], "--block-size must be at least 1"),
-    (["--protocol", "block", "--policy", "suffix", "--semantics", "streaming"], "one pass per document"),
+    (["--protocol", "block", "--policy", "suffix", "--semantics", "streaming", "--chunk", "4"], "needs --chunk 1"),
+    (["--protocol", "block", "--policy", "suffix,random", "--semantics", "reencode"], "use --protocol exact"),
     (["--protocol", "nope"], "--protocol must be one of"),
 ])
 def test_bad_block_options_exit_2_with_one_line(tmp_path, args, fragment):

@@ -9,6 +9,10 @@ a sweep of ``--policy suffix`` or ``sink_recent`` under reencode (dims ``target`
 and the attrs ``protocol`` ("block"), ``block_fraction``, ``block_size``, ``block_length`` (B,
 targets per block) and ``attention_implementation``. A file without these coords is an exact run:
 actual = nominal (:func:`actual_coords`).
+
+A policy sweep under ``streaming`` or ``prefill_evict`` (:func:`run_policy_block_shards`,
+:mod:`truncsens.engine.block_policies`) has the layout of an exact policy sweep plus
+``actual_context`` and the block attrs (no ``actual_budget``: budgets are exact).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: di
         MeasureError: a window that does not fit the shortest actual reference context, or a model
             with sliding-window layers; and what :func:`~truncsens.engine.shards.run_shards` raises.
     """
+    if not sweep.is_window_sweep and sweep.semantics.name != "reencode":
+        return run_policy_block_shards(cfg, loaded, reference_context, sweep, docs, attrs, ranks, stop_after_shards)
     N = reference_context
     B = block_length(N, cfg.block_fraction, cfg.block_size)
     room = max(0, loaded.max_context - N)  # positions the model has beyond N
@@ -77,3 +83,59 @@ def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: di
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
         compute_shard, per_target, "measure (block protocol)", cfg.progress, stop_after_shards, ranks, cfg.overwrite,
         select=partial(select_block_targets, block=B))
+
+
+STREAM_DRAW_SEEDS = ("one seed per (policy seed, doc, first position of the block, policy, draw): the targets of one "
+                     "block share their stream's draws (one stream per block); common to every budget")
+
+
+def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: dict, ranks=None,
+                            stop_after_shards: int | None = None) -> tuple:
+    """Run a policy sweep under streaming or prefill_evict by the block protocol
+    (:func:`truncsens.engine.block_policies.measure_policy_blocks`) and write ``cfg.out``.
+
+    Results are those of an exact policy sweep (dims, ``kept_tokens``, ``evicted_attention_mass``,
+    ``draw``) plus the coord ``actual_context`` [target] (int32) and the attrs ``protocol``,
+    ``block_fraction``, ``block_size``, ``block_length``, ``block_extra_context``; budgets are exact
+    (no ``actual_budget``). Under streaming ``draw_seeds`` says that a block's targets share their
+    stream's draws. Progress counts forward tokens: L = N + e per block for the reference, L per
+    streaming pass, B per prefill-evict decode.
+
+    Returns:
+        (path, shards reused, number of targets).
+
+    Raises:
+        MeasureError: what :func:`~truncsens.engine.block_policies.check_policy_blocks` refuses; and what
+            :func:`~truncsens.engine.shards.run_shards` raises.
+    """
+    from truncsens.engine.block_policies import check_policy_blocks, measure_policy_blocks
+    from truncsens.engine.kernel import draws_measured
+
+    N = reference_context
+    B = block_length(N, cfg.block_fraction, cfg.block_size)
+    room = max(0, loaded.max_context - N)
+    check_policy_blocks(sweep.semantics.name, sweep.policies, cfg.positions, cfg.granularity, cfg.chunk,
+                        sweep.budgets, N, B, room)
+    e = extra_context(B, room)
+    attrs = {**attrs, "protocol": "block", "block_fraction": float(cfg.block_fraction), "block_size": int(cfg.block_size),
+             "block_length": B, "block_extra_context": e}
+    if sweep.semantics.name == "streaming":
+        attrs["draw_seeds"] = STREAM_DRAW_SEEDS
+    batch_tokens = cfg.batch_tokens(loaded.device)
+
+    def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
+        out = measure_policy_blocks(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.draw_seed,
+                                    loaded.device, batch_tokens, on_tokens, cfg.draws, room)
+        ds = shard_results(out.kernel, plan, sweep, attrs, docs.bos_id)
+        return ds.assign_coords(actual_context=("target", out.actual_context.astype(np.int32)))
+
+    size = min(B, cfg.targets_per_doc or B)
+    L = N + extra_context(size, room)
+    passes = sum(draws_measured(sweep.policies, cfg.draws)) * len(sweep.budgets)
+    per_block = L + passes * (L if sweep.semantics.name == "streaming" else size)
+    per_target = max(1, per_block // size)
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
+    return run_shards(
+        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
+        compute_shard, per_target, f"measure {sweep.semantics.name} (block protocol)", cfg.progress, stop_after_shards,
+        ranks, cfg.overwrite, select=partial(select_block_targets, block=B))

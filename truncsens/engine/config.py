@@ -82,8 +82,10 @@ class MeasureConfig:
         targets_per_doc, max_docs, seed: which targets (:func:`truncsens.targets.select_targets`).
         device, dtype, max_batch_tokens: where and how the model runs.
         protocol: "exact" (one pass per target and window) or "block" (K consecutive targets per
-            pass, K = max(1, min(block_size, floor(w * block_fraction))); window sweeps under
-            ``reencode`` only; :mod:`truncsens.engine.block_plan`).
+            pass, K = max(1, min(block_size, floor(w * block_fraction))): window sweeps under
+            ``reencode``, :mod:`truncsens.engine.block_plan`; and policy sweeps under ``streaming``
+            (one stream per block of B = K(N) targets) or ``prefill_evict`` (one reference pass and
+            one B-query decode per block and budget), :mod:`truncsens.engine.block_policies`).
         block_fraction, block_size: the block protocol's K (fraction in (0, 1], size >= 1).
         docs_per_shard, out, resume, overwrite, progress, command: shards, results file (None: see
             :func:`default_out`; an existing one is replaced only with ``overwrite``), progress
@@ -93,8 +95,10 @@ class MeasureConfig:
         MeasureError: a count below 1 (``--chunk`` and ``--draws`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
             a chunk other than 1 outside ``streaming``, an unknown protocol, a block fraction outside
-            (0, 1], a block size below 1, ``--protocol block`` outside a reencode window sweep (or a
-            sweep of one of :data:`BLOCK_POLICIES` under reencode), ``granularity`` other than token or
+            (0, 1], a block size below 1, ``--protocol block`` with a reencode policy sweep other than
+            one of :data:`BLOCK_POLICIES`, or under streaming / prefill_evict with a ``kvpress:``
+            policy, ``--positions reindexed``, ``--granularity head`` or ``--chunk`` above 1 (each
+            message names ``--protocol exact``), ``granularity`` other than token or
             head, head granularity under ``reencode`` or with a ``kvpress:`` policy (presses keep their
             own per-layer, per-head sets), more than one draw
             without a randomized policy.
@@ -190,6 +194,10 @@ class MeasureConfig:
         policies = self.build_policies()
         for policy in policies:
             semantics.check_policy(policy)
+        if self.protocol == "block" and self.semantics != "reencode":
+            from truncsens.engine.block_policies import check_policy_blocks  # (it imports this module)
+
+            check_policy_blocks(self.semantics, policies, self.positions, self.granularity, self.chunk)
         if self.draws > 1 and not any(p.randomized for p in policies):
             raise MeasureError(f"--draws {self.draws} repeats the draws of randomized policies (--policy random or "
                                "poisson); " + ("a window sweep is deterministic" if self.policies is None else
@@ -204,12 +212,18 @@ class MeasureConfig:
             raise MeasureError(f"--block-fraction must be in (0, 1], got {self.block_fraction}")
         if self.block_size < 1:
             raise MeasureError(f"--block-size must be at least 1, got {self.block_size}")
+        if self.protocol != "block":
+            return
         window_like = self.policies is None or (len(self.policies) == 1 and self.policies[0] in BLOCK_POLICIES)
-        if self.protocol == "block" and (not window_like or self.semantics != "reencode"):
-            raise MeasureError(
-                "--protocol block measures window sweeps under re-encoding (no --policy, or one of --policy "
-                f"{' / '.join(BLOCK_POLICIES)} with --semantics reencode); under streaming and prefill_evict one pass "
-                "per document already serves all its targets (docs/method.md): use --protocol exact there")
+        if self.semantics == "reencode":
+            if not window_like:
+                raise MeasureError(
+                    "--protocol block measures re-encode window sweeps (no --policy, or one of --policy "
+                    f"{' / '.join(BLOCK_POLICIES)}) and policy sweeps under --semantics streaming or prefill_evict "
+                    f"(docs/method.md, Block protocol); policy {', '.join(self.policies)} under reencode: use "
+                    "--protocol exact")
+            return
+        # under streaming / prefill_evict: checked on the built policies (check_policy_blocks, __post_init__)
 
     @property
     def sweep_dim(self) -> str:

@@ -152,7 +152,8 @@ def _ones(b: int, t: int, device) -> torch.Tensor:
 
 @torch.no_grad()
 def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False, attention: bool = False,
-                   key_norm: bool = False, keep_cache: bool = False, heads: int | None = None) -> ReferencePass:
+                   key_norm: bool = False, keep_cache: bool = False, heads: int | None = None,
+                   queries: int = 1) -> ReferencePass:
     """Full-context pass over ``input_ids`` with original positions 0..T-1.
 
     Args:
@@ -163,17 +164,26 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
         key_norm: return the mean key norms.
         keep_cache: return the cache of the first T - 1 tokens.
         heads: None (statistics averaged over heads) or Hkv: statistics per key/value head (module docstring).
+        queries: q, the last positions whose outputs are returned (1 <= q < T; the block protocol,
+            :mod:`truncsens.engine.block_policies`): the pass runs as a prefill of T - q tokens and one
+            causal step of the last q, ``logprobs`` is then [B, q, V] and ``last_attention`` [B, q, T]
+            (rows of the last q queries, zeros beyond each query; [B, Hkv, q, T] per head). The
+            cache is still that of the first T - 1 tokens. With q = 1 the shapes are those of
+            :class:`ReferencePass`.
 
     Returns:
         :class:`ReferencePass`.
 
     Raises:
-        ValueError: T < 2.
+        ValueError: T < 2, or q outside 1 .. T - 1.
         NonFiniteLogitsError: NaN or infinite logits.
     """
     B, T = input_ids.shape
     if T < 2:
         raise ValueError("the reference pass needs at least 2 context tokens")
+    if not 1 <= queries < T:
+        raise ValueError(f"the reference pass returns 1 .. T - 1 = {T - 1} last queries, got {queries}")
+    q = queries
     device = input_ids.device
     pos = torch.arange(T, device=device).expand(B, T)  # [B, T]
     # every key is kept, also in sliding-window layers (the model's masks still apply their windows)
@@ -183,22 +193,28 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
     prefix_rows = None
     with eager_attention(model) if attention else contextlib.nullcontext():
         with collector.collect() if attention else contextlib.nullcontext():
-            model(input_ids=input_ids[:, : T - 1], position_ids=pos[:, : T - 1], attention_mask=_ones(B, T - 1, device),
+            model(input_ids=input_ids[:, : T - q], position_ids=pos[:, : T - q], attention_mask=_ones(B, T - q, device),
                   use_cache=True, logits_to_keep=1, **{kw: cache})
         if attention:
-            prefix_rows = collector.mean()  # [B, T-1, T-1] ([B, Hkv, T-1, T-1] per head)
+            prefix_rows = collector.mean()  # [B, T-q, T-q] ([B, Hkv, T-q, T-q] per head)
     with eager_attention(model) if collector else contextlib.nullcontext():
         with collector.collect() if collector else contextlib.nullcontext():
-            out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=_ones(B, T, device),
-                        use_cache=True, logits_to_keep=1, **{kw: cache})
-        last_row = collector.mean()[..., -1, :] if collector else None  # [B, T] ([B, Hkv, T] per head)
-    result = ReferencePass(last_logprobs(out.logits[:, -1, :]))  # [B, V]
+            out = model(input_ids=input_ids[:, T - q :], position_ids=pos[:, T - q :], attention_mask=_ones(B, T, device),
+                        use_cache=True, logits_to_keep=q, **{kw: cache})
+        last_rows = collector.mean()[..., -q:, :] if collector else None  # [B, q, T] ([B, Hkv, q, T] per head)
+    if q == 1:
+        result = ReferencePass(last_logprobs(out.logits[:, -1, :]))  # [B, V]
+        last_row = None if last_rows is None else last_rows[..., -1, :]  # [B, T] ([B, Hkv, T] per head)
+    else:
+        logits = out.logits[:, -q:, :]  # [B, q, V]
+        result = ReferencePass(last_logprobs(logits.reshape(B * q, -1)).view(B, q, -1))  # [B, q, V]
+        last_row = last_rows
     if last_attention or attention:
         result.last_attention = last_row
     if attention:
-        full = torch.zeros(*last_row.shape[:-1], T, T, dtype=torch.float32, device=device)  # [B, (Hkv,) T, T]
-        full[..., : T - 1, : T - 1] = prefix_rows
-        full[..., T - 1, :] = last_row
+        full = torch.zeros(*last_rows.shape[:-2], T, T, dtype=torch.float32, device=device)  # [B, (Hkv,) T, T]
+        full[..., : T - q, : T - q] = prefix_rows
+        full[..., T - q :, :] = last_rows
         result.attention = full
     if key_norm:
         norms = [kvcache.layer_kv(cache, layer)[0].float().norm(dim=-1) for layer in range(kvcache.n_layers(cache))]  # [B, Hkv, T] each

@@ -180,8 +180,13 @@ class Streaming(Semantics):
         return context_len
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept | Evictions, ref: ReferencePass | None,
-                      positions: str, query_chunk: int = evict_attention.DEFAULT_QUERY_CHUNK) -> torch.Tensor:
+                      positions: str, query_chunk: int = evict_attention.DEFAULT_QUERY_CHUNK,
+                      keep: int = 1) -> torch.Tensor:
         """One forward over ``input_ids`` [B, T], row q reading the keys kept for it.
+
+        Returns [B, V] float64 log-probabilities after the last token (``keep`` = 1), or [B, keep, V]
+        after each of the last ``keep`` tokens (the block protocol,
+        :mod:`truncsens.engine.block_policies`: row q is the streaming run of the prefix x[0..q]).
 
         Given :class:`~truncsens.policies.streaming.Evictions` (``evict``/``offset`` [B, T] or
         [B, Hkv, T]), attention runs from the eviction steps (:mod:`truncsens.engine.evict_attention`:
@@ -201,14 +206,22 @@ class Streaming(Semantics):
             if evict_attention.supported(model, windows):
                 kwargs = evict_attention.evict_kwargs(kept.evict, kept.offset, windows, query_chunk)
                 with evict_attention.evict_attention(model):
-                    out = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=1, **kwargs)
-                return last_logprobs(out.logits[:, -1, :])  # [B, V]
+                    out = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=keep, **kwargs)
+                return _kept_rows(out.logits, keep)
             kept = kept.kept()
         check_causal(kept.keep)
         mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model),
                                    groups_of(model, kept.per_head))
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=1)
-        return last_logprobs(out.logits[:, -1, :])  # [B, V]
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=keep)
+        return _kept_rows(out.logits, keep)
+
+
+def _kept_rows(logits: torch.Tensor, keep: int) -> torch.Tensor:
+    """[B, V] log-softmax of the last row of ``logits`` [B, L, V] (``keep`` = 1), else [B, keep, V]."""
+    if keep == 1:
+        return last_logprobs(logits[:, -1, :])  # [B, V]
+    B, V = logits.shape[0], logits.shape[-1]
+    return last_logprobs(logits[:, -keep:, :].reshape(B * keep, V)).view(B, keep, V)  # [B, keep, V]
 
 
 class PrefillEvict(Semantics):

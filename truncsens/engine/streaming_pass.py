@@ -50,7 +50,8 @@ def decide_offline(policy: Policy, budget: int, context_len: int, chunk: int, se
 
 @torch.no_grad()
 def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int], chunk: int,
-                  windows, slack: int = 32, heads: int | None = None, groups: int = 1) -> tuple[torch.Tensor, Evictions]:
+                  windows, slack: int = 32, heads: int | None = None, groups: int = 1,
+                  keep: int = 1) -> tuple[torch.Tensor, Evictions]:
     """Run ``policy`` over ``input_ids`` [B, T] sequentially in chunks of ``chunk`` tokens.
 
     Args:
@@ -62,16 +63,20 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
         heads: None (one kept set per sequence) or Hkv (head granularity: one per key/value head,
             statistics per KV head: attention mean over layers and the group's query heads, key
             norms mean over layers); groups: query heads per KV head (H / Hkv).
+        keep: 1 (the target's query only) or k > 1: the log-probabilities after each of the last k
+            tokens of this one run (the block protocol, :mod:`truncsens.engine.block_policies`; with
+            ``chunk`` 1, row q is what a run over the prefix x[0..q] gives).
 
     Returns:
-        (log-probabilities [B, V] float64 after the last token, :class:`Evictions` with evict [B, T],
-        or [B, Hkv, T] under head granularity).
+        (log-probabilities [B, V] float64 after the last token ([B, keep, V] after the last ``keep``
+        tokens when keep > 1), :class:`Evictions` with evict [B, T], or [B, Hkv, T] under head granularity).
 
     Raises:
         PolicyError: see :func:`~truncsens.policies.streaming.run_stream`.
         NonFiniteLogitsError: NaN or infinite logits.
     """
     B, T = input_ids.shape
+    n_last = keep  # (``keep`` is a mask inside observe)
     Hh = heads or 1  # kept sets per sequence
     device = input_ids.device
     kind = policy.score_kind()
@@ -108,9 +113,13 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
             mask = kept_attention_mask(windows, keep[:, 0], off[:, 0], chunk_pos, k_pos, dtype)
         else:
             mask = kept_attention_mask(windows, keep, off, chunk_pos, k_pos, dtype, groups)
+        rows = e - max(s, T - n_last)  # the chunk's positions among the last ``keep`` ones
         with collector.collect() if collector else contextlib.nullcontext():
             out = model(input_ids=input_ids[:, s:e], position_ids=chunk_pos, attention_mask=mask, use_cache=True,
-                        logits_to_keep=1, **{kw: cache})
+                        logits_to_keep=max(1, rows), **{kw: cache})
+        if n_last > 1 and rows > 0:
+            logits = out.logits[:, -rows:, :]  # [B, rows, V]
+            result.setdefault("rows", []).append(last_logprobs(logits.reshape(-1, logits.shape[-1])).view(B, rows, -1))
         if e == T:
             result["logprobs"] = last_logprobs(out.logits[:, -1, :])  # [B, V]
             return ChunkStats()
@@ -132,4 +141,6 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
         evictions = run_stream(policy, budget, T, chunk, seeds, observe, device)
     if heads:
         evictions = Evictions(unfold_heads(evictions.evict, heads), unfold_heads(evictions.offset, heads))
+    if n_last > 1:
+        return torch.cat(result["rows"], 1), evictions  # [B, keep, V]
     return result["logprobs"], evictions
