@@ -40,7 +40,7 @@ def measure(
     per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence (not under streaming)."),
     policy_arg: Optional[List[str]] = typer.Option(None, help="With --policy kvpress:<PressClass>: a press parameter key=value (repeatable; int, float, true/false or text), e.g. n_sink=8."),
     chunk: int = typer.Option(1, help="With --semantics streaming: tokens processed between eviction decisions (1: token by token; larger: evict at chunk ends)."),
-    protocol: str = typer.Option("exact", help="exact (one pass per target and window) or block (K consecutive targets per pass; window sweeps, docs/method.md)."),
+    protocol: str = typer.Option("exact", help="exact (one pass per target and window) or block (K consecutive targets per pass: re-encode window sweeps; policy sweeps under streaming and prefill_evict, one pass per block; docs/method.md)."),
     block_fraction: float = typer.Option(0.125, help="With --protocol block: targets per pass as a fraction of the window, K = max(1, min(block size, floor(w x fraction)))."),
     block_size: int = typer.Option(64, help="With --protocol block: at most this many targets per pass (and per block)."),
     granularity: str = typer.Option("token", help="With --semantics streaming or prefill_evict: token (one kept set for all layers and heads) or head (one per key/value head, shared by the layers; the budget counts per head)."),

@@ -15,11 +15,11 @@ from truncsens.cli.main import app
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.block_plan import block_length
 from truncsens.engine.block_policies import (
-    check_policy_blocks, decode_block, measure_policy_blocks, target_seeds,
+    check_policy_blocks, decode_block, measure_policy_blocks,
 )
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.granularity import evicted_mass
-from truncsens.engine.kernel import measure_draws
+from truncsens.engine.kernel import measure_draws, policy_seeds
 from truncsens.engine.reference_pass import reference_pass
 from truncsens.engine.semantics import semantics_for
 from truncsens.engine.streaming_pass import decide_offline
@@ -70,7 +70,7 @@ def check_block_equals_single_targets(model, semantics_name, names, budgets, N=2
         for p, policy in enumerate(policies):
             for r in range(draws if policy.randomized else 1):
                 owner = first if semantics_name == "streaming" else i
-                s = target_seeds(targets, [owner], 7, policy.name, r)[0]
+                s = policy_seeds(targets, [owner], 7, policy.name, draw=r)[0]
                 for jk, k in enumerate(budgets):
                     want = single_target(model, semantics, policy, doc, t, c, k, s)
                     for m in METRICS:
@@ -147,7 +147,7 @@ def test_a_stream_per_target_seed_differs_from_the_block_stream(llama):
     targets = select_block_targets(docs, 24, 4, 0, 4)
     out = measure_policy_blocks(llama, targets, [policy], [5], semantics, 7, "cpu", 4096).kernel
     doc, t, c = docs[0].ids, int(targets.position[3]), 24
-    own = single_target(llama, semantics, policy, doc, t, c, 5, target_seeds(targets, [3], 7, "random", 0)[0])
+    own = single_target(llama, semantics, policy, doc, t, c, 5, policy_seeds(targets, [3], 7, "random")[0])
     assert abs(float(out.metrics["kl"][0, 0, 3, 0]) - own["kl"]) > 1e-4
 
 

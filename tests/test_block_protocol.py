@@ -292,6 +292,11 @@ def test_show_header_names_the_block_protocol():
                          "actual windows w..w+K-1, reference contexts 961..1024)")
     exact = {k: v for k, v in attrs.items() if not k.startswith(("protocol", "block"))}
     assert format_results_header("f.nc", exact, 10).endswith("reference context 1024, 10 targets")
+    stream = format_results_header("f.nc", {**attrs, "semantics": "streaming", "block_extra_context": np.int64(63)}, 10)
+    assert stream.endswith("protocol block (blocks of up to 64 consecutive targets, one stream per block and budget, "
+                           "shared by its targets (and its draws); reference contexts 1024..1087)")
+    prefill = format_results_header("f.nc", {**attrs, "semantics": "prefill_evict"}, 10)
+    assert prefill.endswith("one prefill per block, one decode of its targets per budget; reference contexts 961..1024)")
 
 
 def test_block_passes_build_no_square_mask(monkeypatch):

@@ -30,13 +30,19 @@ def format_results_header(file: str, attrs: dict, n_targets: int) -> str:
 
 def protocol_note(attrs: dict) -> str:
     """``""`` for the exact protocol (also files from before the attr); for the block protocol
-    ``"; protocol block (...)"`` with its parameters (:mod:`truncsens.engine.block_runs`)."""
+    ``"; protocol block (...)"`` with its parameters (:mod:`truncsens.engine.block_runs`): windows per
+    pass for a re-encode sweep, the shared stream or prefill for a streaming / prefill_evict policy sweep."""
     if attrs.get("protocol", "exact") == "exact":
         return ""
     B, e, N = attrs.get("block_length"), attrs.get("block_extra_context", 0), attrs.get("reference_context")
     known = all(isinstance(v, numbers.Integral) for v in (B, e, N))  # NetCDF attrs may be numpy integers
     contexts = f"{int(N) + int(e) - int(B) + 1}..{int(N) + int(e)}" if known else "per target"
-    return (f"; protocol {attrs['protocol']} (blocks of up to {B if B is not None else '?'} consecutive targets, "
+    blocks = f"blocks of up to {B if B is not None else '?'} consecutive targets"
+    passes = {"streaming": "one stream per block and budget, shared by its targets (and its draws)",
+              "prefill_evict": "one prefill per block, one decode of its targets per budget"}.get(attrs.get("semantics", ""))
+    if passes:  # a policy sweep: budgets are exact, one pass serves the whole block
+        return f"; protocol {attrs['protocol']} ({blocks}, {passes}; reference contexts {contexts})"
+    return (f"; protocol {attrs['protocol']} ({blocks}, "
             f"K = max(1, min({attrs.get('block_size', '?')}, floor({attrs.get('block_fraction', '?')} w))) per pass; "
             f"actual windows w..w+K-1, reference contexts {contexts})")
 

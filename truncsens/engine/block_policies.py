@@ -49,7 +49,7 @@ from truncsens.engine.block_protocol import block_rows, reference_passes
 from truncsens.engine.config import MeasureError
 from truncsens.engine.forward import last_logprobs, model_dtype
 from truncsens.engine.granularity import evicted_mass
-from truncsens.engine.kernel import KernelOutput, draws_measured
+from truncsens.engine.kernel import KernelOutput, copy_deterministic, draws_measured, policy_seeds
 from truncsens.engine import kvcache
 from truncsens.engine.layer_windows import kept_attention_mask
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
@@ -57,7 +57,7 @@ from truncsens.engine.semantics_base import ATTENTION_KINDS, Semantics, windows_
 from truncsens.engine.streaming_pass import decide_offline, stream_online
 from truncsens.policies import Policy
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
-from truncsens.targets import TargetSet, doc_seed
+from truncsens.targets import TargetSet
 
 BLOCK_SEMANTICS = ("streaming", "prefill_evict")
 
@@ -112,11 +112,6 @@ def check_policy_blocks(semantics: str, policies: Sequence[Policy], positions: s
                 raise MeasureError(f"budget {k} is larger than the block protocol's shortest reference context "
                                    f"{shortest} (N {reference_context}, block {block}): use budgets up to {shortest}, "
                                    f"a smaller --block-size, or {fix}")
-
-
-def target_seeds(targets: TargetSet, index: Sequence[int], seed: int, policy: str, draw: int) -> list[int]:
-    """The seeds :func:`truncsens.engine.kernel.policy_seeds` gives the targets ``index``."""
-    return [doc_seed(seed, f"{targets.doc[i]}:{int(targets.position[i])}:{policy}:{draw}") for i in index]
 
 
 def _decode_mask_parts(kept_keep: torch.Tensor, kept_offset: torch.Tensor, j: int, L: int, B: int,
@@ -265,9 +260,9 @@ def measure_policy_blocks(
             for p, policy in enumerate(policies):
                 for r in range(per_policy[p]):
                     if semantics.name == "streaming":  # one stream per block: the block's first target's seed
-                        seeds = target_seeds(targets, tgt[:, 0].tolist(), seed, policy.name, r)
+                        seeds = policy_seeds(targets, tgt[:, 0].tolist(), seed, policy.name, draw=r)
                     else:  # every target its own prefill-evict-decode, its own seed
-                        seeds = [target_seeds(targets, tgt[:, j].tolist(), seed, policy.name, r) for j in range(B)]
+                        seeds = [policy_seeds(targets, tgt[:, j].tolist(), seed, policy.name, draw=r) for j in range(B)]
                     for jk, k in enumerate(budgets):
                         if semantics.name == "streaming":
                             lp, read = streaming_block(model, ids, policy, k, seeds, B, semantics)
@@ -284,8 +279,5 @@ def measure_policy_blocks(
                         lost[p, r, idx, jk] = evicted_mass(ref_att.reshape(G * B, L), read.reshape(G * B, L)).cpu().numpy()
 
         run_in_batches(step, group.row.shape[0], group.cols.shape[1], max_batch_tokens)
-    for p, measured in enumerate(per_policy):  # deterministic policies: draw 0 copied to every draw
-        if measured == 1:
-            for a in (*metrics.values(), kept_tokens, lost):  # [P, R, n, K]
-                a[p, 1:] = a[p, :1]
+    copy_deterministic(out.kernel, per_policy)  # deterministic policies: draw 0 copied to every draw
     return out

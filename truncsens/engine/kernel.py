@@ -58,19 +58,20 @@ class KernelOutput:
         return KernelOutput({m: v[:, 0] for m, v in self.metrics.items()}, self.kept_tokens[:, 0], lost, self.n_clamped)
 
 
-def policy_seeds(targets: TargetSet, sl: slice, seed: int, policy: str, *, draw: int = 0) -> list[int]:
+def policy_seeds(targets: TargetSet, sl: slice | Sequence[int], seed: int, policy: str, *, draw: int = 0) -> list[int]:
     """One seed per target of ``targets[sl]``: ``doc_seed(seed, "doc:position:policy:draw")`` (SHA-256,
     :func:`truncsens.targets.doc_seed`), so a draw depends neither on batching nor on sharding nor on
     resuming, and **not on the budget**: every budget of a target reads the same priorities (common
     random numbers), which makes the kept sets of ``random`` and ``poisson`` nested in the budget.
 
     Args:
-        targets: the targets; sl: which of them.
+        targets: the targets; sl: which of them (a slice, or target indices).
         seed: the policy seed (``--policy-seed``, by default the run's ``--seed``).
         policy: the policy's name.
         draw: the draw index r in 0..R-1 (``--draws R``).
     """
-    return [doc_seed(seed, f"{d}:{int(t)}:{policy}:{draw}") for d, t in zip(targets.doc[sl], targets.position[sl])]
+    index = range(len(targets))[sl] if isinstance(sl, slice) else sl
+    return [doc_seed(seed, f"{targets.doc[i]}:{int(targets.position[i])}:{policy}:{draw}") for i in index]
 
 
 def measure_targets(
@@ -162,7 +163,7 @@ def measure_draws(
                         progress(ids.shape[0] * semantics.cost(N, k))
 
         run_in_batches(step, n, N, max_batch_tokens)
-        return _copy_deterministic(out, per_policy)
+        return copy_deterministic(out, per_policy)
 
     store: dict[str, torch.Tensor] = {}
 
@@ -189,10 +190,10 @@ def measure_draws(
                     progress(lp.shape[0] * semantics.cost(N, k))
 
                 run_in_batches(kept_step, n, semantics.cost(N, k), max_batch_tokens)
-    return _copy_deterministic(out, per_policy)
+    return copy_deterministic(out, per_policy)
 
 
-def _copy_deterministic(out: KernelOutput, per_policy: list[int]) -> KernelOutput:
+def copy_deterministic(out: KernelOutput, per_policy: list[int]) -> KernelOutput:
     """Fill draws 1..R-1 of the policies measured once with the values of their draw 0."""
     arrays = [*out.metrics.values(), out.kept_tokens] + ([out.evicted_attention_mass] if out.evicted_attention_mass is not None else [])
     for p, measured in enumerate(per_policy):
