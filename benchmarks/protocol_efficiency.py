@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from truncsens import results  # noqa: E402
 from truncsens.divergences import METRICS  # noqa: E402
 from truncsens.engine.block_plan import block_length, exact_forward_tokens, forward_tokens  # noqa: E402
-from truncsens.engine.block_runs import actual_coords  # noqa: E402
+from truncsens.engine.block_runs import block_sizes  # noqa: E402
 from truncsens.engine.config import DEFAULT_BLOCK_FRACTION, DEFAULT_BLOCK_SIZE, MeasureConfig  # noqa: E402
 from truncsens.engine.documents import prepare_documents  # noqa: E402
 from truncsens.engine.kernel import measure_draws  # noqa: E402
@@ -59,13 +59,6 @@ from truncsens.engine.sweep import default_windows, resolve_sweep  # noqa: E402
 from truncsens.fitting import FitConfig, fit_results  # noqa: E402
 from truncsens.models import load_model  # noqa: E402
 from truncsens.targets import select_block_targets  # noqa: E402
-
-
-def block_sizes(ds) -> list[int]:
-    """Targets per block of a block-protocol results dataset (from its actual reference contexts)."""
-    _, context = actual_coords(ds)
-    N = int(ds.attrs["reference_context"])
-    return [int(N - c + 1) for i, c in enumerate(context) if i == 0 or c <= context[i - 1]]  # first target: N - B + 1
 
 
 def fit_power(ds, label: str, n_boot: int):
@@ -175,13 +168,10 @@ def first_per_group(ds, key: str, m: int, seed: int = 0):
         keep = [i for d in dict.fromkeys(docs.tolist())
                 for i in sorted(rng.permutation(np.flatnonzero(docs == d))[:m].tolist())]
         return ds.isel(target=keep)
-    context = ds["actual_context"].values
-    keep, count = [], 0
-    for i in range(len(docs)):
-        new = i == 0 or context[i] <= context[i - 1] or docs[i] != docs[i - 1]  # a block restarts its contexts
-        count = 1 if new else count + 1
-        if count <= m:
-            keep.append(i)
+    keep, start = [], 0
+    for size in block_sizes(ds):
+        keep += range(start, start + min(m, size))
+        start += size
     return ds.isel(target=keep)
 
 

@@ -81,6 +81,18 @@ def test_draw_blocks_by_hand():
         draw_blocks(1300, 1024, 8, 0, 0, "a")
 
 
+def test_block_sizes_of_results_by_hand():
+    from truncsens.engine.block_runs import block_sizes
+
+    # doc a: a block of 3 (contexts 8, 9, 10: room beyond N) then one of 2 (8, 9); doc b: a block of 2
+    # starting at the context where doc a's stopped; an exact file (no actual_context): one per target
+    ds = xr.Dataset(coords={"doc": ("target", ["a", "a", "a", "a", "a", "b", "b"]),
+                            "actual_context": ("target", [8, 9, 10, 8, 9, 10, 11]),
+                            "window": [1]}, attrs={"reference_context": 8})
+    assert block_sizes(ds) == [3, 2, 2]
+    assert block_sizes(ds.drop_vars("actual_context")) == [1] * 7
+
+
 def test_blocks_of_groups_and_checks_consecutive():
     b = blocks_of(["a"] * 5 + ["b"] * 2, np.array([10, 11, 12, 20, 21, 10, 11]), np.array([10, 10, 10, 20, 20, 10, 10]))
     assert b.start.tolist() == [0, 3, 5] and b.size.tolist() == [3, 2, 2]

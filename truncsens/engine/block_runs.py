@@ -42,6 +42,21 @@ def actual_coords(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
     return window, context
 
 
+def block_sizes(ds: xr.Dataset) -> list[int]:
+    """Targets per block of a block-protocol results dataset, in target order: a new block starts
+    where the document changes or the actual reference context does not grow (the targets of a
+    block are consecutive, with contexts c, c+1, ...). An exact run (no ``actual_context``) gives
+    one block per target."""
+    docs = [str(d) for d in ds["doc"].values]
+    _, context = actual_coords(ds)
+    sizes: list[int] = []
+    for i in range(len(docs)):
+        if i == 0 or docs[i] != docs[i - 1] or context[i] != context[i - 1] + 1:
+            sizes.append(0)
+        sizes[-1] += 1
+    return sizes
+
+
 def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: dict, ranks=None,
                      stop_after_shards: int | None = None) -> tuple:
     """Run a window sweep by the block protocol and write ``cfg.out`` (see :func:`truncsens.engine.measure.run_measure`).
