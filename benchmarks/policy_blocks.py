@@ -64,6 +64,7 @@ def main() -> None:
     ap.add_argument("--block-fraction", type=float, default=DEFAULT_BLOCK_FRACTION)
     ap.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     ap.add_argument("--out-dir", default="runs/policy_blocks")
+    ap.add_argument("--reuse", action="store_true", help="read results files already in --out-dir instead of measuring")
     args = ap.parse_args()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -78,12 +79,14 @@ def main() -> None:
                             targets_per_doc=args.targets_per_doc, max_docs=args.docs, protocol=protocol,
                             block_fraction=args.block_fraction, block_size=args.block_size, out=str(path),
                             overwrite=True, progress=False)
-        start = time.perf_counter()
-        run_measure(cfg, loaded)
-        seconds = time.perf_counter() - start
+        seconds = None
+        if not (args.reuse and path.exists()):
+            start = time.perf_counter()
+            run_measure(cfg, loaded)
+            seconds = time.perf_counter() - start
         ds = results.load(path)
         passes = len(policies) * len(budgets)
-        row = {"targets": int(ds.sizes["target"]), "seconds": round(seconds, 1),
+        row = {"targets": int(ds.sizes["target"]), "seconds": None if seconds is None else round(seconds, 1),
                "forward_tokens": forward_tokens(ds, protocol, args.semantics, passes, loaded.max_context), "means": {}}
         for curve in curves_of(ds, ("kl", "tv"), str(path)):
             for metric in ("kl", "tv"):
@@ -95,8 +98,8 @@ def main() -> None:
           f"{args.docs} documents x {args.targets_per_doc} targets")
     for protocol, r in rows.items():
         print(f"  {protocol:5s}: {r['targets']} targets, {r['forward_tokens']:,} forward tokens, {r['seconds']} s")
-    print(f"  ratio: {e['forward_tokens'] / b['forward_tokens']:.1f}x fewer forward tokens, "
-          f"{e['seconds'] / max(b['seconds'], 1e-9):.1f}x less time")
+    times = f", {e['seconds'] / max(b['seconds'], 1e-9):.1f}x less time" if e["seconds"] and b["seconds"] else ""
+    print(f"  ratio: {e['forward_tokens'] / b['forward_tokens']:.1f}x fewer forward tokens{times}")
     print("  mean ± se(doc)            exact                block")
     for key in e["means"]:
         for k in budgets:

@@ -91,6 +91,7 @@ def test_block_sizes_of_results_by_hand():
                             "window": [1]}, attrs={"reference_context": 8})
     assert block_sizes(ds) == [3, 2, 2]
     assert block_sizes(ds.drop_vars("actual_context")) == [1] * 7
+    assert block_sizes(ds.drop_vars("window").assign_coords(budget=[4])) == [3, 2, 2]  # a policy sweep
 
 
 def test_blocks_of_groups_and_checks_consecutive():

@@ -48,7 +48,8 @@ def block_sizes(ds: xr.Dataset) -> list[int]:
     block are consecutive, with contexts c, c+1, ...). An exact run (no ``actual_context``) gives
     one block per target."""
     docs = [str(d) for d in ds["doc"].values]
-    _, context = actual_coords(ds)
+    context = (np.asarray(ds["actual_context"].values, np.int64) if "actual_context" in ds.coords
+               else np.zeros(len(docs), np.int64))  # [n]; an exact run: every target its own block
     sizes: list[int] = []
     for i in range(len(docs)):
         if i == 0 or docs[i] != docs[i - 1] or context[i] != context[i - 1] + 1:
