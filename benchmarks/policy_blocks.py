@@ -76,9 +76,9 @@ def main() -> None:
         path = out_dir / f"{args.semantics}-{protocol}.nc"
         cfg = MeasureConfig(model=args.model, domain=args.domain, semantics=args.semantics, policies=policies,
                             budgets=budgets, reference_context=args.reference_context,
-                            targets_per_doc=args.targets_per_doc, max_docs=args.docs, protocol=protocol,
-                            block_fraction=args.block_fraction, block_size=args.block_size, out=str(path),
-                            overwrite=True, progress=False)
+                            targets_per_doc=args.targets_per_doc, max_docs=args.docs, protocol=protocol, out=str(path),
+                            overwrite=True, progress=False,
+                            **({"block_fraction": args.block_fraction, "block_size": args.block_size} if protocol == "block" else {}))
         seconds = None
         if not (args.reuse and path.exists()):
             start = time.perf_counter()

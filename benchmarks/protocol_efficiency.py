@@ -262,9 +262,10 @@ def main() -> None:
         if given:
             path = reused = Path(given)
         else:
+            block = {"block_fraction": args.block_fraction, "block_size": args.block_size} if protocol == "block" else {}
             cfg = MeasureConfig(model=args.model, domain=args.domain, reference_context=N, targets_per_doc=tpd,
-                                max_docs=args.docs, protocol=protocol, block_fraction=args.block_fraction,
-                                block_size=args.block_size, out=str(path), overwrite=True, progress=False)
+                                max_docs=args.docs, protocol=protocol, out=str(path), overwrite=True, progress=False,
+                                **block)
             start = time.perf_counter()
             run_measure(cfg, loaded)
             seconds = round(time.perf_counter() - start, 1)

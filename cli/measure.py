@@ -21,7 +21,7 @@ def measure(
     windows: Optional[List[str]] = typer.Option(None, help="Windows w, repeated or comma-separated (default: powers of two from 1 to N/2)."),
     sinks: Optional[int] = typer.Option(None, help="First tokens of the reference context kept in front of every window (default 0; with --policy: sinks of sink_recent/poisson, default 4)."),
     positions: str = typer.Option("original", help="original (kept tokens keep their position ids) or reindexed."),
-    targets_per_doc: int = typer.Option(8, help="Targets drawn per document."),
+    targets_per_doc: int = typer.Option(8, help="Targets drawn per document (with --protocol block they come in blocks of at most this many consecutive targets)."),
     max_docs: Optional[int] = typer.Option(None, help="Use at most this many (long enough) documents."),
     seed: int = typer.Option(0, help="Seed of the target draw (and of randomized policies unless --policy-seed is given)."),
     device: str = typer.Option("auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),

@@ -194,8 +194,8 @@ def test_block_and_exact_alphas_agree_on_the_synthetic_source(tmp_path):
     alphas, samples = {}, {}
     for protocol in ("exact", "block"):
         cfg = MeasureConfig(model="synthetic:0.5:512", reference_context=128, max_docs=24, protocol=protocol,
-                            block_size=8, windows=[2, 4, 8, 16, 32, 64], out=str(tmp_path / f"{protocol}.nc"),
-                            progress=False, docs_per_shard=64)
+                            block_size=8 if protocol == "block" else 64, windows=[2, 4, 8, 16, 32, 64],
+                            out=str(tmp_path / f"{protocol}.nc"), progress=False, docs_per_shard=64)
         run_measure(cfg)
         report = fit_results([cfg.out], FitConfig(metrics=("tv",), families=("power",), fit_range=(4, 32), n_boot=200))
         fit = report.results[0].fits[0]
@@ -227,6 +227,8 @@ def test_block_and_exact_alphas_agree_on_the_synthetic_source(tmp_path):
     (["--protocol", "block", "--policy", "suffix", "--semantics", "streaming", "--chunk", "4"], "needs --chunk 1"),
     (["--protocol", "block", "--policy", "suffix,random", "--semantics", "reencode"], "use --protocol exact"),
     (["--protocol", "nope"], "--protocol must be one of"),
+    (["--block-size", "8"], "--block-size set the block protocol's passes; they need --protocol block"),
+    (["--block-fraction", "0.25", "--block-size", "8"], "--block-fraction and --block-size set the block protocol"),
 ])
 def test_bad_block_options_exit_2_with_one_line(tmp_path, args, fragment):
     result = CliRunner().invoke(app, ["measure", "--out", str(tmp_path / "x.nc"), "--no-progress", *args])
@@ -315,7 +317,9 @@ def test_show_header_names_the_block_protocol():
     assert format_results_header("f.nc", exact, 10).endswith("reference context 1024, 10 targets")
     stream = format_results_header("f.nc", {**attrs, "semantics": "streaming", "block_extra_context": np.int64(63)}, 10)
     assert stream.endswith("protocol block (blocks of up to 64 consecutive targets, one stream per block and budget, "
-                           "shared by its targets (and its draws); reference contexts 1024..1087)")
+                           "shared by its targets (and, for random policies, its draws); reference contexts 1024..1087)")
+    own = format_results_header("f.nc", attrs, 10, contexts=(1017, 1024))  # a file of shorter blocks: its own contexts
+    assert own.endswith("reference contexts 1017..1024)")
     prefill = format_results_header("f.nc", {**attrs, "semantics": "prefill_evict"}, 10)
     assert prefill.endswith("one prefill per block, one decode of its targets per budget; reference contexts 961..1024)")
 
@@ -356,3 +360,9 @@ def test_block_run_from_the_command_line_names_its_protocol(tmp_path):
     assert list(np.diff(np.sort(ds["position"].values))) == [1] * 7
     assert (ds["actual_window"].sel(window=8).values == 8).all()
     assert sorted(set(ds["actual_window"].sel(window=32).values.tolist())) == [32, 33, 34, 35]
+    shown = CliRunner().invoke(app, ["show", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert "reference contexts 64..71)" in shown.output  # the file's own: N .. N+7 (the model has room beyond N = 64)
+    fitted = CliRunner().invoke(app, ["fit", str(out), "--bootstrap", "0", "--fit-range", "8:32"])
+    assert fitted.exit_code == 0, fitted.output
+    assert "protocol block, fitted at the mean actual window of each bin" in fitted.output, fitted.output

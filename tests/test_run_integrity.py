@@ -153,3 +153,16 @@ def test_a_file_finished_while_waiting_for_the_lock_is_not_overwritten(tiny_llam
     with pytest.raises(MeasureError, match="already exists: pass --overwrite"):
         run_measure(cfg(tiny_llama_dir, corpus_dir, out))
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["r.nc"]
+
+
+def test_progress_total_grows_to_the_tokens_done(capsys):
+    """The planned total is an estimate: a run that needs more tokens never prints done > total or a
+    negative ETA."""
+    from truncsens.engine.shards import ShardProgress
+
+    with ShardProgress(100, "measure", True, 2) as p:
+        p.shard_done(60)
+        p.shard_done(50)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert "shard 1/2 done, 60/100 tokens" in lines[0]
+    assert "shard 2/2 done, 110/110 tokens" in lines[1] and lines[1].endswith("ETA 0 s"), lines

@@ -19,26 +19,30 @@ if TYPE_CHECKING:  # type hints only
 # ----------------------------------------------------------------------------- show
 
 
-def format_results_header(file: str, attrs: dict, n_targets: int) -> str:
+def format_results_header(file: str, attrs: dict, n_targets: int, contexts: tuple[int, int] | None = None) -> str:
     """The first line of ``show``: model, corpus, semantics, positions, sinks, N, number of targets, and
-    the protocol when it is not the exact one (block: the longest block, K fraction and cap)."""
+    the protocol when it is not the exact one (block: the longest block, K fraction and cap, and the
+    file's ``contexts``, its shortest and longest actual reference context, when given)."""
     a = attrs
     return (f"{file}: model {a['model']}, corpus {a['corpus']} ({a['domain']}), semantics {a['semantics']}, "
             f"positions {a['positions']}, sinks {a['n_sink']}, reference context {a['reference_context']}, "
-            f"{n_targets} targets" + protocol_note(a))
+            f"{n_targets} targets" + protocol_note(a, contexts))
 
 
-def protocol_note(attrs: dict) -> str:
+def protocol_note(attrs: dict, contexts: tuple[int, int] | None = None) -> str:
     """``""`` for the exact protocol (also files from before the attr); for the block protocol
     ``"; protocol block (...)"`` with its parameters (:mod:`truncsens.engine.block_runs`): windows per
-    pass for a re-encode sweep, the shared stream or prefill for a streaming / prefill_evict policy sweep."""
+    pass for a re-encode sweep, the shared stream or prefill for a streaming / prefill_evict policy
+    sweep; reference contexts ``contexts`` (the file's own), else the range a full block would have."""
     if attrs.get("protocol", "exact") == "exact":
         return ""
     B, e, N = attrs.get("block_length"), attrs.get("block_extra_context", 0), attrs.get("reference_context")
     known = all(isinstance(v, numbers.Integral) for v in (B, e, N))  # NetCDF attrs may be numpy integers
-    contexts = f"{int(N) + int(e) - int(B) + 1}..{int(N) + int(e)}" if known else "per target"
+    span = f"{contexts[0]}..{contexts[1]}" if contexts else (f"{int(N) + int(e) - int(B) + 1}..{int(N) + int(e)}"
+                                                             if known else "per target")
+    contexts = span
     blocks = f"blocks of up to {B if B is not None else '?'} consecutive targets"
-    passes = {"streaming": "one stream per block and budget, shared by its targets (and its draws)",
+    passes = {"streaming": "one stream per block and budget, shared by its targets (and, for random policies, its draws)",
               "prefill_evict": "one prefill per block, one decode of its targets per budget"}.get(attrs.get("semantics", ""))
     if passes:  # a policy sweep: budgets are exact, one pass serves the whole block
         return f"; protocol {attrs['protocol']} ({blocks}, {passes}; reference contexts {contexts})"
@@ -85,7 +89,8 @@ def format_summary(rows: list[dict], sweep: str) -> str:
 def format_results_summary(summary: Any) -> str:
     """What ``show`` prints for a :class:`truncsens.summary.ResultsSummary` (typed loosely: summary imports
     this module): :func:`format_results_header`, then :func:`format_summary`."""
-    return format_results_header(summary.file, summary.attrs, summary.n_targets) + "\n" + format_summary(summary.rows, summary.sweep)
+    return (format_results_header(summary.file, summary.attrs, summary.n_targets, summary.contexts) + "\n"
+            + format_summary(summary.rows, summary.sweep))
 
 
 # ----------------------------------------------------------------------------- fit
@@ -137,8 +142,18 @@ def _curve_line(c: dict) -> str:
             f"{c['n_targets']} targets; fit {c['sweep']}s {c['fit_range'][0]}..{c['fit_range'][1]}, held out "
             + (f"{hold[0]}..{hold[1]}" if hold else "none")
             + (f"; excluded (zero, noise floor, infinite or no mean): {excl}" if excl else "")
-            + (f"; protocol {c['provenance']['protocol']}, fitted at the mean actual window of each {c['sweep']}"
-               if c["provenance"].get("protocol", "exact") != "exact" else ""))
+            + _protocol_words(c))
+
+
+def _protocol_words(c: dict) -> str:
+    """How a block-protocol curve was fitted: at the mean actual window (budget) of each bin when
+    the file records actual windows; budgets of a streaming / prefill_evict policy sweep are exact."""
+    protocol = c["provenance"].get("protocol", "exact")
+    if protocol == "exact":
+        return ""
+    if any("fit_x" in m for m in c["metrics"].values()):
+        return f"; protocol {protocol}, fitted at the mean actual {c['sweep']} of each bin"
+    return f"; protocol {protocol} (exact {c['sweep']}s)"
 
 
 def format_fit_report(doc: dict) -> str:

@@ -110,6 +110,7 @@ class ResultsSummary:
     n_targets: int
     sweep: str
     rows: list[dict]
+    contexts: tuple[int, int] | None = None  # (shortest, longest) actual reference context of a block-protocol file
 
     def to_json(self) -> dict:
         """JSON-safe dict ``{"file", "attrs", "sweep", "rows"}``: numpy scalars to Python, NaN (se of one
@@ -124,4 +125,8 @@ def summarize_file(path: str | Path, metrics: list[str] | None = None) -> Result
         FileNotFoundError, ResultsError: as :func:`truncsens.results.load`; ValueError: an unknown metric.
     """
     ds = load(path)
-    return ResultsSummary(str(path), dict(ds.attrs), int(ds.sizes["target"]), sweep_dim(ds), summarize(ds, metrics))
+    contexts = None
+    if "actual_context" in ds.coords and ds.sizes["target"]:
+        contexts = (int(ds["actual_context"].min()), int(ds["actual_context"].max()))
+    return ResultsSummary(str(path), dict(ds.attrs), int(ds.sizes["target"]), sweep_dim(ds), summarize(ds, metrics),
+                          contexts)

@@ -95,7 +95,8 @@ class MeasureConfig:
         MeasureError: a count below 1 (``--chunk`` and ``--draws`` included), negative sinks, an unknown split or
             position mode, windows together with policies, budgets or semantics without policies,
             a chunk other than 1 outside ``streaming``, an unknown protocol, a block fraction outside
-            (0, 1], a block size below 1, ``--protocol block`` with a reencode policy sweep other than
+            (0, 1], a block size below 1, a block fraction or size other than the default without
+            ``--protocol block``, ``--protocol block`` with a reencode policy sweep other than
             one of :data:`BLOCK_POLICIES`, or under streaming / prefill_evict with a ``kvpress:``
             policy, ``--positions reindexed``, ``--granularity head`` or ``--chunk`` above 1 (each
             message names ``--protocol exact``), ``granularity`` other than token or
@@ -213,6 +214,11 @@ class MeasureConfig:
         if self.block_size < 1:
             raise MeasureError(f"--block-size must be at least 1, got {self.block_size}")
         if self.protocol != "block":
+            given = [f"--{name.replace('_', '-')}" for name, default in
+                     (("block_fraction", DEFAULT_BLOCK_FRACTION), ("block_size", DEFAULT_BLOCK_SIZE)) if getattr(self, name) != default]
+            if given:
+                raise MeasureError(f"{' and '.join(given)} set the block protocol's passes; they need --protocol block "
+                                   f"(this run uses --protocol {self.protocol})")
             return
         window_like = self.policies is None or (len(self.policies) == 1 and self.policies[0] in BLOCK_POLICIES)
         if self.semantics == "reencode":

@@ -219,8 +219,13 @@ class ShardProgress:
             self.bar.close()
 
     def update(self, tokens: int) -> None:
-        """``tokens`` more forward tokens processed."""
+        """``tokens`` more forward tokens processed (the total is an estimate from the plan: it grows
+        to the tokens done when a run needs more, so the count never passes it)."""
         self.done += tokens
+        if self.done > self.total:
+            self.total = self.done
+            if self.bar is not None:
+                self.bar.total = self.total
         if self.bar is not None:
             self.bar.update(tokens)
 
@@ -230,6 +235,6 @@ class ShardProgress:
         self.shards += 1
         if self.enabled and not self.interactive:
             elapsed = time.monotonic() - self.start
-            eta = f"ETA {elapsed / self.done * (self.total - self.done):.0f} s" if self.done and not reused else "ETA -"
+            eta = f"ETA {elapsed / self.done * max(0, self.total - self.done):.0f} s" if self.done and not reused else "ETA -"
             print(f"{self.desc}: shard {self.shards}/{self.n_shards} {'reused' if reused else 'done'}, "
                   f"{self.done}/{self.total} tokens, {elapsed:.0f} s elapsed, {eta}", file=sys.stderr, flush=True)
