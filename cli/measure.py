@@ -90,10 +90,13 @@ def _run_and_report(run, cfg) -> None:
             if "policies" in extra else "windows")
     if "protocol" in extra:
         what = f"{extra['protocol']} protocol, {what}"
+    points = (", ".join(str(v) for v in summary.sweep) if len(summary.sweep) <= 3
+              else f"{summary.sweep[0]}..{summary.sweep[-1]}")  # a few points listed, a range otherwise
     typer.echo(
-        f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} documents "
+        f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} "
+        f"document{'' if summary.n_docs == 1 else 's'} "
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
-        f"{what} {summary.sweep[0]}..{summary.sweep[-1]}"
+        f"{what} {points}"
         + (f", {summary.shards_reused} shards reused" if summary.shards_reused else ""))
     typer.echo(format_table(summarize(results.load(summary.path), ["tv", "kl"]), summary.sweep_dim))
 

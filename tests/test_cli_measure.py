@@ -50,7 +50,7 @@ def test_measure_happy_path(measured, corpus_dir):
     assert not Path(str(out) + ".shards").exists()  # shards merged and removed
     first = result.stdout.splitlines()[0]
     # 6 documents, 8 targets each (every fixture document is longer than 64 + 8 tokens)
-    assert first == f"wrote {out}: 48 targets from 6 documents (0 of 6 too short for N=64), windows 1..16"
+    assert first == f"wrote {out}: 48 targets from 6 documents (0 of 6 too short for N=64), windows 1, 4, 16"
     assert "\ntv\n" in "\n" + result.stdout and "\nkl\n" in result.stdout
     ds = results.load(out)
     for m in METRICS:

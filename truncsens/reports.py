@@ -138,9 +138,11 @@ def _comparison_line(c: dict) -> str:
 def _curve_line(c: dict) -> str:
     hold = c["holdout_range"]
     excl = {m: v["excluded_points"] for m, v in c["metrics"].items() if v["excluded_points"]}  # reasons: the curve's notes
+    points = next(iter(c["metrics"].values()), {}).get("points", [])
+    held = hold and any(hold[0] <= p <= hold[1] for p in points)
     return (f"{c['label']}: model {c['provenance'].get('model', '?')}, N={c['reference_context']}, {c['n_docs']} documents, "
             f"{c['n_targets']} targets; fit {c['sweep']}s {c['fit_range'][0]}..{c['fit_range'][1]}, held out "
-            + (f"{hold[0]}..{hold[1]}" if hold else "none")
+            + (f"{hold[0]}..{hold[1]}" if held else f"none (no {c['sweep']} in {hold[0]}..{hold[1]})" if hold else "none")
             + (f"; excluded (zero, noise floor, infinite or no mean): {excl}" if excl else "")
             + _protocol_words(c))
 
