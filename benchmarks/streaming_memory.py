@@ -56,7 +56,11 @@ forward took 1.2 s (evict) vs 1.5 s (dense). Use ``--threads 1`` on a busy machi
       dense  sink_recent  mem(4096)/mem(1024)  10.0
 
 The decisions (``decide s``: :func:`truncsens.policies.streaming.run_stream`, one policy step per
-token) now dominate the time at 16k; the forward grows linearly.
+token) dominated the time at 16k in those runs; the forward grows linearly. ``suffix`` and
+``sink_recent`` now take their eviction steps in closed form
+(:func:`truncsens.policies.streaming.recent_eviction_steps`, equal to the loop: tests/test_policies.py):
+0.002 s at 4k and under 0.1 s at 16k and 32k tokens, against 1.3 s for the loop at 4k (1 thread);
+``random`` still runs the loop.
 """
 
 from __future__ import annotations

@@ -133,6 +133,13 @@ class Policy:
         """[end] bool keys surely kept at a chunk end of ``end`` processed tokens (default: none)."""
         return torch.zeros(end, dtype=torch.bool, device=device)
 
+    def eviction_steps(self, budget: int, context_len: int, chunk: int, device) -> torch.Tensor | None:
+        """[T] int64 streaming eviction step of every key, the same for every sequence, when the
+        policy's decisions follow from positions alone (``suffix``, ``sink_recent``:
+        :func:`truncsens.policies.streaming.recent_eviction_steps`); None (the default) when
+        :func:`~truncsens.policies.streaming.run_stream` must decide chunk by chunk."""
+        return None
+
     def stream_value(self, view: "StreamView") -> torch.Tensor:  # pragma: no cover - abstract
         """[B, end] float: the higher, the later a key is evicted (see :meth:`evict`)."""
         raise NotImplementedError(f"policy {self.name} has no streaming eviction rule")

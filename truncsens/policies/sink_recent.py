@@ -13,6 +13,7 @@ from typing import ClassVar, Sequence
 import torch
 
 from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, expand, recent, sinks
+from truncsens.policies.streaming import recent_eviction_steps
 
 
 @dataclass
@@ -41,6 +42,10 @@ class SinkRecentPolicy(Policy):
     def stream_value(self, view: StreamView) -> torch.Tensor:
         """[B, end] the key's position: the oldest non-sink key is evicted first."""
         return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
+
+    def eviction_steps(self, budget: int, context_len: int, chunk: int, device) -> torch.Tensor:
+        """[T] int64 eviction steps in closed form (:func:`~truncsens.policies.streaming.recent_eviction_steps`)."""
+        return recent_eviction_steps(self.n_sink, budget, context_len, chunk, device)
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:

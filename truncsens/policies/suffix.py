@@ -12,6 +12,7 @@ from typing import ClassVar, Sequence
 import torch
 
 from truncsens.policies.base import Kept, Policy, StreamView, expand, recent
+from truncsens.policies.streaming import recent_eviction_steps
 
 
 @dataclass
@@ -24,6 +25,10 @@ class SuffixPolicy(Policy):
     def stream_value(self, view: StreamView) -> torch.Tensor:
         """[B, end] the key's position: the oldest is evicted first."""
         return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
+
+    def eviction_steps(self, budget: int, context_len: int, chunk: int, device) -> torch.Tensor:
+        """[T] int64 eviction steps in closed form (:func:`~truncsens.policies.streaming.recent_eviction_steps`)."""
+        return recent_eviction_steps(0, budget, context_len, chunk, device)
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:
