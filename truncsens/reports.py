@@ -40,15 +40,14 @@ def protocol_note(attrs: dict, contexts: tuple[int, int] | None = None) -> str:
     known = all(isinstance(v, numbers.Integral) for v in (B, e, N))  # NetCDF attrs may be numpy integers
     span = f"{contexts[0]}..{contexts[1]}" if contexts else (f"{int(N) + int(e) - int(B) + 1}..{int(N) + int(e)}"
                                                              if known else "per target")
-    contexts = span
     blocks = f"blocks of up to {B if B is not None else '?'} consecutive targets"
     passes = {"streaming": "one stream per block and budget, shared by its targets (and, for random policies, its draws)",
               "prefill_evict": "one prefill per block, one decode of its targets per budget"}.get(attrs.get("semantics", ""))
     if passes:  # a policy sweep: budgets are exact, one pass serves the whole block
-        return f"; protocol {attrs['protocol']} ({blocks}, {passes}; reference contexts {contexts})"
+        return f"; protocol {attrs['protocol']} ({blocks}, {passes}; reference contexts {span})"
     return (f"; protocol {attrs['protocol']} ({blocks}, "
             f"K = max(1, min({attrs.get('block_size', '?')}, floor({attrs.get('block_fraction', '?')} w))) per pass; "
-            f"actual windows w..w+K-1, reference contexts {contexts})")
+            f"actual windows w..w+K-1, reference contexts {span})")
 
 
 def format_summary(rows: list[dict], sweep: str) -> str:
