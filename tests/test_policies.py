@@ -218,29 +218,32 @@ def test_snapkv_window_scores_by_hand():
     torch.testing.assert_close(got[0, 0], want)
 
 
-@pytest.mark.parametrize("name", ["suffix", "sink_recent"])
+@pytest.mark.parametrize("name", ["suffix", "sink_recent", "random"])
 def test_closed_form_eviction_steps_equal_the_stream_loop(name):
-    """suffix / sink_recent evict in closed form (O(T)); the generic loop, step by step, agrees for
-    every context length, budget, chunk and number of sinks tried."""
+    """suffix / sink_recent (closed form, O(T)) and random (a heap of priorities, O(T log k)) take
+    their eviction steps without the per-step loop; the generic loop, step by step, agrees for every
+    context length, budget, chunk, number of sinks and seed tried."""
     from truncsens.policies.streaming import ChunkStats, run_stream
 
     checked = 0
-    for n_sink in ([0] if name == "suffix" else [0, 1, 3]):
+    for n_sink in ([0, 1, 3] if name == "sink_recent" else [0]):
         policy = make_policy(name, n_sink=n_sink)
         for T in (1, 2, 3, 5, 9, 17, 30):
             for k in range(policy.min_budget(), T + 1):
                 for chunk in (1, 2, 3, 7):
-                    loop = run_stream(policy, k, T, chunk, [0, 1], lambda s, e, alive, offset: ChunkStats())
-                    steps = policy.eviction_steps(k, T, chunk, "cpu")  # [T]
-                    assert torch.equal(loop.evict, steps.expand(2, T)), (n_sink, T, k, chunk, loop.evict[0], steps)
+                    seeds = [0, 1, 2 + T + 100 * k]
+                    loop = run_stream(policy, k, T, chunk, seeds, lambda s, e, alive, offset: ChunkStats())
+                    steps = policy.eviction_steps(k, T, chunk, seeds, "cpu")  # [B, T]
+                    assert torch.equal(loop.evict, steps), (n_sink, T, k, chunk, loop.evict[0], steps[0])
                     checked += 1
-    assert checked >= 268  # every (T, k, chunk) of suffix alone is 268 cases
+    assert checked >= 268  # every (T, k, chunk) of one policy is 268 cases
+    assert make_policy("random", per_query=True).eviction_steps(2, 5, 1, [0], "cpu") is None
 
 
 def test_closed_form_eviction_steps_by_hand():
     # suffix, k = 3, chunk 1, T = 6: after token e the cache keeps e-2 .. e-1, so key j goes at step j + 3;
     # keys 3..5 are never evicted before the query (prompt ends at T - 1 = 5: key 2 at 5, keys 3.. stay)
-    assert make_policy("suffix").eviction_steps(3, 6, 1, "cpu").tolist() == [3, 4, 5, 6, 6, 6]
+    assert make_policy("suffix").eviction_steps(3, 6, 1, [0], "cpu").tolist() == [[3, 4, 5, 6, 6, 6]]
     # sink_recent with 1 sink, k = 3, chunk 2, T = 8: sink never goes; key j >= 1 is due at j + 2, at the
     # next multiple of 2 below 7, else at 7 (the prompt's end); keys due after 7 stay
-    assert make_policy("sink_recent", n_sink=1).eviction_steps(3, 8, 2, "cpu").tolist() == [8, 4, 4, 6, 6, 7, 8, 8]
+    assert make_policy("sink_recent", n_sink=1).eviction_steps(3, 8, 2, [0, 1], "cpu").tolist() == [[8, 4, 4, 6, 6, 7, 8, 8]] * 2

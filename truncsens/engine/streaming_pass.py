@@ -45,8 +45,8 @@ ONLINE_ATTENTION_KINDS = ("attention", "last_attention")  # score kinds read fro
 def decide_offline(policy: Policy, budget: int, context_len: int, chunk: int, seeds: Sequence[int],
                    device: torch.device | str) -> Evictions:
     """Eviction steps of a policy that reads no scores (no model run): in closed form when the policy
-    has one (:meth:`~truncsens.policies.base.Policy.eviction_steps`: O(T)), else by
-    :func:`~truncsens.policies.streaming.run_stream` (O(T) per step).
+    has one (:meth:`~truncsens.policies.base.Policy.eviction_steps`: O(T) for suffix and sink_recent,
+    O(T log k) for random), else by :func:`~truncsens.policies.streaming.run_stream` (O(T) per step).
 
     Returns:
         :class:`Evictions` with evict and offset [B, T] (B = ``len(seeds)``).
@@ -54,11 +54,10 @@ def decide_offline(policy: Policy, budget: int, context_len: int, chunk: int, se
     Raises:
         PolicyError: a bad budget or chunk.
     """
-    steps = policy.eviction_steps(budget, context_len, chunk, device)
+    policy.check(budget, context_len)
+    steps = policy.eviction_steps(budget, context_len, chunk, seeds, device)  # [B, T] or None
     if steps is not None:
-        policy.check(budget, context_len)
-        B = len(seeds)
-        return Evictions(steps.expand(B, context_len).clone(), torch.zeros(B, context_len, device=device))
+        return Evictions(steps, torch.zeros(steps.shape, dtype=torch.float32, device=device))
     return run_stream(policy, budget, context_len, chunk, seeds, lambda s, e, alive, offset: ChunkStats(), device)
 
 

@@ -133,11 +133,14 @@ class Policy:
         """[end] bool keys surely kept at a chunk end of ``end`` processed tokens (default: none)."""
         return torch.zeros(end, dtype=torch.bool, device=device)
 
-    def eviction_steps(self, budget: int, context_len: int, chunk: int, device) -> torch.Tensor | None:
-        """[T] int64 streaming eviction step of every key, the same for every sequence, when the
-        policy's decisions follow from positions alone (``suffix``, ``sink_recent``:
-        :func:`truncsens.policies.streaming.recent_eviction_steps`); None (the default) when
-        :func:`~truncsens.policies.streaming.run_stream` must decide chunk by chunk."""
+    def eviction_steps(self, budget: int, context_len: int, chunk: int, seeds: Sequence[int],
+                       device) -> torch.Tensor | None:
+        """[B, T] int64 streaming eviction step of every key of B = ``len(seeds)`` sequences, computed
+        without the per-step loop when the policy's decisions need no model statistics: from positions
+        alone (``suffix``, ``sink_recent``: :func:`truncsens.policies.streaming.recent_eviction_steps`)
+        or from the keys' priorities (``random``); None (the default) when
+        :func:`~truncsens.policies.streaming.run_stream` must decide chunk by chunk. Equal to what
+        run_stream decides (tests/test_policies.py)."""
         return None
 
     def stream_value(self, view: "StreamView") -> torch.Tensor:  # pragma: no cover - abstract

@@ -7,12 +7,14 @@ the token being processed, so every cache holds it.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 import torch
 
 from truncsens.policies.base import PER_QUERY_DRAWS, Kept, Policy, StreamView, causal, smallest_k, uniforms
+from truncsens.policies.streaming import chunk_bounds
 
 
 @dataclass
@@ -48,6 +50,32 @@ class RandomPolicy(Policy):
     def stream_value(self, view: StreamView) -> torch.Tensor:
         """[B, end] minus the key's priority ``u_j`` (drawn once per key): the highest priority goes first."""
         return -view.uniforms
+
+    def eviction_steps(self, budget: int, context_len: int, chunk: int, seeds: Sequence[int],
+                       device) -> torch.Tensor | None:
+        """[B, T] int64 streaming eviction steps without the per-step loop (None with ``per_query``).
+
+        At every chunk end e < T the cache keeps the k - 1 keys of lowest priority among those it
+        holds; since an evicted key had k - 1 lower priorities in the cache, and the cache only gets
+        lower ones, this is the k - 1 lowest priorities of all keys 0..e-1. One max-heap of the kept
+        priorities per sequence gives every key's step in O(T log k) (chunk ends of
+        :func:`~truncsens.policies.streaming.chunk_bounds`); keys never evicted get T."""
+        if self.per_query:
+            return None
+        T = context_len
+        u = uniforms(seeds, (T,), "cpu")  # [B, T] the priorities run_stream draws
+        steps = torch.full((len(seeds), T), T, dtype=torch.long)  # [B, T]
+        ends = [e for _, e in chunk_bounds(T, chunk) if e < T]  # the prompt chunk ends (eviction points)
+        for b, row in enumerate(u.tolist()):
+            heap: list[tuple[float, int]] = []  # (-u_j, j): the highest priority on top
+            start = 0
+            for e in ends:
+                for j in range(start, e):
+                    heapq.heappush(heap, (-row[j], j))
+                start = e
+                while len(heap) > budget - 1:
+                    steps[b, heapq.heappop(heap)[1]] = e
+        return steps.to(device)
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:

@@ -43,9 +43,11 @@ class SinkRecentPolicy(Policy):
         """[B, end] the key's position: the oldest non-sink key is evicted first."""
         return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
 
-    def eviction_steps(self, budget: int, context_len: int, chunk: int, device) -> torch.Tensor:
-        """[T] int64 eviction steps in closed form (:func:`~truncsens.policies.streaming.recent_eviction_steps`)."""
-        return recent_eviction_steps(self.n_sink, budget, context_len, chunk, device)
+    def eviction_steps(self, budget: int, context_len: int, chunk: int, seeds: Sequence[int], device) -> torch.Tensor:
+        """[B, T] int64 eviction steps in closed form, the same for every sequence
+        (:func:`~truncsens.policies.streaming.recent_eviction_steps`)."""
+        steps = recent_eviction_steps(self.n_sink, budget, context_len, chunk, device)  # [T]
+        return steps.expand(len(seeds), context_len).clone()  # [B, T]
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:
