@@ -49,6 +49,22 @@ def save_tiny_llama(path, max_positions: int = 256, seed: int = 0) -> str:
     return str(path)
 
 
+def sharp_tiny_llama(layers: int = 2, seed: int = 0):
+    """An in-memory random Llama (vocab 64, hidden 32, 4 query / 2 key-value heads, RoPE) with weights
+    drawn at std 0.3, so that attention is peaked and evicting a key visibly moves the output."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return model
+
+
 def save_tiny_gpt2(path, max_positions: int = 256, seed: int = 0) -> str:
     """Save a random 2-layer GPT-2 (learned absolute positions) and tokenizer to ``path``."""
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -7,6 +7,7 @@ full logits. The benchmarks time the engine against them too.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -36,6 +37,24 @@ def _layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _n_layers(cache) -> int:
     return len(cache.layers) if hasattr(cache, "layers") else len(cache.key_cache)
+
+
+@contextlib.contextmanager
+def _eager(model, wanted: bool = True):
+    """Run ``model`` with eager attention (attention weights returned) while inside, if ``wanted``."""
+    before = model.config._attn_implementation
+    if wanted:
+        model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+def _chunk_steps(T: int, chunk: int) -> list[tuple[int, int]]:
+    """(start, end) of each streaming step: the prompt 0..T-2 in chunks of ``chunk``, then (T-1, T)."""
+    prompt = T - 1
+    return [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [(prompt, T)]
 
 
 def _mask_row(offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -324,13 +343,9 @@ def evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, seeds: li
     kw = _cache_keyword(model)
     kind = policy.score_kind()
     needs_attention = kind in ("attention", "last_attention")
-    before = model.config._attn_implementation
-    if needs_attention:
-        model.set_attn_implementation("eager")
-    prompt = T - 1
-    steps = [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [(prompt, T)]
+    steps = _chunk_steps(T, chunk)
     rows, evicts = [], []
-    try:
+    with _eager(model, needs_attention):
         for b in range(B):
             cache = _new_cache(model)
             cached: list[int] = []  # positions held by the cache, increasing
@@ -378,8 +393,6 @@ def evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, seeds: li
                     pruned.update(k.index_select(2, index), v.index_select(2, index), layer)
                 cache, cached = pruned, [j for j in cols if keep[j]]
             evicts.append(evict)
-    finally:
-        model.set_attn_implementation(before)
     return torch.stack(rows), torch.stack(evicts)
 
 
@@ -437,13 +450,9 @@ def head_evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, row_
     kw = _cache_keyword(model)
     kind = policy.score_kind()
     needs_attention = kind in ("attention", "last_attention")
-    before = model.config._attn_implementation
-    if needs_attention:
-        model.set_attn_implementation("eager")
-    prompt = T - 1
-    steps = [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [(prompt, T)]
+    steps = _chunk_steps(T, chunk)
     rows, evicts = [], []
-    try:
+    with _eager(model, needs_attention):
         for b in range(B):
             cache = _new_cache(model)
             alive = torch.zeros(kv, T, dtype=torch.bool)
@@ -486,8 +495,6 @@ def head_evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, row_
                 offsets[:, :e] = torch.where(step.keep, step.offset.float(), torch.zeros(kv, e))
                 drawn[:, :e] = step.drawn
             evicts.append(evict)
-    finally:
-        model.set_attn_implementation(before)
     return torch.stack(rows), torch.stack(evicts)
 
 
@@ -501,10 +508,8 @@ def head_statistics(model, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch
     """
     B, T = input_ids.shape
     _, kv = _heads(model)
-    before = model.config._attn_implementation
-    model.set_attn_implementation("eager")
     atts, norms = [], []
-    try:
+    with _eager(model):
         for b in range(B):
             cache = _new_cache(model)
             out = model(input_ids=input_ids[b : b + 1], position_ids=torch.arange(T).unsqueeze(0),
@@ -513,8 +518,6 @@ def head_statistics(model, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch
             atts.append(_kv_head_attention(out.attentions, kv))  # [Hkv, T, T]
             norms.append(torch.stack([_layer_kv(cache, l)[0][0].float().norm(dim=-1)
                                       for l in range(_n_layers(cache))]).mean(0))  # [Hkv, T]
-    finally:
-        model.set_attn_implementation(before)
     return torch.stack(atts), torch.stack(norms)
 
 

@@ -21,6 +21,7 @@ from truncsens.engine.config import MeasureConfig
 from truncsens.engine.semantics import semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import compression_ratio, parse_policy_args
+from conftest import sharp_tiny_llama
 
 T = 32
 HINT = "pip install 'truncsens[kvpress]'"
@@ -72,20 +73,6 @@ def fake_kvpress(monkeypatch):
     mod = stand_in_kvpress()
     monkeypatch.setitem(sys.modules, "kvpress", mod)
     return mod
-
-
-def tiny_llama(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
-    return model
 
 
 def ids(batch: int = 2) -> torch.Tensor:
@@ -181,7 +168,7 @@ def test_cli_one_error_line_exit_2_nothing_written(fake_kvpress, tmp_path, extra
 def test_streaming_llm_press_equals_sink_recent(fake_kvpress):
     """Every head keeps the same keys (4 sinks and the most recent): the per-head gathered decode equals
     truncsens's own sink_recent policy decoded with a mask of the full prefill cache."""
-    model, x = tiny_llama(), ids()
+    model, x = sharp_tiny_llama(), ids()
     for k in (8, 20):
         lp, keep = run(model, x, make_policy("kvpress:StreamingLLMPress"), k)
         lp_ref, keep_ref = run(model, x, make_policy("sink_recent", n_sink=4), k)
@@ -193,7 +180,7 @@ def test_streaming_llm_press_equals_sink_recent(fake_kvpress):
 
 def test_knorm_press_keeps_lowest_norm_keys_per_head(fake_kvpress):
     """Kept sets equal a naive per-(layer, head) sort of key norms; the token view keeps k keys."""
-    model, x = tiny_llama(), ids()
+    model, x = sharp_tiny_llama(), ids()
     policy, k = make_policy("kvpress:KnormPress"), 9
     sem = semantics_for("prefill_evict")
     ref = sem.reference(model, x, [policy])
@@ -228,7 +215,7 @@ def kvpress_logprobs(model, x, press, rerotated: bool) -> torch.Tensor:
 
 def test_parity_with_kvpress():
     kvpress = pytest.importorskip("kvpress", reason="NVIDIA kvpress is not installed (pip install 'truncsens[kvpress]')")
-    model, x = tiny_llama(), ids()
+    model, x = sharp_tiny_llama(), ids()
     for press_name, args in (("KnormPress", {}), ("StreamingLLMPress", {"n_sink": 4})):
         for k in (6, 17):
             ratio = compression_ratio(k, T)
@@ -244,7 +231,7 @@ def test_record_prefill_keeps_each_layers_prefill_inputs():
     """Hidden states of the prefill only (not the decode), and the cache under both keyword conventions."""
     from truncsens.engine.prefill_layers import PrefillReference, record_prefill
 
-    model, x = tiny_llama(), ids()
+    model, x = sharp_tiny_llama(), ids()
     sem = semantics_for("prefill_evict")
     with record_prefill(model) as layers:
         ref = sem.reference(model, x, [make_policy("suffix")])

@@ -19,22 +19,9 @@ from truncsens.engine.config import MeasureConfig
 from truncsens.engine.rerotation import HeadKept, RotaryError, decode_gathered, rerotate
 from truncsens.engine.semantics import SemanticsError, semantics_for
 from truncsens.policies import Kept, make_policy
+from conftest import sharp_tiny_llama
 
 T = 24
-
-
-def tiny_llama(layers: int, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
-    return model
 
 
 def ids(batch: int = 2, seed: int = 1) -> torch.Tensor:
@@ -83,7 +70,7 @@ def test_rerotate_partial_rotary_closed_form():
 
 @pytest.mark.parametrize("name,params,budget", [("suffix", {}, 8), ("sink_recent", {"n_sink": 4}, 10)])
 def test_rerotated_prefill_evict_equals_reindexed_reencode_on_one_layer(name, params, budget, monkeypatch):
-    model, x = tiny_llama(1), ids()
+    model, x = sharp_tiny_llama(1), ids()
     policy = make_policy(name, **params)
     rerotated = prefill_evict(model, x, policy, budget, "reindexed")
     assert (rerotated - reencode(model, x, policy, budget, "reindexed")).abs().max() < 1e-4
@@ -99,7 +86,7 @@ def test_rerotated_prefill_evict_equals_reindexed_reencode_on_one_layer(name, pa
 def test_gathered_decode_equals_masked_decode():
     """Token-level kept sets of different sizes per row, with logit offsets, and the same sets given per
     head: decoding on a gathered cache equals the masked decode of the full prefill cache (2 layers)."""
-    model, x = tiny_llama(2), ids(3)
+    model, x = sharp_tiny_llama(2), ids(3)
     sem = semantics_for("prefill_evict")
     g = torch.Generator().manual_seed(5)
     keep = torch.rand(3, 1, T, generator=g) < torch.tensor([0.3, 0.5, 0.8]).view(3, 1, 1)
