@@ -11,29 +11,30 @@ from typing import Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.cli.options import AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Resume, Split
 
 
 
 def certify(
-    model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id or a local checkpoint folder (a transformers model that uses the attention interface)."),
-    domain: str = typer.Option("code", help="code or nl: picks the default corpus of the domain."),
+    model: CertifyModel = "reference",
+    domain: Domain = "code",
     corpus: Optional[str] = typer.Option(None, help="Override the corpus: manifest name, .yaml manifest, folder, .txt or .jsonl."),
-    split: str = typer.Option("auto", help="heldout, train, all, or auto (held-out for builtin corpora)."),
+    split: Split = "auto",
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context (default: model maximum)."),
-    budgets: str = typer.Option("12.5%,25%,50%", help="Comma-separated budgets: token counts or percentages of N."),
-    delta: float = typer.Option(0.05, help="Miss probability of the certificates, in (0, 1); nominal coverage 1 - delta."),
-    sinks: int = typer.Option(4, help="Sinks of poisson and topk."),
+    budgets: CertifyBudgets = "12.5%,25%,50%",
+    delta: Delta = 0.05,
+    sinks: CertifySinks = 4,
     targets_per_doc: int = typer.Option(2, help="Targets drawn per document."),
     max_docs: Optional[int] = typer.Option(16, help="Use at most this many (long enough) documents."),
     seed: int = typer.Option(0, help="Seed of the target draw and the Poisson draws."),
-    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N, mps or auto."),
-    dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64."),
-    batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass."),
+    device: CertifyDevice = "cpu",
+    dtype: CertifyDtype = "float32",
+    batch_tokens: BatchTokens = None,
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>-certify.nc)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its shards."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing results file."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of tables."),
+    resume: Resume = False,
+    overwrite: Overwrite = False,
+    progress: Progress = True,
+    as_json: AsJson = False,
 ) -> None:
     """Measure the coverage and tightness of Hájek error certificates (poisson vs topk vs random)."""
     from truncsens import results

@@ -12,17 +12,18 @@ from typing import Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.cli.options import AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Split
 
 
 def certify_attribution(
-    model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id or a local checkpoint folder (a transformers model that uses the attention interface)."),
-    domain: str = typer.Option("code", help="code or nl: picks the default corpus of the domain."),
+    model: CertifyModel = "reference",
+    domain: Domain = "code",
     corpus: Optional[str] = typer.Option(None, help="Override the corpus searched for copy targets: manifest name, .yaml manifest, folder, .txt or .jsonl."),
-    split: str = typer.Option("auto", help="heldout, train, all, or auto (held-out for builtin corpora)."),
+    split: Split = "auto",
     reference_context: int = typer.Option(512, help="N: tokens of context of every target."),
-    budgets: str = typer.Option("12.5%,25%,50%", help="Comma-separated budgets: token counts or percentages of N."),
-    delta: float = typer.Option(0.05, help="Miss probability of the certificates, in (0, 1)."),
-    sinks: int = typer.Option(4, help="Sinks of poisson and topk."),
+    budgets: CertifyBudgets = "12.5%,25%,50%",
+    delta: Delta = 0.05,
+    sinks: CertifySinks = 4,
     max_docs: Optional[int] = typer.Option(16, help="Held-out documents searched for copy targets."),
     copy_per_doc: int = typer.Option(4, help="Copy targets drawn per document."),
     copy_rule: str = typer.Option("induction", help="induction (the token before the target also precedes its earlier occurrence) or token (the token alone)."),
@@ -31,13 +32,13 @@ def certify_attribution(
     trajectory: int = typer.Option(0, help="Also run a greedy trajectory of this many steps under poisson eviction and report its e-process (0: none)."),
     trajectory_budget: str = typer.Option("25%", help="Budget of the trajectory: a token count or a percentage of N."),
     seed: int = typer.Option(0, help="Seed of the target draw, the key-value documents and the Poisson draws."),
-    device: str = typer.Option("cpu", help="cpu, cuda, cuda:N, mps or auto."),
-    dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64."),
-    batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass."),
+    device: CertifyDevice = "cpu",
+    dtype: CertifyDtype = "float32",
+    batch_tokens: BatchTokens = None,
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>-attribution.nc)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing results file."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of tables."),
+    overwrite: Overwrite = False,
+    progress: Progress = True,
+    as_json: AsJson = False,
 ) -> None:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random)."""
     from truncsens.certify.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution

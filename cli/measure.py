@@ -9,13 +9,14 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.cli.options import Domain, Overwrite, Resume, Split
 
 
 def measure(
     model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id, a local checkpoint folder, or synthetic:ALPHA."),
-    domain: str = typer.Option("code", help="code or nl: picks the default corpus of the domain."),
+    domain: Domain = "code",
     corpus: Optional[str] = typer.Option(None, help="Override the corpus: shipped manifest name, .yaml manifest, folder, .txt, .jsonl, or 'synthetic'."),
-    split: str = typer.Option("auto", help="heldout, train, all, or auto (held-out for builtin corpora)."),
+    split: Split = "auto",
     text_field: str = typer.Option("text", help="Text field of a .jsonl corpus."),
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context of the reference distribution (default: model maximum)."),
     windows: Optional[List[str]] = typer.Option(None, help="Windows w, repeated or comma-separated (default: powers of two from 1 to N/2)."),
@@ -29,8 +30,8 @@ def measure(
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass (default by device; halves on out-of-memory)."),
     docs_per_shard: int = typer.Option(8, help="Documents per shard file (an interruption loses at most one shard)."),
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>.nc)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its shards."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing results file."),
+    resume: Resume = False,
+    overwrite: Overwrite = False,
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar with ETA."),
     # -- retention policies (truncsens.engine.retention): sweep budgets instead of windows --
     policy: Optional[List[str]] = typer.Option(None, help="Retention policies (suffix, sink_recent, random, poisson, h2o, tova, key_norm, snapkv, topk), repeated or comma-separated: measure D(k) at budgets instead of windows; several share the reference pass."),

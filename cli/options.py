@@ -7,14 +7,34 @@ first order kept). JSON and figures: ``--json`` prints JSON to stdout instead of
 ``--plot-out PREFIX`` says where (``PREFIX.png``, ``PREFIX.pdf``). A command that writes a file
 refuses to replace an existing one unless ``--overwrite`` is given, before computing anything
 (:func:`truncsens.fitfile.check_new_files`).
+
+Options that several commands declare alike are written once here, as ``Annotated`` types
+(``domain: Domain = "code"``): the same flag, the same help text, whatever the command.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Annotated, Callable, Optional, Sequence, TypeVar
+
+import typer
 
 T = TypeVar("T")
+
+# options shared by commands (the defaults stay in each signature: they differ between commands)
+CertifyModel = Annotated[str, typer.Option(help="'reference' (bundled), a Hugging Face id or a local checkpoint folder (a transformers model that uses the attention interface).")]
+Domain = Annotated[str, typer.Option(help="code or nl: picks the default corpus of the domain.")]
+Split = Annotated[str, typer.Option(help="heldout, train, all, or auto (held-out for builtin corpora).")]
+CertifyBudgets = Annotated[str, typer.Option(help="Comma-separated budgets: token counts or percentages of N.")]
+Delta = Annotated[float, typer.Option(help="Miss probability of the certificates, in (0, 1); nominal coverage 1 - delta.")]
+CertifySinks = Annotated[int, typer.Option(help="Sinks of poisson and topk.")]
+CertifyDevice = Annotated[str, typer.Option(help="cpu, cuda, cuda:N, mps or auto.")]
+CertifyDtype = Annotated[str, typer.Option(help="float32, bfloat16, float16 or float64.")]
+BatchTokens = Annotated[Optional[int], typer.Option(help="Token budget of one forward pass.")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its shards.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing results file.")]
+Progress = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress on stderr.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
 
 
 def split_list(values: Optional[Sequence[str]], what: str) -> Optional[list[str]]:
