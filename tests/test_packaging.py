@@ -3,8 +3,11 @@ an editable install, where the source folders stay importable)."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (the project supports 3.10: skipped there)
 
 ROOT = Path(__file__).resolve().parents[1]
 

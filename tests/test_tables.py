@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from truncsens.tables import Column, fmt_bytes, fmt_interval, fmt_level, fmt_num, render_table
+from truncsens.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
 
 
 def test_render_table_fits_columns_and_rules_the_header():
@@ -28,6 +28,8 @@ def test_number_formats():
     assert fmt_num(math.inf) == "inf" and fmt_num(-math.inf) == "-inf"  # an infinite mean is shown, never hidden
     assert fmt_interval([0.12345, 2.0], 3) == " [0.123, 2]"
     assert fmt_interval(None) == "" and fmt_interval([None, 1.0]) == "" and fmt_interval([1.0, math.inf]) == ""
+    assert fmt_estimate({"value": 0.52468, "ci": [0.4871, 0.5698]}) == "0.525 [0.487, 0.57]"
+    assert fmt_estimate({"value": 0.5, "ci": [math.nan, 0.6]}) == "0.5"  # no interval: the value alone
     assert fmt_bytes(None) == "-" and fmt_bytes(512) == "512 B" and fmt_bytes(3 * 2**20) == "3 MiB"
     assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(2**31) == "2 GiB"
     assert fmt_level(0.95) == "95%" and fmt_level(0.975) == "97.5%" and fmt_level(0.9) == "90%"

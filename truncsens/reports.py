@@ -9,7 +9,7 @@ from __future__ import annotations
 import numbers
 from typing import TYPE_CHECKING, Any, Sequence
 
-from truncsens.tables import Column, fmt_bytes, fmt_interval, fmt_level, fmt_num, render_table
+from truncsens.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
 
 if TYPE_CHECKING:  # type hints only
     from truncsens.policy_compare import PolicyComparison
@@ -104,7 +104,7 @@ def _fit_row(f: dict) -> list[str]:
     else:
         params = "  ".join(f"{k}={fmt_num(v['value'])}{fmt_interval(v['ci'], 3)}" for k, v in f["params"].items() if k != "rate")
         m = f["extrapolation_mae"]
-        mae = "-" if m is None else f"{fmt_num(m['value'], 3)}{fmt_interval(m['ci'], 3)}"
+        mae = "-" if m is None else fmt_estimate(m)
     return [f["label"], f["metric"], f["family"], params, mae, fmt_num(f.get("aic"), 5)]
 
 

@@ -61,6 +61,11 @@ def fmt_interval(ci: Sequence[float | None] | None, digits: int = 4) -> str:
     return f" [{fmt_num(ci[0], digits)}, {fmt_num(ci[1], digits)}]"
 
 
+def fmt_estimate(stat: dict, digits: int = 3) -> str:
+    """``"value [lo, hi]"`` of a ``{"value", "ci"}`` dict (:func:`fmt_num`, :func:`fmt_interval`)."""
+    return fmt_num(stat["value"], digits) + fmt_interval(stat.get("ci"), digits)
+
+
 def fmt_bytes(n: int | None) -> str:
     """A byte count in GiB/MiB/KiB with 3 significant digits (``"-"`` for None)."""
     if n is None:

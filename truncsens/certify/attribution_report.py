@@ -22,7 +22,7 @@ import numpy as np
 from truncsens.certify.attribution import (
     GATE_FRACTIONS, PAPER_AUC, by_documents, certificate_score, failures, removal_curves, verdict_above,
 )
-from truncsens.tables import Column, fmt_num, render_table
+from truncsens.tables import Column, fmt_estimate, fmt_num, render_table
 
 CURVE_FRACTIONS = np.linspace(0, 1, 41)
 
@@ -101,12 +101,6 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
     }
 
 
-def _ci(stat: dict, digits: int = 3) -> str:
-    lo, hi = stat["ci"]
-    inner = f" [{fmt_num(lo, digits)}, {fmt_num(hi, digits)}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-    return fmt_num(stat["value"], digits) + inner
-
-
 def format_attribution(s: dict) -> str:
     """Printed tables of :func:`summarize_attribution`."""
     kinds = ", ".join(f"{n} {k}" for k, n in s["n_targets_by_kind"].items())
@@ -125,13 +119,13 @@ def format_attribution(s: dict) -> str:
             Column("AUC attrib. -confidence", ">"),
             Column("AUC attrib. -conf. full", ">"), Column("AUC failure certificate", ">"),
             Column("AUC failure -confidence", ">")]
-    rows = [[name, _ci(t["auc_attribution_certificate"]), _ci(t["auc_attribution_confidence"]),
-             _ci(t["auc_attribution_confidence_ref"]), _ci(t["auc_failure_certificate"]),
-             _ci(t["auc_failure_confidence"])] for name, t in table]
+    rows = [[name, fmt_estimate(t["auc_attribution_certificate"]), fmt_estimate(t["auc_attribution_confidence"]),
+             fmt_estimate(t["auc_attribution_confidence_ref"]), fmt_estimate(t["auc_failure_certificate"]),
+             fmt_estimate(t["auc_failure_confidence"])] for name, t in table]
     lines += [render_table(cols, rows), ""]
     cols = [Column("poisson budget", ">"), Column("recompute", ">"), Column("certificate-gated", ">"),
             Column("confidence-gated", ">"), Column("random", ">")]
-    rows = [[name, f"{100 * f:g}%", _ci(t[f"removed_certificate_{f:g}"]), _ci(t[f"removed_confidence_{f:g}"]),
+    rows = [[name, f"{100 * f:g}%", fmt_estimate(t[f"removed_certificate_{f:g}"]), fmt_estimate(t[f"removed_confidence_{f:g}"]),
              fmt_num(t[f"removed_random_{f:g}"]["value"], 3)] for name, t in table for f in GATE_FRACTIONS]
     lines += ["share of eviction-caused failures removed by recomputing a share of targets [doc bootstrap]",
               render_table(cols, rows), ""]
@@ -139,11 +133,11 @@ def format_attribution(s: dict) -> str:
     paper = " / ".join(f"{a:g} at {n}" for n, a in s["paper"]["auc_attribution_certificate"].items())
     lines += ["claims of the paper (pooled over budgets) -> on this model:",
               f"  certificate tells eviction-caused from inherent failures (AUC {paper}): "
-              f"{_ci(s['pooled']['poisson']['auc_attribution_certificate'])} -> {v['certificate_attributes']}",
+              f"{fmt_estimate(s['pooled']['poisson']['auc_attribution_certificate'])} -> {v['certificate_attributes']}",
               "  output confidence at or below chance for that: "
-              f"{_ci(s['pooled']['poisson']['auc_attribution_confidence'])} -> {v['confidence_at_chance']}",
+              f"{fmt_estimate(s['pooled']['poisson']['auc_attribution_confidence'])} -> {v['confidence_at_chance']}",
               f"  confidence predicts failure better than the certificate: -(certificate - confidence) AUC "
-              f"{_ci(_flip(s['pooled']['poisson']['diff_auc_failure']))} -> {v['confidence_predicts_failure_better']}"]
+              f"{fmt_estimate(_flip(s['pooled']['poisson']['diff_auc_failure']))} -> {v['confidence_predicts_failure_better']}"]
     for f in GATE_FRACTIONS:
         lines.append(f"  certificate-gated beats random / confidence-gated at {100 * f:g}%: "
                      f"{v[f'gating_beats_random_{f:g}']} / {v[f'gating_beats_confidence_{f:g}']}")

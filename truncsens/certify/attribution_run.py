@@ -22,10 +22,10 @@ import numpy as np
 
 from truncsens import results
 from truncsens.certify.attribution import FAILURE_NLL
-from truncsens.certify.config import CertifyConfig, CertifyError, parse_budgets
+from truncsens.certify.config import CertifyConfig, CertifyError, parse_budgets, resolve_budgets
 from truncsens.certify.probe import check_model
 from truncsens.certify.run import certify_sweep, compute_arrays, shard_dataset
-from truncsens.certify.tasks import TaskSet, build_task_set, copy_vocabulary, default_min_distance
+from truncsens.certify.tasks import build_task_set, copy_vocabulary, default_min_distance
 from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError, default_out
 from truncsens.engine.measure import provenance, resolve_reference_context
@@ -105,14 +105,11 @@ class AttributionConfig:
 
 @dataclass
 class AttributionRun:
-    """What a finished run did: the results file, its Dataset, the task set, the trajectory summary."""
+    """What a finished run wrote: the results file and its Dataset (task set, budgets, N and the
+    trajectory summary are in its variables and attrs)."""
 
     path: Path
     dataset: object
-    tasks: TaskSet
-    budgets: list[int]
-    reference_context: int
-    trajectory: dict | None = None
 
 
 def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -> AttributionRun:
@@ -133,7 +130,9 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
         raise MeasureError(f"model {loaded.name!r} has no tokenizer: the attribution tasks are text")
     N = resolve_reference_context(ccfg.measure_config(), loaded)
     budgets = ccfg.resolve_budgets(N)
-    traj_budget = CertifyConfig(budgets=cfg.trajectory_budget, n_sink=cfg.n_sink).resolve_budgets(N)[0]
+    traj_budget = None
+    if cfg.trajectory:
+        traj_budget = resolve_budgets(parse_budgets(cfg.trajectory_budget), N, cfg.n_sink, "--trajectory-budget")[0]
     if cfg.trajectory and N - cfg.trajectory <= traj_budget:
         raise CertifyError(f"--trajectory {cfg.trajectory} leaves a prefix of {N - cfg.trajectory} tokens, not above "
                            f"the trajectory budget of {traj_budget} tokens; use fewer steps or a smaller "
@@ -160,17 +159,15 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     ds["source_position"] = (("target",), tasks.source)
     ds["source_position"].attrs["description"] = "position of the most recent earlier occurrence of the target token"
     ds.attrs["n_docs"] = len(set(plan.doc))
-    trajectory = None
     if cfg.trajectory:
         poisson = next(p for p in sweep.policies if p.name == "poisson")
         first = docs.used[0]
         prefix = first.ids[: N - cfg.trajectory].to(loaded.device)  # the trajectory ends within N tokens
         traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed)
-        trajectory = {"doc": first.id, **trajectory_summary(traj)}
-        ds.attrs["trajectory"] = json.dumps(trajectory)
+        ds.attrs["trajectory"] = json.dumps({"doc": first.id, **trajectory_summary(traj)})
         for name, values in (("trajectory_error", traj.error), ("trajectory_radius_step", traj.radius_step),
                              ("trajectory_radius_naive", traj.radius_naive)):
             ds[name] = (("step", "layer", "head"), values)  # [n, L, H]
         ds["trajectory_token"] = (("step",), traj.tokens.numpy())
     path = results.save(ds, cfg.out)
-    return AttributionRun(path, results.load(path), tasks, budgets, N, trajectory)
+    return AttributionRun(path, results.load(path))

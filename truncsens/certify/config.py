@@ -45,6 +45,29 @@ def parse_budgets(text: str) -> list[tuple[float, bool]]:
     return out
 
 
+def resolve_budgets(parsed: list[tuple[float, bool]], reference_context: int, n_sink: int,
+                    option: str = "--budgets") -> list[int]:
+    """Sorted unique budgets in tokens of :func:`parse_budgets` output for a reference context of N
+    tokens: a percentage p gives ``round(p/100 · N)``.
+
+    Raises:
+        CertifyError: a budget at or above N (nothing would be evicted), or at most ``n_sink``; the
+            message names ``option``.
+    """
+    N = reference_context
+    out = []
+    for value, percent in parsed:
+        k = int(round(value / 100 * N)) if percent else int(value)
+        shown = f"{option} {value:g}% of N = {k} tokens" if percent else f"{option} {k} tokens"
+        if k >= N:
+            raise CertifyError(f"budget {shown} is at or above the reference context of {N} tokens: nothing would be "
+                               "evicted; use budgets below the context")
+        if k <= n_sink:
+            raise CertifyError(f"budget {shown} leaves no room after the {n_sink} sinks; use larger budgets")
+        out.append(k)
+    return sorted(set(out))
+
+
 @dataclass
 class CertifyConfig:
     """Configuration of one certify run (token counts in tokens).
@@ -95,23 +118,13 @@ class CertifyConfig:
             self.out = str(default_out(self.model, self.corpus, self.domain, "-certify"))
 
     def resolve_budgets(self, reference_context: int) -> list[int]:
-        """Sorted unique budgets in tokens for a reference context of N tokens.
+        """Sorted unique budgets in tokens for a reference context of N tokens
+        (:func:`resolve_budgets` of ``--budgets``).
 
         Raises:
             CertifyError: a budget at or above N (nothing would be evicted), or at most ``n_sink``.
         """
-        N = reference_context
-        out = []
-        for value, percent in self.parsed_budgets:
-            k = int(round(value / 100 * N)) if percent else int(value)
-            shown = f"{value:g}% of N = {k} tokens" if percent else f"{k} tokens"
-            if k >= N:
-                raise CertifyError(f"budget {shown} is at or above the reference context of {N} tokens: nothing would be "
-                                   "evicted; use budgets below the context")
-            if k <= self.n_sink:
-                raise CertifyError(f"budget {shown} leaves no room after the {self.n_sink} sinks; use larger budgets")
-            out.append(k)
-        return sorted(set(out))
+        return resolve_budgets(self.parsed_budgets, reference_context, self.n_sink)
 
     def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
         """The equivalent :class:`MeasureConfig` (documents, targets and provenance are shared with

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from truncsens.certify.statistics import coverage, mean_by_documents, reliability, spearman_by_documents
-from truncsens.tables import Column, fmt_num, render_table
+from truncsens.tables import Column, fmt_estimate, fmt_num, render_table
 
 PAPER_COVERAGE = {12.5: 0.969, 25.0: 0.972, 50.0: 0.977}
 PAPER_SPEARMAN = 0.94
@@ -110,12 +110,6 @@ def failure_aucs(ds, n_boot: int = 200, seed: int = 0) -> dict | None:
             "n_inherent": int((a["fail_kept"] & a["fail_ref"]).sum())}
 
 
-def _auc(stat: dict) -> str:
-    lo, hi = stat["ci"]
-    inner = f" [{fmt_num(lo, 3)}, {fmt_num(hi, 3)}]" if math.isfinite(lo) and math.isfinite(hi) else ""
-    return fmt_num(stat["value"], 3) + inner
-
-
 def _pct(c: dict) -> str:
     return f"{100 * c['rate']:.1f}% [{100 * c['ci'][0]:.1f}, {100 * c['ci'][1]:.1f}]" if c["n"] else "-"
 
@@ -151,10 +145,10 @@ def format_summary(s: dict) -> str:
     if auc:
         lines += ["", f"AUC on these targets (poisson, all budgets; {auc['n_failures']} failures: {auc['n_eviction_caused']} "
                       f"eviction-caused, {auc['n_inherent']} inherent) [doc bootstrap]",
-                  f"  predicting failure:        certificate {_auc(auc['failure']['certificate'])}, "
-                  f"-confidence {_auc(auc['failure']['confidence'])} (paper: confidence better)",
-                  f"  eviction-caused vs inherent: certificate {_auc(auc['attribution']['certificate'])}, "
-                  f"-confidence {_auc(auc['attribution']['confidence'])} (paper: 0.75 / 0.73, confidence at or below chance)"]
+                  f"  predicting failure:        certificate {fmt_estimate(auc['failure']['certificate'])}, "
+                  f"-confidence {fmt_estimate(auc['failure']['confidence'])} (paper: confidence better)",
+                  f"  eviction-caused vs inherent: certificate {fmt_estimate(auc['attribution']['certificate'])}, "
+                  f"-confidence {fmt_estimate(auc['attribution']['confidence'])} (paper: 0.75 / 0.73, confidence at or below chance)"]
     lines += ["", "not measured here: " + "; ".join(s["not_measured"])]
     return "\n".join(lines)
 

@@ -42,7 +42,6 @@ from truncsens.targets import TargetSet, TokenDoc, doc_seed
 
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]+")  # two characters at least
 NUMBER = re.compile(r"[0-9]+")
-KINDS = ("copy", "kv")
 
 
 class TaskError(ValueError):
@@ -58,16 +57,11 @@ class TaskSet:
         kind: [n] "copy" or "kv".
         source: [n] int64 position (in the document) of the most recent earlier occurrence of the
             target token; the distance ``t − source`` lies in [D, N].
-        min_distance: D in tokens.
     """
 
     targets: TargetSet
     kind: list[str]
     source: np.ndarray
-    min_distance: int
-
-    def __len__(self) -> int:
-        return len(self.kind)
 
 
 def default_min_distance(reference_context: int) -> int:
@@ -252,4 +246,4 @@ def build_task_set(docs: Sequence[TokenDoc], eligible: np.ndarray, encode: Calla
         raise TaskError(f"no attribution target: no copy target at N = {N}, D = {min_distance} in {len(docs)} "
                         "documents and no key-value documents; use --kv-docs or a smaller --min-distance")
     targets = TargetSet(doc, np.asarray(position, np.int64), torch.stack(context), torch.stack(token))
-    return TaskSet(targets, kind, np.asarray(source, np.int64), min_distance)
+    return TaskSet(targets, kind, np.asarray(source, np.int64))
