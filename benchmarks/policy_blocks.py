@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from truncsens import results  # noqa: E402
 from truncsens.curves import curves_of  # noqa: E402
-from truncsens.engine.block_plan import extra_context  # noqa: E402
+from truncsens.engine.block_plan import policy_forward_tokens  # noqa: E402
 from truncsens.engine.block_runs import block_sizes  # noqa: E402
 from truncsens.engine.config import DEFAULT_BLOCK_FRACTION, DEFAULT_BLOCK_SIZE, MeasureConfig  # noqa: E402
 from truncsens.engine.measure import run_measure  # noqa: E402
@@ -44,11 +44,7 @@ def forward_tokens(ds, protocol: str, semantics: str, passes: int, max_context: 
     N, n = int(ds.attrs["reference_context"]), int(ds.sizes["target"])
     if protocol == "exact":
         return n * (N + passes * (N if semantics == "streaming" else 1))
-    total = 0
-    for size in block_sizes(ds):
-        L = N + extra_context(size, max(0, max_context - N))
-        total += L + passes * (L if semantics == "streaming" else size)
-    return total
+    return policy_forward_tokens(block_sizes(ds), N, passes, semantics == "streaming", max(0, max_context - N))
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from truncsens import results
 from truncsens.cli.main import app
 from truncsens.divergences import METRICS, all_metrics
-from truncsens.engine.block_plan import block_length
+from truncsens.engine.block_plan import block_length, policy_forward_tokens
 from truncsens.engine.block_policies import (
     check_policy_blocks, decode_block, measure_policy_blocks,
 )
@@ -292,3 +292,7 @@ def test_forward_tokens_by_hand(llama):
     got = {name: measure_policy_blocks(llama, targets, policy, [6, 12], semantics_for(name), 0, "cpu", 4096).forward_tokens
            for name in ("streaming", "prefill_evict")}
     assert got == {"streaming": 48 + 2 * 2 * 24, "prefill_evict": 48 + 2 * 5}
+    # the plan's count (progress estimates, benchmarks) is the same rule
+    assert policy_forward_tokens([4, 1], 24, 2, True) == got["streaming"]
+    assert policy_forward_tokens([4, 1], 24, 2, False) == got["prefill_evict"]
+    assert policy_forward_tokens([4], 24, 2, True, room=10) == 27 + 2 * 27  # L = N + min(B - 1, room)

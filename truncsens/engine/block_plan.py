@@ -136,6 +136,19 @@ def forward_tokens(block_sizes: list[int], reference_context: int, windows: list
     return total
 
 
+def policy_forward_tokens(block_sizes: list[int], reference_context: int, passes: int, streaming: bool,
+                          room: int = 0) -> int:
+    """Forward tokens of the block protocol for a policy sweep (:mod:`truncsens.engine.block_policies`):
+    per block of ``size`` targets, the reference pass of L = N + e tokens, then ``passes`` kept passes
+    (budgets x draws measured, summed over policies) of L tokens each under ``streaming`` (one stream
+    per block) or ``size`` tokens under prefill_evict (one decode of the block's queries)."""
+    total = 0
+    for size in block_sizes:
+        L = reference_context + extra_context(size, room)
+        total += L + passes * (L if streaming else size)
+    return total
+
+
 def exact_forward_tokens(n_targets: int, reference_context: int, windows: list[int], n_sink: int) -> int:
     """Forward tokens of the exact protocol: ``N + sum(n_sink + w)`` per target."""
     return n_targets * (reference_context + sum(n_sink + w for w in windows))

@@ -23,7 +23,9 @@ from typing import Callable
 import numpy as np
 import xarray as xr
 
-from truncsens.engine.block_plan import block_length, check_block_windows, extra_context, forward_tokens
+from truncsens.engine.block_plan import (
+    block_length, check_block_windows, extra_context, forward_tokens, policy_forward_tokens,
+)
 from truncsens.engine.block_protocol import check_block_model, choose_attention, measure_blocks
 from truncsens.engine.kernel import KernelOutput
 from truncsens.engine.measure import shard_results
@@ -146,9 +148,8 @@ def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, at
         return ds.assign_coords(actual_context=("target", out.actual_context.astype(np.int32)))
 
     size = min(B, cfg.targets_per_doc or B)
-    L = N + extra_context(size, room)
     passes = sum(draws_measured(sweep.policies, cfg.draws)) * len(sweep.budgets)
-    per_block = L + passes * (L if sweep.semantics.name == "streaming" else size)
+    per_block = policy_forward_tokens([size], N, passes, sweep.semantics.name == "streaming", room)
     per_target = max(1, per_block // size)
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
     return run_shards(
