@@ -63,6 +63,25 @@ def certificate_score(radius: np.ndarray, o_norm: np.ndarray) -> np.ndarray:
     return rel.reshape(rel.shape[0], -1).mean(axis=1)
 
 
+def target_records(ds, budget: int | None = None, policy: str = "poisson") -> dict[str, np.ndarray]:
+    """Per-target arrays of a certify results Dataset for ``policy`` at one budget (all budgets
+    stacked, budget by budget, when None): ``cert`` (:func:`certificate_score`), ``conf_kept``,
+    ``conf_ref``, ``fail_kept`` and ``fail_ref`` (:func:`failures` at the file's ``failure_nll``
+    attr, else :data:`FAILURE_NLL`) and ``doc``; each [n] (or [K·n])."""
+    threshold = float(ds.attrs.get("failure_nll", FAILURE_NLL))
+    budgets = [int(b) for b in ds["budget"].values] if budget is None else [budget]
+    token, doc = ds["token_id"].values, np.asarray(ds["doc"].values, dtype=str)
+    parts = []
+    for k in budgets:
+        sel = ds.sel(policy=policy, budget=k)
+        parts.append({
+            "cert": certificate_score(sel["radius_eb"].values, sel["attn_norm"].values),
+            "conf_kept": sel["confidence_kept"].values, "conf_ref": ds["confidence_ref"].values,
+            "fail_kept": failures(sel["argmax_kept"].values, token, sel["nll_kept"].values, threshold),
+            "fail_ref": failures(ds["argmax_ref"].values, token, sel["nll_ref"].values, threshold), "doc": doc})
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+
 def auc(scores: np.ndarray, positive: np.ndarray) -> float:
     """Mann–Whitney AUC: P(score of a positive > score of a negative) + ½ P(tie).
 

@@ -20,34 +20,16 @@ from pathlib import Path
 import numpy as np
 
 from truncsens.certify.attribution import (
-    GATE_FRACTIONS, PAPER_AUC, by_documents, certificate_score, failures, removal_curves, verdict_above,
+    GATE_FRACTIONS, PAPER_AUC, by_documents, removal_curves, target_records, verdict_above,
 )
 from truncsens.tables import Column, fmt_estimate, fmt_num, render_table
 
 CURVE_FRACTIONS = np.linspace(0, 1, 41)
 
 
-def _arrays(ds, budget: int | None) -> dict[str, np.ndarray]:
-    """Per-target arrays of poisson at one budget (all budgets stacked when None), with doc ids."""
-    budgets = [int(b) for b in ds["budget"].values] if budget is None else [budget]
-    token = ds["token_id"].values
-    parts = []
-    for k in budgets:
-        sel = ds.sel(policy="poisson", budget=k)
-        parts.append({
-            "cert": certificate_score(sel["radius_eb"].values, sel["attn_norm"].values),
-            "conf_kept": sel["confidence_kept"].values, "conf_ref": ds["confidence_ref"].values,
-            "fail_kept": failures(sel["argmax_kept"].values, token, sel["nll_kept"].values, ds.attrs["failure_nll"]),
-            "fail_ref": failures(ds["argmax_ref"].values, token, sel["nll_ref"].values, ds.attrs["failure_nll"]),
-            "doc": np.asarray(ds["doc"].values, dtype=str)})
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-
-
 def _counts(ds, policy: str, k: int) -> dict:
-    sel = ds.sel(policy=policy, budget=k)
-    token = ds["token_id"].values
-    fk = failures(sel["argmax_kept"].values, token, sel["nll_kept"].values, ds.attrs["failure_nll"])
-    fr = failures(ds["argmax_ref"].values, token, sel["nll_ref"].values, ds.attrs["failure_nll"])
+    r = target_records(ds, k, policy)
+    fk, fr = r["fail_kept"], r["fail_ref"]
     return {"failures": int(fk.sum()), "eviction_caused": int((fk & ~fr).sum()), "inherent": int((fk & fr).sum()),
             "fixed": int((~fk & fr).sum())}
 
@@ -75,16 +57,17 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
     kind = np.asarray(ds["task_kind"].values, dtype=str)
     policies = [str(p) for p in ds["policy"].values]
     rows = []
-    for k in (int(b) for b in ds["budget"].values):
-        a = _arrays(ds, k)
+    budgets = [int(b) for b in ds["budget"].values]
+    per_budget = [target_records(ds, k) for k in budgets]  # poisson, one dict of [n] arrays per budget
+    for k, a in zip(budgets, per_budget):
         stats = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"],
                              n_boot, seed)
         rows.append({"budget": k, "percent": 100 * k / N, "counts": {p: _counts(ds, p, k) for p in policies},
                      "poisson": stats, "verdicts": _verdicts(stats)})
-    a = _arrays(ds, None)
+    a = {name: np.concatenate([r[name] for r in per_budget]) for name in per_budget[0]}  # pooled: [K·n]
     pooled = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"], n_boot,
                           seed)
-    fail_ref = _arrays(ds, int(ds["budget"].values[0]))["fail_ref"]
+    fail_ref = per_budget[0]["fail_ref"]  # the full cache's failures (the same at every budget)
     traj = ds.attrs.get("trajectory")
     return {
         "model": ds.attrs.get("model"), "corpus": ds.attrs.get("corpus"), "reference_context": N,
@@ -173,7 +156,7 @@ def save_curves(ds, stem: str | Path) -> Path:
     panels = [(f"budget {int(k)}", int(k)) for k in ds["budget"].values] + [("pooled", None)]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.2), squeeze=False)
     for ax, (title, k) in zip(axes[0], panels):
-        a = _arrays(ds, k)
+        a = target_records(ds, k)
         caused = a["fail_kept"] & ~a["fail_ref"]
         curves = removal_curves(a["cert"], a["conf_kept"], caused, CURVE_FRACTIONS)
         for name, style in (("certificate", "o-"), ("confidence", "s-"), ("random", "k:")):

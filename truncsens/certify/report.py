@@ -86,22 +86,12 @@ def failure_aucs(ds, n_boot: int = 200, seed: int = 0) -> dict | None:
         {"failure": {"certificate", "confidence"}, "attribution": {...}, "n_failures", "n_eviction_caused",
         "n_inherent"}, each AUC as {"value", "ci"}.
     """
-    from truncsens.certify.attribution import FAILURE_NLL, by_documents, certificate_score, failures
+    from truncsens.certify.attribution import by_documents, target_records
 
     needed = ("argmax_ref", "argmax_kept", "confidence_kept", "confidence_ref")
     if not all(name in ds for name in needed):
         return None
-    token, doc = ds["token_id"].values, np.asarray(ds["doc"].values, dtype=str)
-    parts = {name: [] for name in ("cert", "conf_kept", "conf_ref", "fail_kept", "fail_ref", "doc")}
-    for k in (int(b) for b in ds["budget"].values):
-        sel = ds.sel(policy="poisson", budget=k)
-        parts["cert"].append(certificate_score(sel["radius_eb"].values, sel["attn_norm"].values))
-        parts["conf_kept"].append(sel["confidence_kept"].values)
-        parts["conf_ref"].append(ds["confidence_ref"].values)
-        parts["fail_kept"].append(failures(sel["argmax_kept"].values, token, sel["nll_kept"].values, FAILURE_NLL))
-        parts["fail_ref"].append(failures(ds["argmax_ref"].values, token, sel["nll_ref"].values, FAILURE_NLL))
-        parts["doc"].append(doc)
-    a = {name: np.concatenate(v) for name, v in parts.items()}
+    a = target_records(ds)  # poisson, all budgets stacked (the file has no failure_nll attr: FAILURE_NLL)
     stats = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"], n_boot, seed)
     return {"failure": {"certificate": stats["auc_failure_certificate"], "confidence": stats["auc_failure_confidence"]},
             "attribution": {"certificate": stats["auc_attribution_certificate"],
