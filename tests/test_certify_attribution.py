@@ -19,7 +19,7 @@ from truncsens.certify.attribution import (
     FAILURE_NLL, attribution_statistics, auc, by_documents, certificate_score, failures, gated_removal,
     random_removal, removal_curves, verdict_above,
 )
-from truncsens.certify.tasks import TaskError, copy_positions, copy_vocabulary, kv_document, previous_occurrence
+from truncsens.certify.tasks import TaskError, copy_positions, copy_vocabulary, kv_document
 
 # index:       0  1  2  3  4  5  6  7  8  9 10 11 12
 HAND_IDS = [9, 7, 1, 2, 3, 4, 5, 2, 7, 1, 2, 0, 2]
@@ -29,24 +29,23 @@ ALL_BUT_0 = np.array([False] + [True] * 9)  # token 0 is not an identifier
 def test_copy_positions_token_rule_exact():
     # N = 8, D = 3: t=8 (7 last at 1, distance 7), t=9 (1 at 2, distance 7), t=10 (2 at 7, distance 3);
     # t=11 is token 0 (not eligible); t=12 is token 2 again at distance 2 < D.
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3, induction=False).tolist() == [8, 9, 10]
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 4, induction=False).tolist() == [8, 9]  # t=10 is 3 < 4 back
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3, induction=False)[0].tolist() == [8, 9, 10]
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 4, induction=False)[0].tolist() == [8, 9]  # t=10 is 3 < 4 back
     # N = 6: t=7 (2 last at 3, distance 4) now counts; t=8 and t=9 are 7 back, beyond N
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 6, 3, induction=False).tolist() == [7, 10]
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 8, induction=False).tolist() == []
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 6, 3, induction=False)[0].tolist() == [7, 10]
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 8, induction=False)[0].tolist() == []
 
 
 def test_copy_positions_induction_rule_exact():
     # only t=9 has the same preceding token as its source: ids[8] = ids[1] = 7
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3).tolist() == [9]
-    assert previous_occurrence(HAND_IDS, 9) == 2 and previous_occurrence(HAND_IDS, 10) == 7
-    assert previous_occurrence(HAND_IDS, 0) == -1
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3)[0].tolist() == [9]
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3, induction=False)[1].tolist() == [1, 2, 7]  # sources of 8, 9, 10
 
 
 def test_copy_positions_source_at_zero_has_no_predecessor():
     ids = [5, 1, 1, 1, 5]  # 5 at 0 and 4; ids[-1] must not be read as the token before position 0
-    assert copy_positions(ids, np.ones(6, bool), 4, 2, induction=False).tolist() == [4]
-    assert copy_positions(ids, np.ones(6, bool), 4, 2).tolist() == []
+    assert copy_positions(ids, np.ones(6, bool), 4, 2, induction=False)[0].tolist() == [4]
+    assert copy_positions(ids, np.ones(6, bool), 4, 2)[0].tolist() == []
 
 
 @pytest.mark.parametrize("distance", [0, 9])

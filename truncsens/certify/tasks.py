@@ -87,8 +87,8 @@ def copy_vocabulary(tokens: Sequence[str]) -> np.ndarray:
 
 
 def copy_positions(ids: Sequence[int], eligible: np.ndarray, reference_context: int, min_distance: int,
-                   induction: bool = True) -> np.ndarray:
-    """Every position t >= N of a document that is a copy target (module docstring).
+                   induction: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Every position t >= N of a document that is a copy target (module docstring), with its source.
 
     Args:
         ids: [L] token ids of the document.
@@ -97,8 +97,9 @@ def copy_positions(ids: Sequence[int], eligible: np.ndarray, reference_context: 
         induction: also require ``ids[t − 1] == ids[s − 1]`` (rule ``induction``; False: rule ``token``).
 
     Returns:
-        [m] int64 positions t, increasing, with ``D <= t − s <= N`` for the most recent s < t with
-        ``ids[s] == ids[t]`` (and, with ``induction``, the same preceding token at s − 1 and t − 1).
+        ([m] int64 positions t, increasing, with ``D <= t − s <= N`` for the most recent s < t with
+        ``ids[s] == ids[t]`` (and, with ``induction``, the same preceding token at s − 1 and t − 1);
+        [m] int64 those sources s).
 
     Raises:
         TaskError: D outside [1, N].
@@ -108,23 +109,15 @@ def copy_positions(ids: Sequence[int], eligible: np.ndarray, reference_context: 
         raise TaskError(f"--min-distance must lie in [1, N = {N}], got {D}")
     ids = [int(i) for i in ids]
     last: dict[int, int] = {}
-    out = []
+    out, sources = [], []
     for t, tok in enumerate(ids):
         s = last.get(tok)
         preceded = not induction or (s is not None and s >= 1 and ids[s - 1] == ids[t - 1])
         if t >= N and s is not None and eligible[tok] and D <= t - s <= N and preceded:
             out.append(t)
+            sources.append(s)
         last[tok] = t
-    return np.asarray(out, dtype=np.int64)
-
-
-def previous_occurrence(ids: Sequence[int], t: int) -> int:
-    """The most recent s < t with ``ids[s] == ids[t]`` (-1 if none)."""
-    ids = list(map(int, ids))
-    for s in range(t - 1, -1, -1):
-        if ids[s] == ids[t]:
-            return s
-    return -1
+    return np.asarray(out, dtype=np.int64), np.asarray(sources, dtype=np.int64)
 
 
 def copy_tasks(docs: Sequence[TokenDoc], eligible: np.ndarray, reference_context: int, min_distance: int,
@@ -138,15 +131,15 @@ def copy_tasks(docs: Sequence[TokenDoc], eligible: np.ndarray, reference_context
     """
     doc_ids, positions, sources, ids_of = [], [], [], []
     for d in docs:
-        pos = copy_positions(d.ids.tolist(), eligible, reference_context, min_distance, induction)
+        pos, src = copy_positions(d.ids.tolist(), eligible, reference_context, min_distance, induction)
         if pos.size > per_doc:
             rng = np.random.default_rng(doc_seed(seed, "copy:" + d.id))
-            pos = np.sort(rng.choice(pos, size=per_doc, replace=False))
-        for t in pos.tolist():
-            doc_ids.append(d.id)
-            positions.append(t)
-            ids_of.append(d.ids)
-            sources.append(previous_occurrence(d.ids.tolist(), t))
+            pick = np.sort(rng.choice(pos.size, size=per_doc, replace=False))  # the same draw as of positions
+            pos, src = pos[pick], src[pick]
+        doc_ids += [d.id] * pos.size
+        positions += pos.tolist()
+        ids_of += [d.ids] * pos.size
+        sources += src.tolist()
     return doc_ids, positions, ids_of, sources
 
 
