@@ -19,42 +19,12 @@
 # minutes, attribution: a few minutes on 2 idle CPU cores).
 
 # %%
-import subprocess
-from pathlib import Path
+from truncsens.notebook import ensure_results, repo_root, show
 
-
-def repo_root() -> Path:
-    """The checkout holding this notebook: the first folder upwards (from this file when run as a
-    script, from the working directory under Jupyter) with truncsens's pyproject.toml."""
-    here = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        if (folder / "pyproject.toml").is_file() and (folder / "truncsens").is_dir():
-            return folder
-    raise SystemExit(f"start the notebook inside the truncsens checkout (looked upwards from {here})")
-
-
-def show(paths) -> None:
-    """Print the figure paths; display the images too under Jupyter."""
-    for path in paths:
-        print(path)
-    try:
-        from IPython import get_ipython
-        from IPython.display import Image, display
-    except ImportError:
-        return
-    if get_ipython() is not None:
-        for path in paths:
-            display(Image(filename=str(path)))
-
-
-RESULTS = repo_root() / "results"
-certify_nc = RESULTS / "reference-code-certify.nc"
-attribution_nc = RESULTS / "reference-code-attribution.nc"
-for path, command in ((certify_nc, ["truncsens", "certify", "--domain", "code"]),
-                      (attribution_nc, ["truncsens", "certify-attribution", "--domain", "code", "--trajectory", "16"])):
-    if not path.exists():
-        print(f"{path} is missing: measuring it now ({' '.join(command)})")
-        subprocess.run([*command, "--out", str(path), "--no-progress"], check=True)
+RESULTS = repo_root(globals().get("__file__")) / "results"
+certify_nc = ensure_results(RESULTS / "reference-code-certify.nc", ["truncsens", "certify", "--domain", "code"])
+attribution_nc = ensure_results(RESULTS / "reference-code-attribution.nc",
+                                ["truncsens", "certify-attribution", "--domain", "code", "--trajectory", "16"])
 
 # %% [markdown]
 # ## Coverage and tightness of the per-step certificates (`truncsens certify`)

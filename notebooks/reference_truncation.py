@@ -17,26 +17,11 @@
 # says so and measures it (about 2 minutes per domain on 2 idle CPU cores).
 
 # %%
-import subprocess
-from pathlib import Path
+from truncsens.notebook import ensure_results, repo_root
 
-
-def repo_root() -> Path:
-    """The checkout holding this notebook: the first folder upwards (from this file when run as a
-    script, from the working directory under Jupyter) with truncsens's pyproject.toml."""
-    here = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        if (folder / "pyproject.toml").is_file() and (folder / "truncsens").is_dir():
-            return folder
-    raise SystemExit(f"start the notebook inside the truncsens checkout (looked upwards from {here})")
-
-
-RESULTS = repo_root() / "results"
-code, nl, policies = RESULTS / "reference-code.nc", RESULTS / "reference-nl.nc", RESULTS / "reference-code-policies.nc"
-for path, domain in ((code, "code"), (nl, "nl")):
-    if not path.exists():
-        print(f"{path} is missing: measuring it now (truncsens measure --domain {domain}, about 2 minutes)")
-        subprocess.run(["truncsens", "measure", "--domain", domain, "--out", str(path), "--no-progress"], check=True)
+RESULTS = repo_root(globals().get("__file__")) / "results"
+code, nl = (ensure_results(RESULTS / f"reference-{d}.nc", ["truncsens", "measure", "--domain", d]) for d in ("code", "nl"))
+policies = RESULTS / "reference-code-policies.nc"
 
 # %% [markdown]
 # ## Mean divergence per window, and the fitted decay laws
