@@ -74,6 +74,24 @@ def test_runs_of_other_measurements_are_refused(other, says):
     assert says in str(err.value)
 
 
+def block(policies, contexts, **over):
+    """A block-protocol run of :func:`run`: the block attrs and the actual reference context of each target."""
+    attrs = {"protocol": "block", "block_fraction": 0.125, "block_size": 4, "block_length": 4, "block_extra_context": 3,
+             **over}
+    return run(policies, **attrs).assign_coords(actual_context=("target", np.asarray(contexts, np.int32)))
+
+
+def test_block_runs_join_only_with_the_same_blocks_and_contexts():
+    joined = join_policy_runs([block(["sink_recent"], [128, 129, 130, 131]), block(["h2o"], [128, 129, 130, 131])])
+    assert joined["actual_context"].values.tolist() == [128, 129, 130, 131]
+    with pytest.raises(ResultsError, match="block_size is 8 there and 4 here"):
+        join_policy_runs([block(["sink_recent"], [128, 129, 130, 131]), block(["h2o"], [128, 129, 130, 131], block_size=8)])
+    with pytest.raises(ResultsError, match="coord actual_context differs"):  # the same attrs, other contexts
+        join_policy_runs([block(["sink_recent"], [128, 129, 130, 131]), block(["h2o"], [131, 132, 133, 134])])
+    with pytest.raises(ResultsError, match="protocol is 'block' there and 'exact' here"):
+        join_policy_runs([run(["sink_recent"]), block(["h2o"], [128, 129, 130, 131])])
+
+
 def test_compare_policies_takes_several_runs(tmp_path):
     results.save(run(["sink_recent", "random"]), tmp_path / "a.nc")
     results.save(run(["h2o"], offset=1.0), tmp_path / "b.nc")

@@ -25,9 +25,10 @@ from truncsens.results import ResultsError
 # policy_params attr, merged over the runs.
 SAME_MEASUREMENT = ("model", "model_revision", "tokenizer", "dtype", "semantics", "positions",
                     "reference_context", "corpus", "corpus_sha256", "split", "seed", "chunk", "granularity",
-                    "bos_rule", "tokenizer_adds", "protocol")
-ATTR_DEFAULTS = {"chunk": 1, "granularity": "token", "protocol": "exact"}
-TARGET_COORDS = ("doc", "position", "token_id")
+                    "bos_rule", "tokenizer_adds", "protocol", "block_fraction", "block_size", "block_length",
+                    "block_extra_context")
+ATTR_DEFAULTS = {"chunk": 1, "granularity": "token", "protocol": "exact"}  # block_*: absent from exact runs alike
+TARGET_COORDS = ("doc", "position", "token_id", "actual_context")  # actual_context: block-protocol runs
 
 
 def _plain(value):
@@ -85,7 +86,8 @@ def join_policy_runs(runs: Sequence[xr.Dataset], sources: Sequence[str] | None =
             raise ResultsError(f"{name} and {name0} have different numbers of draws: "
                                f"{ds.sizes.get('draw', 1)} and {first.sizes.get('draw', 1)}")
         for coord in TARGET_COORDS:
-            if not np.array_equal(ds[coord].values, first[coord].values):
+            if (coord in ds.coords) != (coord in first.coords) or (
+                    coord in ds.coords and not np.array_equal(ds[coord].values, first[coord].values)):
                 raise ResultsError(f"{name} and {name0} measure different targets (coord {coord} differs): "
                                    "join only runs with the same corpus, N, seed and targets per document")
         for policy in policy_names(ds):
