@@ -77,6 +77,12 @@ def test_draw_blocks_by_hand():
     assert draw_blocks(1030, 1024, 8, 64, 0, "a") == [(1024, 6)]
     assert draw_blocks(1024, 1024, 8, 64, 0, "a") == []
     assert draw_blocks(1300, 1024, 100, 64, 0, "a") == blocks  # seeded per document
+    # 100 eligible positions, 80 asked, blocks of 64: one full slot at most (the offset decides the
+    # rest), so the longest partial slots fill up to 80, whatever the seed
+    for seed in range(6):
+        short = draw_blocks(1124, 1024, 80, 64, seed, "a")
+        assert sum(n for _, n in short) == 80 and all(s >= 1024 and s + n <= 1124 for s, n in short), (seed, short)
+        assert all(a + m <= b for (a, m), (b, _) in zip(short, short[1:]))  # disjoint, in position order
     with pytest.raises(ValueError):
         draw_blocks(1300, 1024, 8, 0, 0, "a")
 

@@ -117,8 +117,9 @@ def draw_blocks(length: int, reference_context: int, targets_per_doc: int | None
 
     The eligible positions N .. length-1 are cut into slots of ``block`` positions starting at a
     random offset in [0, block) (the first and last slots may be shorter); ``ceil(targets_per_doc /
-    block)`` slots are drawn without replacement, and the last one drawn (in position order) keeps
-    only as many targets as make ``targets_per_doc``. ``targets_per_doc=None`` takes every slot.
+    block)`` full slots are drawn without replacement (when the document has fewer, all of them and
+    then its longest partial slots), and the last one (in position order) keeps only as many targets
+    as make ``targets_per_doc``. ``targets_per_doc=None`` takes every slot.
 
     Raises:
         ValueError: ``block < 1``.
@@ -135,8 +136,17 @@ def draw_blocks(length: int, reference_context: int, targets_per_doc: int | None
     if targets_per_doc is not None and sum(n for _, n in slots) > targets_per_doc:
         slots.sort(key=lambda s: -s[1])  # full slots first, so that the draw reaches targets_per_doc
         full = [s for s in slots if s[1] == block] or slots
-        want = min(len(full), -(-targets_per_doc // block))
-        pick = sorted(full[i] for i in rng.choice(len(full), size=want, replace=False))
+        want = -(-targets_per_doc // block)
+        if len(full) >= want:
+            pick = sorted(full[i] for i in rng.choice(len(full), size=want, replace=False))
+        else:  # too few full slots: all of them, then the longest partial ones until targets_per_doc
+            pick, have = list(full), sum(n for _, n in full)
+            for slot in (s for s in slots if s not in full):
+                if have >= targets_per_doc:
+                    break
+                pick.append(slot)
+                have += slot[1]
+            pick.sort()
         taken, out = 0, []
         for start, n in pick:
             n = min(n, targets_per_doc - taken)

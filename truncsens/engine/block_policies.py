@@ -48,13 +48,12 @@ from truncsens.engine.block_plan import actual_contexts, blocks_of, shortest_con
 from truncsens.engine.block_protocol import block_rows, reference_passes
 from truncsens.engine.config import MeasureError
 from truncsens.engine.forward import last_logprobs, model_dtype
-from truncsens.engine.granularity import evicted_mass
+from truncsens.engine.granularity import evicted_mass, kept_count
 from truncsens.engine.kernel import KernelOutput, copy_deterministic, draws_measured, policy_seeds
 from truncsens.engine import kvcache
 from truncsens.engine.layer_windows import kept_attention_mask
-from truncsens.engine.reference_pass import ReferencePass, reference_pass
-from truncsens.engine.semantics_base import ATTENTION_KINDS, Semantics, windows_of
-from truncsens.engine.streaming_pass import decide_offline, stream_online
+from truncsens.engine.reference_pass import ReferencePass
+from truncsens.engine.semantics_base import Semantics, windows_of
 from truncsens.policies import Policy
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 from truncsens.targets import TargetSet
@@ -106,12 +105,22 @@ def check_policy_blocks(semantics: str, policies: Sequence[Policy], positions: s
                            "target's own stream evicts at its last prompt token, which a stream shared by a block "
                            f"does not; {fix} or --chunk 1")
     if reference_context is not None:
-        shortest = shortest_context(reference_context, block, room)
-        for k in budgets:
-            if k > shortest:
-                raise MeasureError(f"budget {k} is larger than the block protocol's shortest reference context "
-                                   f"{shortest} (N {reference_context}, block {block}): use budgets up to {shortest}, "
-                                   f"a smaller --block-size, or {fix}")
+        check_block_budgets(budgets, reference_context, block, room)
+
+
+def check_block_budgets(budgets: Sequence[int], reference_context: int, block: int, room: int = 0) -> None:
+    """Every budget fits the block protocol's shortest actual reference context
+    (:func:`~truncsens.engine.block_plan.shortest_context`).
+
+    Raises:
+        MeasureError: a budget above it (the message names the largest that fits and ``--protocol exact``).
+    """
+    shortest = shortest_context(reference_context, block, room)
+    for k in budgets:
+        if k > shortest:
+            raise MeasureError(f"budget {k} is larger than the block protocol's shortest reference context "
+                               f"{shortest} (N {reference_context}, block {block}): use budgets up to {shortest}, "
+                               "a smaller --block-size, or use --protocol exact")
 
 
 def _decode_mask_parts(kept_keep: torch.Tensor, kept_offset: torch.Tensor, j: int, L: int, B: int,
@@ -148,13 +157,30 @@ def decode_block(model, ids: torch.Tensor, cache, keep: torch.Tensor, offset: to
     return last_logprobs(logits.reshape(G * B, -1)).view(G, B, -1)
 
 
+def target_scores(semantics: Semantics, policy: Policy, ref: ReferencePass, L: int, B: int) -> list:
+    """The scores ``policy`` reads for each of the B targets of G blocks under ``prefill_evict``: those
+    of a c_j-token reference (the long reference's statistics cut to keys < c_j, c_j = L - B + 1 + j),
+    computed once per policy and batch (they depend on neither the budget nor the draw).
+
+    Returns:
+        B entries, each [G, 1, c_j] scores or None (a policy that reads none).
+    """
+    out = []
+    for j in range(B):
+        c = L - B + 1 + j  # target j's actual context
+        prefix = ReferencePass(None, attention=None if ref.attention is None else ref.attention[:, :c, :c],
+                               key_norm=None if ref.key_norm is None else ref.key_norm[:, :c])  # a c-token reference
+        out.append(semantics.scores(policy, prefix, torch.tensor([c - 1], device=ref.logprobs.device)))
+    return out
+
+
 def prefill_evict_block(model, ids: torch.Tensor, ref: ReferencePass, policy: Policy, budget: int,
-                        seeds: list[list[int]], semantics: Semantics) -> tuple[torch.Tensor, torch.Tensor]:
+                        seeds: list[list[int]], scores: list) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept log-probs of the B targets of G blocks under ``prefill_evict`` (module docstring).
 
     Args:
         ids: [G, L] block rows; ref: their reference pass with ``queries=B`` and the cache kept;
-        seeds: B lists of G seeds (target j's seeds per block).
+        seeds: B lists of G seeds (target j's seeds per block); scores: :func:`target_scores`.
 
     Returns:
         ([G, B, V] float64 log-probs, [G, B, L] bool keys each target's query read).
@@ -166,10 +192,7 @@ def prefill_evict_block(model, ids: torch.Tensor, ref: ReferencePass, policy: Po
     read = torch.zeros(G, B, L, dtype=torch.bool, device=ids.device)
     for j in range(B):
         c = L - B + 1 + j  # target j's actual context
-        prefix = ReferencePass(None, attention=None if ref.attention is None else ref.attention[:, :c, :c],
-                               key_norm=None if ref.key_norm is None else ref.key_norm[:, :c])  # a c-token reference
-        queries = torch.tensor([c - 1], device=ids.device)
-        kept = policy.keep(c, budget, queries, seeds[j], semantics.scores(policy, prefix, queries))  # [G, 1, c]
+        kept = policy.keep(c, budget, torch.tensor([c - 1], device=ids.device), seeds[j], scores[j])  # [G, 1, c]
         _decode_mask_parts(kept.keep[:, 0], kept.offset[:, 0], j, L, B, keep, offset)
         read[:, j, :c] = kept.keep[:, 0]
     return decode_block(model, ids, ref.cache, keep, offset), read
@@ -177,17 +200,14 @@ def prefill_evict_block(model, ids: torch.Tensor, ref: ReferencePass, policy: Po
 
 def streaming_block(model, ids: torch.Tensor, policy: Policy, budget: int, seeds: list[int], B: int,
                     semantics: Semantics) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept log-probs of the last B positions of one stream per block (``--chunk 1``, module docstring).
+    """Kept log-probs of the last B positions of one stream per block (``--chunk 1``, module docstring;
+    :meth:`~truncsens.engine.semantics.Streaming.stream` keeping B rows).
 
     Returns:
         ([G, B, V] float64 log-probs, [G, B, L] bool keys the query at each of the last B positions read).
     """
     G, L = ids.shape
-    if policy.needs_scores:
-        lp, ev = stream_online(model, ids, policy, budget, seeds, 1, windows_of(model, semantics.name), keep=B)
-    else:
-        ev = decide_offline(policy, budget, L, 1, seeds, ids.device)  # evict [G, L]
-        lp = semantics.kept_logprobs(model, ids, ev, None, "original", keep=B)
+    lp, ev = semantics.stream(model, ids, policy, budget, seeds, 1, keep=B)
     lp = lp.view(G, B, -1)  # [G, B, V] ([G, V] when B = 1)
     q = torch.arange(L - B, L, device=ids.device).view(1, B, 1)  # [1, B, 1] query positions
     i = torch.arange(L, device=ids.device).view(1, 1, L)  # [1, 1, L] key positions
@@ -233,11 +253,11 @@ def measure_policy_blocks(
         return out
     for p in policies:
         semantics.check_policy(p)
-    check_policy_blocks(semantics.name, policies, "original", "token", 1, budgets, N, int(blocks.size.max()), room)
+    check_block_budgets(budgets, N, int(blocks.size.max()), room)
     per_policy = draws_measured(policies, R)
     rows = block_rows(targets.context, targets.token_id, blocks).to(device)  # [b, N + B - 1]
     token_id = targets.token_id.to(device)  # [n]
-    kinds = {p.score_kind() for p in policies} if semantics.name == "prefill_evict" else set()
+    streaming = semantics.name == "streaming"
 
     def progress(tokens: int) -> None:
         out.forward_tokens += tokens
@@ -252,31 +272,32 @@ def measure_policy_blocks(
             G, L = ids.shape
             tgt = group.targets[sl]  # [G, B] target indices
             flat = tgt.reshape(-1).to(device)  # [G*B]
-            ref = reference_pass(model, ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
-                                 key_norm="key_norm" in kinds, keep_cache=semantics.keeps_cache, queries=B)
+            idx = flat.cpu().numpy()  # [G*B]
+            ref = semantics.reference(model, ids, policies, queries=B)
             ref_lp = ref.logprobs.view(G * B, -1)  # [G*B, V]
-            ref_att = ref.last_attention.view(G, B, L)  # [G, B, L] rows of the queries c_j - 1
+            ref_att = ref.last_attention.reshape(G * B, L)  # [G*B, L] rows of the queries c_j - 1
             progress(ids.numel())
             for p, policy in enumerate(policies):
+                scores = None if streaming else target_scores(semantics, policy, ref, L, B)
                 for r in range(per_policy[p]):
-                    if semantics.name == "streaming":  # one stream per block: the block's first target's seed
+                    if streaming:  # one stream per block: the block's first target's seed
                         seeds = policy_seeds(targets, tgt[:, 0].tolist(), seed, policy.name, draw=r)
                     else:  # every target its own prefill-evict-decode, its own seed
                         seeds = [policy_seeds(targets, tgt[:, j].tolist(), seed, policy.name, draw=r) for j in range(B)]
                     for jk, k in enumerate(budgets):
-                        if semantics.name == "streaming":
+                        if streaming:
                             lp, read = streaming_block(model, ids, policy, k, seeds, B, semantics)
                             progress(ids.numel())
                         else:
-                            lp, read = prefill_evict_block(model, ids, ref, policy, k, seeds, semantics)
+                            lp, read = prefill_evict_block(model, ids, ref, policy, k, seeds, scores)
                             progress(G * B)
+                        read = read.reshape(G * B, L)  # [G*B, L]
                         values, n_clamped = all_metrics(ref_lp, lp.reshape(G * B, -1), token_id[flat])
                         out.kernel.n_clamped += n_clamped
-                        idx = flat.cpu().numpy()
                         for name, v in values.items():
                             metrics[name][p, r, idx, jk] = v.cpu().numpy()
-                        kept_tokens[p, r, idx, jk] = read.sum(-1).reshape(-1).cpu().numpy()
-                        lost[p, r, idx, jk] = evicted_mass(ref_att.reshape(G * B, L), read.reshape(G * B, L)).cpu().numpy()
+                        kept_tokens[p, r, idx, jk] = np.rint(kept_count(read).cpu().numpy())
+                        lost[p, r, idx, jk] = evicted_mass(ref_att, read).cpu().numpy()
 
         run_in_batches(step, group.row.shape[0], group.cols.shape[1], max_batch_tokens)
     copy_deterministic(out.kernel, per_policy)  # deterministic policies: draw 0 copied to every draw

@@ -8,7 +8,7 @@ a sweep of ``--policy suffix`` or ``sink_recent`` under reencode (dims ``target`
 ``actual_budget`` [target, budget] (sinks + actual window) instead of ``actual_window``,
 and the attrs ``protocol`` ("block"), ``block_fraction``, ``block_size``, ``block_length`` (B,
 targets per block) and ``attention_implementation``. A file without these coords is an exact run:
-actual = nominal (:func:`actual_coords`).
+actual = nominal (how :mod:`truncsens.curves` reads them).
 
 A policy sweep under ``streaming`` or ``prefill_evict`` (:func:`run_policy_block_shards`,
 :mod:`truncsens.engine.block_policies`) has the layout of an exact policy sweep plus
@@ -31,17 +31,6 @@ from truncsens.engine.kernel import KernelOutput
 from truncsens.engine.measure import shard_results
 from truncsens.engine.shards import run_shards
 from truncsens.targets import TargetSet, select_block_targets
-
-
-def actual_coords(ds: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """([target, window] actual windows, [target] actual reference contexts) of a window-sweep
-    results dataset; the nominal window and ``reference_context`` where the file has none (exact runs)."""
-    n, windows = ds.sizes["target"], np.asarray(ds["window"].values, np.int64)
-    window = (np.asarray(ds["actual_window"].transpose("target", "window").values, np.int64)
-              if "actual_window" in ds.coords else np.broadcast_to(windows, (n, windows.size)).copy())
-    context = (np.asarray(ds["actual_context"].values, np.int64) if "actual_context" in ds.coords
-               else np.full(n, int(ds.attrs.get("reference_context", 0)), np.int64))
-    return window, context
 
 
 def block_sizes(ds: xr.Dataset) -> list[int]:

@@ -187,7 +187,6 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     sweep = resolve_sweep(cfg, N)
     sweep.semantics.check_model(loaded.model, loaded.name)
     docs = prepare_documents(cfg, loaded, N)
-    batch_tokens = cfg.batch_tokens(loaded.device)
     attrs = provenance(cfg, loaded, N, docs, sweep)
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
@@ -195,10 +194,20 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
         from truncsens.engine.block_runs import run_block_shards
 
         path, reused, n_targets = run_block_shards(cfg, loaded, N, sweep, docs, attrs, ranks, stop_after_shards)
-        return MeasureSummary(
-            path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
-            n_docs_skipped=docs.n_short, sweep_dim=sweep.dim, sweep=sweep.values, reference_context=N,
-            shards_reused=reused, extra={**extra, "protocol": "block"})
+        extra["protocol"] = "block"
+    else:
+        path, reused, n_targets = _run_exact_shards(cfg, loaded, N, sweep, docs, attrs, ranks, stop_after_shards)
+    return MeasureSummary(
+        path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
+        n_docs_skipped=docs.n_short, sweep_dim=sweep.dim, sweep=sweep.values, reference_context=N,
+        shards_reused=reused, extra=extra)
+
+
+def _run_exact_shards(cfg: MeasureConfig, loaded: LoadedModel, N: int, sweep: Sweep, docs: RunDocuments, attrs: dict,
+                      ranks, stop_after_shards: int | None) -> tuple:
+    """The exact protocol's shards (the kernel, one pass per target), written to ``cfg.out``:
+    (path, shards reused, number of targets)."""
+    batch_tokens = cfg.batch_tokens(loaded.device)
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         out = measure_draws(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
@@ -210,10 +219,6 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     per_target = N + passes * sum(sweep.semantics.cost(N, k) for k in sweep.budgets)
     desc = "measure" if sweep.is_window_sweep else f"measure {sweep.semantics.name}"
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
-    path, reused, n_targets = run_shards(
+    return run_shards(
         cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
         compute_shard, per_target, desc, cfg.progress, stop_after_shards, ranks, cfg.overwrite)
-    return MeasureSummary(
-        path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
-        n_docs_skipped=docs.n_short, sweep_dim=sweep.dim, sweep=sweep.values, reference_context=N,
-        shards_reused=reused, extra=extra)

@@ -131,10 +131,11 @@ class Streaming(Semantics):
     provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
 
     def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
-                  granularity: str = "token") -> ReferencePass:
+                  granularity: str = "token", queries: int = 1) -> ReferencePass:
         """Reference log-probabilities and the target query's attention row (for the evicted mass; per
-        key/value head under head granularity); policies take no score from it (their scores are online)."""
-        return reference_pass(model, input_ids, last_attention=True, heads=heads_of(model, granularity))
+        key/value head under head granularity), of the last ``queries`` positions; policies take no
+        score from it (their scores are online)."""
+        return reference_pass(model, input_ids, last_attention=True, heads=heads_of(model, granularity), queries=queries)
 
     def policy_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
                         ref: ReferencePass | None, positions: str, chunk: int = 1,
@@ -154,22 +155,23 @@ class Streaming(Semantics):
 
     @torch.no_grad()
     def stream(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
-               chunk: int = 1, granularity: str = "token"):
+               chunk: int = 1, granularity: str = "token", keep: int = 1):
         """(log-probabilities [B, V] float64, :class:`~truncsens.policies.streaming.Evictions`) of one
         streaming run: offline decisions and one forward from the eviction steps (:meth:`kept_logprobs`)
         when the policy reads no scores, else the sequential run with online scores. Under head
         granularity the decisions are taken on B·Hkv rows (:func:`~truncsens.policies.base.head_seeds`)
-        and ``evict`` is [B, Hkv, T]."""
+        and ``evict`` is [B, Hkv, T]. With ``keep`` > 1 the log-probabilities after each of the last
+        ``keep`` tokens, [B, keep, V] (the block protocol, :mod:`truncsens.engine.block_policies`)."""
         B, T = input_ids.shape
         heads = heads_of(model, granularity)
         rows = head_seeds(seeds, heads) if heads else seeds
         if policy.needs_scores:
             return stream_online(model, input_ids, policy, budget, rows, chunk, windows_of(model, self.name),
-                                 heads=heads, groups=groups_of(model, True))
+                                 heads=heads, groups=groups_of(model, True), keep=keep)
         evictions = decide_offline(policy, budget, T, chunk, rows, input_ids.device)  # [B or B·Hkv, T]
         if heads:
             evictions = Evictions(unfold_heads(evictions.evict, heads), unfold_heads(evictions.offset, heads))
-        return self.kept_logprobs(model, input_ids, evictions, None, "original"), evictions
+        return self.kept_logprobs(model, input_ids, evictions, None, "original", keep=keep), evictions
 
     def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
         """Every position 0..T-1: each token was processed under its own kept set."""
@@ -241,13 +243,13 @@ class PrefillEvict(Semantics):
         return 1
 
     def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
-                  granularity: str = "token") -> ReferencePass:
+                  granularity: str = "token", queries: int = 1) -> ReferencePass:
         """The reference pass, keeping the full-context cache of the first T - 1 tokens (statistics per
         key/value head under head granularity; and, for policies that need :data:`PREFILL_LAYERS`, each
         attention layer's prefill inputs: :class:`~truncsens.engine.prefill_layers.PrefillReference`)."""
         wants_layers = any(PREFILL_LAYERS in p.requirements() for p in policies)
         with record_prefill(model) if wants_layers else contextlib.nullcontext() as layers:
-            ref = super().reference(model, input_ids, policies, granularity)
+            ref = super().reference(model, input_ids, policies, granularity, queries)
         return ref if layers is None else PrefillReference.of(ref, layers)
 
     def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor):

@@ -109,12 +109,14 @@ class Semantics:
         raise NotImplementedError
 
     def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
-                  granularity: str = "token") -> ReferencePass:
+                  granularity: str = "token", queries: int = 1) -> ReferencePass:
         """Full-context pass over ``input_ids`` [B, T] with what ``policies`` and the kept passes need
-        (statistics per key/value head under head granularity)."""
+        (statistics per key/value head under head granularity); the outputs of the last ``queries``
+        positions (the block protocol: :func:`~truncsens.engine.reference_pass.reference_pass`)."""
         kinds = {p.score_kind() for p in policies}
         return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
-                              key_norm="key_norm" in kinds, keep_cache=self.keeps_cache, heads=heads_of(model, granularity))
+                              key_norm="key_norm" in kinds, keep_cache=self.keeps_cache, heads=heads_of(model, granularity),
+                              queries=queries)
 
     def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor) -> torch.Tensor | None:
         """[B, Q, T] scores for ``policy`` from the full-context reference pass, or None when it needs none

@@ -133,15 +133,26 @@ class Policy:
         """[end] bool keys surely kept at a chunk end of ``end`` processed tokens (default: none)."""
         return torch.zeros(end, dtype=torch.bool, device=device)
 
+    def recent_kept_first(self) -> int | None:
+        """S when the policy streams as "keep the first S keys and the most recent others" (``suffix``:
+        0, ``sink_recent``: its sinks), else None (the default)."""
+        return None
+
     def eviction_steps(self, budget: int, context_len: int, chunk: int, seeds: Sequence[int],
                        device) -> torch.Tensor | None:
         """[B, T] int64 streaming eviction step of every key of B = ``len(seeds)`` sequences, computed
         without the per-step loop when the policy's decisions need no model statistics: from positions
-        alone (``suffix``, ``sink_recent``: :func:`truncsens.policies.streaming.recent_eviction_steps`)
-        or from the keys' priorities (``random``); None (the default) when
-        :func:`~truncsens.policies.streaming.run_stream` must decide chunk by chunk. Equal to what
+        alone for a :meth:`recent_kept_first` policy (:func:`truncsens.policies.streaming.recent_eviction_steps`,
+        the same for every sequence), or from the keys' priorities (``random`` overrides this); None
+        when :func:`~truncsens.policies.streaming.run_stream` must decide chunk by chunk. Equal to what
         run_stream decides (tests/test_policies.py)."""
-        return None
+        first = self.recent_kept_first()
+        if first is None:
+            return None
+        from truncsens.policies.streaming import recent_eviction_steps  # (that module imports this one)
+
+        steps = recent_eviction_steps(first, budget, context_len, chunk, device)  # [T]
+        return steps.expand(len(seeds), context_len).clone()  # [B, T]
 
     def stream_value(self, view: "StreamView") -> torch.Tensor:  # pragma: no cover - abstract
         """[B, end] float: the higher, the later a key is evicted (see :meth:`evict`)."""

@@ -13,7 +13,6 @@ from typing import ClassVar, Sequence
 import torch
 
 from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, expand, recent, sinks
-from truncsens.policies.streaming import recent_eviction_steps
 
 
 @dataclass
@@ -43,11 +42,9 @@ class SinkRecentPolicy(Policy):
         """[B, end] the key's position: the oldest non-sink key is evicted first."""
         return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
 
-    def eviction_steps(self, budget: int, context_len: int, chunk: int, seeds: Sequence[int], device) -> torch.Tensor:
-        """[B, T] int64 eviction steps in closed form, the same for every sequence
-        (:func:`~truncsens.policies.streaming.recent_eviction_steps`)."""
-        steps = recent_eviction_steps(self.n_sink, budget, context_len, chunk, device)  # [T]
-        return steps.expand(len(seeds), context_len).clone()  # [B, T]
+    def recent_kept_first(self) -> int:
+        """The sinks (closed-form streaming steps, :meth:`Policy.eviction_steps`)."""
+        return self.n_sink
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:

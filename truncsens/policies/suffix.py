@@ -12,7 +12,6 @@ from typing import ClassVar, Sequence
 import torch
 
 from truncsens.policies.base import Kept, Policy, StreamView, expand, recent
-from truncsens.policies.streaming import recent_eviction_steps
 
 
 @dataclass
@@ -26,11 +25,9 @@ class SuffixPolicy(Policy):
         """[B, end] the key's position: the oldest is evicted first."""
         return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
 
-    def eviction_steps(self, budget: int, context_len: int, chunk: int, seeds: Sequence[int], device) -> torch.Tensor:
-        """[B, T] int64 eviction steps in closed form, the same for every sequence
-        (:func:`~truncsens.policies.streaming.recent_eviction_steps`)."""
-        steps = recent_eviction_steps(0, budget, context_len, chunk, device)  # [T]
-        return steps.expand(len(seeds), context_len).clone()  # [B, T]
+    def recent_kept_first(self) -> int:
+        """0: no key is kept but the most recent ones (closed-form streaming steps, :meth:`Policy.eviction_steps`)."""
+        return 0
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
              scores: torch.Tensor | None = None) -> Kept:
