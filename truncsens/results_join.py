@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
+from truncsens.engine.config import LATER_OPTIONS
 from truncsens.results import ResultsError
 
 # attrs that must agree for two policy runs to be one measurement; an attr a file lacks (it was written before
@@ -27,7 +28,7 @@ SAME_MEASUREMENT = ("model", "model_revision", "tokenizer", "dtype", "semantics"
                     "reference_context", "corpus", "corpus_sha256", "split", "seed", "chunk", "granularity",
                     "bos_rule", "tokenizer_adds", "protocol", "block_fraction", "block_size", "block_length",
                     "block_extra_context")
-ATTR_DEFAULTS = {"chunk": 1, "granularity": "token", "protocol": "exact"}  # block_*: absent from exact runs alike
+ATTR_DEFAULTS = {k: LATER_OPTIONS[k] for k in ("chunk", "granularity", "protocol")}  # block_*: absent from exact runs alike
 TARGET_COORDS = ("doc", "position", "token_id", "actual_context")  # actual_context: block-protocol runs
 
 

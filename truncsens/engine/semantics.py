@@ -53,7 +53,7 @@ from truncsens.engine.streaming_pass import decide_offline, stream_online
 from truncsens.results import POSITIONS, SEMANTICS as SEMANTICS_NAMES  # the results file's vocabulary
 from truncsens.policies.base import (
     ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS, Kept, Policy, PolicyError,
-    head_seeds, unfold_heads,
+    head_seeds,
 )
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 from truncsens.policies.streaming import Evictions
@@ -170,7 +170,7 @@ class Streaming(Semantics):
                                  heads=heads, groups=groups_of(model, True), keep=keep)
         evictions = decide_offline(policy, budget, T, chunk, rows, input_ids.device)  # [B or B·Hkv, T]
         if heads:
-            evictions = Evictions(unfold_heads(evictions.evict, heads), unfold_heads(evictions.offset, heads))
+            evictions = evictions.unfold(heads)
         return self.kept_logprobs(model, input_ids, evictions, None, "original", keep=keep), evictions
 
     def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:

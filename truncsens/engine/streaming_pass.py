@@ -36,7 +36,6 @@ from truncsens.engine.forward import last_logprobs, model_dtype
 from truncsens.engine.layer_windows import kept_attention_mask
 from truncsens.engine.reference_pass import AttentionCollector, eager_attention
 from truncsens.policies import Policy
-from truncsens.policies.base import unfold_heads
 from truncsens.policies.streaming import ChunkStats, Evictions, run_stream
 
 ONLINE_ATTENTION_KINDS = ("attention", "last_attention")  # score kinds read from the run's own attention
@@ -153,7 +152,7 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
     with eager_attention(model) if collector else contextlib.nullcontext():
         evictions = run_stream(policy, budget, T, chunk, seeds, observe, device)
     if heads:
-        evictions = Evictions(unfold_heads(evictions.evict, heads), unfold_heads(evictions.offset, heads))
+        evictions = evictions.unfold(heads)
     if n_last > 1:
         return torch.cat(result["rows"], 1), evictions  # [B, keep, V]
     return result["logprobs"], evictions

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, uniforms
+from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, unfold_heads, uniforms
 
 
 @dataclass
@@ -63,6 +63,10 @@ class Evictions:
         keep = (q.view(T, 1) >= q.view(1, T)) & (q.view(T, 1) < ev)  # [..., T, T]
         offset = torch.where(keep, self.offset.unsqueeze(-2).expand(keep.shape), torch.zeros((), device=keep.device))
         return Kept(keep, offset, q)
+
+    def unfold(self, heads: int) -> "Evictions":
+        """Decisions taken on B·Hkv folded (sequence, key/value head) rows as [B, Hkv, T] (:func:`unfold_heads`)."""
+        return Evictions(unfold_heads(self.evict, heads), unfold_heads(self.offset, heads))
 
     def last(self) -> torch.Tensor:
         """[B, T] (or [B, Hkv, T]) bool keys the target's query (T - 1) read."""
