@@ -42,13 +42,11 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.block_plan import actual_contexts, blocks_of, shortest_context
 from truncsens.engine.block_protocol import block_rows, reference_passes
 from truncsens.engine.config import MeasureError
 from truncsens.engine.forward import last_logprobs, model_dtype
-from truncsens.engine.granularity import evicted_mass, kept_count
 from truncsens.engine.kernel import KernelOutput, copy_deterministic, draws_measured, policy_seeds
 from truncsens.engine import kvcache
 from truncsens.engine.layer_windows import kept_attention_mask
@@ -245,10 +243,7 @@ def measure_policy_blocks(
     if targets.block is None:
         raise ValueError("the block protocol needs targets drawn in blocks (select_block_targets)")
     blocks = blocks_of(targets.doc, targets.position, targets.block)
-    metrics = {m: np.zeros((P, R, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
-    kept_tokens = np.zeros((P, R, n, K), dtype=np.int32)
-    lost = np.zeros((P, R, n, K), dtype=np.float32)
-    out = PolicyBlockOutput(KernelOutput(metrics, kept_tokens, lost, 0), actual_contexts(blocks, N, room))
+    out = PolicyBlockOutput(KernelOutput.zeros(P, R, n, K, evicted_mass=True), actual_contexts(blocks, N, room))
     if n == 0:
         return out
     for p in policies:
@@ -291,13 +286,8 @@ def measure_policy_blocks(
                         else:
                             lp, read = prefill_evict_block(model, ids, ref, policy, k, seeds, scores)
                             progress(G * B)
-                        read = read.reshape(G * B, L)  # [G*B, L]
-                        values, n_clamped = all_metrics(ref_lp, lp.reshape(G * B, -1), token_id[flat])
-                        out.kernel.n_clamped += n_clamped
-                        for name, v in values.items():
-                            metrics[name][p, r, idx, jk] = v.cpu().numpy()
-                        kept_tokens[p, r, idx, jk] = np.rint(kept_count(read).cpu().numpy())
-                        lost[p, r, idx, jk] = evicted_mass(ref_att, read).cpu().numpy()
+                        out.kernel.record(p, r, idx, jk, ref_lp, lp.reshape(G * B, -1), token_id[flat],
+                                          read.reshape(G * B, L), ref_att)  # [G*B, V], [G*B, L]
 
         run_in_batches(step, group.row.shape[0], group.cols.shape[1], max_batch_tokens)
     copy_deterministic(out.kernel, per_policy)  # deterministic policies: draw 0 copied to every draw

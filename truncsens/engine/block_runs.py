@@ -49,6 +49,28 @@ def block_sizes(ds: xr.Dataset) -> list[int]:
     return sizes
 
 
+def block_attrs(cfg, B: int, room: int) -> dict:
+    """The attrs every block-protocol results file carries: ``protocol``, ``block_fraction``,
+    ``block_size``, ``block_length`` (B) and ``block_extra_context`` (tokens its reference passes read
+    beyond N, :func:`~truncsens.engine.block_plan.extra_context`)."""
+    return {"protocol": "block", "block_fraction": float(cfg.block_fraction), "block_size": int(cfg.block_size),
+            "block_length": B, "block_extra_context": extra_context(B, room)}
+
+
+def _run_blocks(cfg, docs, N: int, B: int, sweep, compute_shard, per_block: Callable[[int], int], label: str,
+                ranks, stop_after_shards: int | None) -> tuple:
+    """The shards of a block run (:func:`~truncsens.engine.shards.run_shards` with targets drawn in
+    blocks of B); ``per_block(size)`` gives the forward tokens of one block of ``size`` targets (the
+    progress estimate)."""
+    size = min(B, cfg.targets_per_doc or B)  # a document's block: B targets, fewer when fewer are asked for
+    per_target = max(1, per_block(size) // size)
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
+    return run_shards(
+        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
+        compute_shard, per_target, label, cfg.progress, stop_after_shards, ranks, cfg.overwrite,
+        select=partial(select_block_targets, block=B))
+
+
 def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: dict, ranks=None,
                      stop_after_shards: int | None = None) -> tuple:
     """Run a window sweep by the block protocol and write ``cfg.out`` (see :func:`truncsens.engine.measure.run_measure`).
@@ -69,8 +91,7 @@ def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: di
     windows = [k - n_sink for k in sweep.budgets]  # window w is budget n_sink + w (truncsens.engine.sweep)
     check_block_windows(windows, N, n_sink, B, room)
     check_block_model(loaded.model, loaded.name)
-    attrs = {**attrs, "protocol": "block", "block_fraction": float(cfg.block_fraction), "block_size": int(cfg.block_size),
-             "block_length": B, "block_extra_context": extra_context(B, room), "attention_implementation": choose_attention(loaded.model, loaded.device)}
+    attrs = {**attrs, **block_attrs(cfg, B, room), "attention_implementation": choose_attention(loaded.model, loaded.device)}
     batch_tokens = cfg.batch_tokens(loaded.device)
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
@@ -83,13 +104,11 @@ def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: di
         return ds.assign_coords({f"actual_{sweep.dim}": (("target", sweep.dim), actual.astype(np.int32)),
                                  "actual_context": ("target", out.actual_context.astype(np.int32))})
 
-    size = min(B, cfg.targets_per_doc or B)  # a document's block: B targets, fewer when fewer are asked for
-    per_target = max(1, forward_tokens([size], N, windows, n_sink, cfg.block_fraction, cfg.block_size, room) // size)
-    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
-    return run_shards(
-        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, per_target, "measure (block protocol)", cfg.progress, stop_after_shards, ranks, cfg.overwrite,
-        select=partial(select_block_targets, block=B))
+    def per_block(size: int) -> int:
+        return forward_tokens([size], N, windows, n_sink, cfg.block_fraction, cfg.block_size, room)
+
+    return _run_blocks(cfg, docs, N, B, sweep, compute_shard, per_block, "measure (block protocol)", ranks,
+                       stop_after_shards)
 
 
 STREAM_DRAW_SEEDS = ("one seed per (policy seed, doc, first position of the block, policy, draw): the targets of one "
@@ -102,11 +121,10 @@ def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, at
     (:func:`truncsens.engine.block_policies.measure_policy_blocks`) and write ``cfg.out``.
 
     Results are those of an exact policy sweep (dims, ``kept_tokens``, ``evicted_attention_mass``,
-    ``draw``) plus the coord ``actual_context`` [target] (int32) and the attrs ``protocol``,
-    ``block_fraction``, ``block_size``, ``block_length``, ``block_extra_context``; budgets are exact
-    (no ``actual_budget``). Under streaming ``draw_seeds`` says that a block's targets share their
-    stream's draws. Progress counts forward tokens: L = N + e per block for the reference, L per
-    streaming pass, B per prefill-evict decode.
+    ``draw``) plus the coord ``actual_context`` [target] (int32) and the attrs of :func:`block_attrs`;
+    budgets are exact (no ``actual_budget``). Under streaming ``draw_seeds`` says that a block's
+    targets share their stream's draws. Progress counts forward tokens: L = N + e per block for the
+    reference, L per streaming pass, B per prefill-evict decode.
 
     Returns:
         (path, shards reused, number of targets).
@@ -123,9 +141,7 @@ def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, at
     room = max(0, loaded.max_context - N)
     check_policy_blocks(sweep.semantics.name, sweep.policies, cfg.positions, cfg.granularity, cfg.chunk,
                         sweep.budgets, N, B, room)
-    e = extra_context(B, room)
-    attrs = {**attrs, "protocol": "block", "block_fraction": float(cfg.block_fraction), "block_size": int(cfg.block_size),
-             "block_length": B, "block_extra_context": e}
+    attrs = {**attrs, **block_attrs(cfg, B, room)}
     if sweep.semantics.name == "streaming":
         attrs["draw_seeds"] = STREAM_DRAW_SEEDS
     batch_tokens = cfg.batch_tokens(loaded.device)
@@ -136,12 +152,10 @@ def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, at
         ds = shard_results(out.kernel, plan, sweep, attrs, docs.bos_id)
         return ds.assign_coords(actual_context=("target", out.actual_context.astype(np.int32)))
 
-    size = min(B, cfg.targets_per_doc or B)
     passes = sum(draws_measured(sweep.policies, cfg.draws)) * len(sweep.budgets)
-    per_block = policy_forward_tokens([size], N, passes, sweep.semantics.name == "streaming", room)
-    per_target = max(1, per_block // size)
-    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
-    return run_shards(
-        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, per_target, f"measure {sweep.semantics.name} (block protocol)", cfg.progress, stop_after_shards,
-        ranks, cfg.overwrite, select=partial(select_block_targets, block=B))
+
+    def per_block(size: int) -> int:
+        return policy_forward_tokens([size], N, passes, sweep.semantics.name == "streaming", room)
+
+    return _run_blocks(cfg, docs, N, B, sweep, compute_shard, per_block,
+                       f"measure {sweep.semantics.name} (block protocol)", ranks, stop_after_shards)

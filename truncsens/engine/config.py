@@ -20,7 +20,6 @@ from truncsens.corpora.document import SPLITS
 from truncsens.engine.semantics import SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import check_policy_args
-from truncsens.policies.base import GRANULARITIES
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block_plan)
@@ -178,14 +177,12 @@ class MeasureConfig:
             raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
         self._check_protocol()
-        if self.granularity not in GRANULARITIES:
-            raise MeasureError(f"--granularity must be token or head, got {self.granularity!r}")
         if self.granularity == "head" and self.policies is None:
             raise MeasureError("--granularity head needs --policy NAME with --semantics streaming or prefill_evict "
                                "(a window sweep re-encodes one sequence, which has a single kept set)")
-        try:
+        try:  # one check of the name and of what the semantics supports
             semantics.check_granularity(self.granularity)
-        except SemanticsError as exc:
+        except (PolicyError, SemanticsError) as exc:
             raise MeasureError(str(exc)) from None
         if self.granularity == "head" and any(n.startswith("kvpress:") for n in self.policies or ()):
             raise MeasureError("kvpress presses keep their own per-layer, per-head kept sets; leave --granularity "
@@ -267,7 +264,7 @@ class MeasureConfig:
                     del keep[dependent]
         if keep.get("policy_seed") in (None, self.seed):  # the same draws as the default
             keep.pop("policy_seed", None)
-        if any(p.randomized for p in self.build_policies()):  # draws common to every budget since --draws:
+        if any(policy_class(name).randomized for name in self.policies or ()):  # draws common to every budget since --draws:
             keep["draw_seeds"] = "common to every budget"  # shards drawn per budget before are not reused
         keep.update(resolved)
         return keep

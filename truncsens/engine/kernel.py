@@ -52,6 +52,31 @@ class KernelOutput:
     evicted_attention_mass: np.ndarray | None
     n_clamped: int
 
+    @classmethod
+    def zeros(cls, P: int, R: int, n: int, K: int, evicted_mass: bool) -> "KernelOutput":
+        """Zero arrays [P, R, n, K] (``evicted_attention_mass`` None unless ``evicted_mass``)."""
+        shape = (P, R, n, K)
+        metrics = {m: np.zeros(shape, dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
+        return cls(metrics, np.zeros(shape, dtype=np.int32), np.zeros(shape, dtype=np.float32) if evicted_mass else None, 0)
+
+    def record(self, p: int, r: int, rows, j: int, ref_lp: torch.Tensor, lp: torch.Tensor, token_id: torch.Tensor,
+               keep_last: torch.Tensor, ref_attention: torch.Tensor | None = None) -> None:
+        """Store policy p, draw r, budget j of the targets ``rows`` (a slice or b indices).
+
+        Args:
+            ref_lp, lp: [b, V] float64 reference and kept log-probs; token_id: [b] observed tokens.
+            keep_last: [b, N] (or [b, Hkv, N] per head) bool keys each target's query kept.
+            ref_attention: [b, N] (or per head) full-context attention of the target query, or None
+                (then ``evicted_attention_mass`` is left as is).
+        """
+        values, n_clamped = all_metrics(ref_lp, lp, token_id)
+        self.n_clamped += n_clamped
+        for name, v in values.items():
+            self.metrics[name][p, r, rows, j] = v.cpu().numpy()
+        self.kept_tokens[p, r, rows, j] = np.rint(kept_count(keep_last).cpu().numpy())
+        if self.evicted_attention_mass is not None and ref_attention is not None:
+            self.evicted_attention_mass[p, r, rows, j] = evicted_mass(ref_attention, keep_last).cpu().numpy()
+
     def first_draw(self) -> "KernelOutput":
         """The output of draw 0 alone: arrays [P, R, n, K] -> [P, n, K]."""
         lost = None if self.evicted_attention_mass is None else self.evicted_attention_mass[:, 0]
@@ -124,23 +149,12 @@ def measure_draws(
     n, N = targets.context.shape
     P, K, R = len(policies), len(budgets), draws
     per_policy = draws_measured(policies, R)
-    metrics = {m: np.zeros((P, R, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
-    kept_tokens = np.zeros((P, R, n, K), dtype=np.int32)
-    lost = np.zeros((P, R, n, K), dtype=np.float32) if semantics.reference_state else None
-    out = KernelOutput(metrics, kept_tokens, lost, 0)
+    out = KernelOutput.zeros(P, R, n, K, semantics.reference_state)
     if n == 0:
         return out
     context = targets.context.to(device)  # [n, N]
     token_id = targets.token_id.to(device)  # [n]
     queries = semantics.queries(N, device)  # [Q]
-
-    def record(p: int, r: int, j: int, sl: slice, ref_lp: torch.Tensor, lp: torch.Tensor,
-               keep_last: torch.Tensor) -> None:
-        values, n_clamped = all_metrics(ref_lp, lp, token_id[sl])
-        out.n_clamped += n_clamped
-        for name, v in values.items():
-            metrics[name][p, r, sl, j] = v.cpu().numpy()
-        kept_tokens[p, r, sl, j] = np.rint(kept_count(keep_last).cpu().numpy())
 
     def progress(tokens: int) -> None:
         if on_tokens:
@@ -157,9 +171,7 @@ def measure_draws(
                     for j, k in enumerate(budgets):
                         lp, keep_last = semantics.policy_logprobs(  # [b, V], [b, N]
                             model, ids, policy, k, seeds, ref, positions, chunk, granularity)
-                        record(p, r, j, sl, ref.logprobs, lp, keep_last)
-                        if lost is not None and ref.last_attention is not None:
-                            lost[p, r, sl, j] = evicted_mass(ref.last_attention, keep_last).cpu().numpy()
+                        out.record(p, r, sl, j, ref.logprobs, lp, token_id[sl], keep_last, ref.last_attention)
                         progress(ids.shape[0] * semantics.cost(N, k))
 
         run_in_batches(step, n, N, max_batch_tokens)
@@ -186,7 +198,7 @@ def measure_draws(
                 def kept_step(sl: slice, p=p, r=r, j=j, k=k, kept=kept) -> None:
                     rows = Kept(kept.keep[sl], kept.offset[sl], kept.queries)
                     lp = semantics.kept_logprobs(model, context[sl], rows, None, positions)
-                    record(p, r, j, sl, ref_lp[sl], lp, rows.keep[:, -1, :])
+                    out.record(p, r, sl, j, ref_lp[sl], lp, token_id[sl], rows.keep[:, -1, :])
                     progress(lp.shape[0] * semantics.cost(N, k))
 
                 run_in_batches(kept_step, n, semantics.cost(N, k), max_batch_tokens)
