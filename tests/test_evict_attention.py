@@ -101,6 +101,26 @@ def test_flex_equals_dense_mask(per_head):
     torch.testing.assert_close(got, dense_reference(query, key, value, evict, offset, 8 ** -0.5, 5), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_block_mask_built_once_per_window(monkeypatch):
+    """With a per-call ``plans`` dict, layers of one window share one block mask (built twice for
+    windows None, None, 6), and every layer still equals the dense mask."""
+    import torch.nn.attention.flex_attention as fa
+
+    built = []
+    real = fa.create_block_mask
+    monkeypatch.setattr(fa, "create_block_mask", lambda *a, **k: built.append(1) or real(*a, **k))
+    evict, offset = random_evictions(2, 20, None, seed=4)
+    plans: dict = {}
+    for layer, window in enumerate((None, None, 6)):
+        query, key, value = qkv(T=20, seed=20 + layer)
+        with torch.no_grad():
+            got = flex_evict_attention(query, key, value, evict, offset, None, window, compiled=False, plans=plans)
+        torch.testing.assert_close(got, dense_reference(query, key, value, evict, offset, 8 ** -0.5, window),
+                                   atol=1e-6, rtol=1e-5)
+    assert len(built) == 2 and len(plans) == 2
+
+
 def test_only_last_queries():
     """Tq < Tk: the queries are the last Tq positions (a decode of 3 tokens against 23 keys)."""
     query, key, value = qkv()

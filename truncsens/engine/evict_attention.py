@@ -180,7 +180,7 @@ def _flex(compiled: bool):
 
 def flex_evict_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, evict: torch.Tensor,
                          offset: torch.Tensor, scaling: float | None, window: int | None = None,
-                         compiled: bool | None = None) -> torch.Tensor:
+                         compiled: bool | None = None, plans: dict | None = None) -> torch.Tensor:
     """The same attention as :func:`chunked_attention` with FlexAttention (arXiv 2412.05496): a block
     mask from ``mask_mod`` and the offsets in ``score_mod``.
 
@@ -188,6 +188,9 @@ def flex_evict_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         query, key, value, evict, offset, scaling, window: as in :func:`chunked_attention`.
         compiled: run ``torch.compile(flex_attention)`` (default: on CUDA only; uncompiled flex
             materializes the scores and is for checking only).
+        plans: a dict that lives for one forward call (as in :func:`chunked_attention`): the block
+            mask built for one layer is kept there (keyed by window, Tq and heads) and reused by the
+            other layers, which read the same eviction steps.
 
     Returns:
         [B, H, Tq, D].
@@ -217,8 +220,14 @@ def flex_evict_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         return score + (off[b, h // groups, kv_idx] if per_head else off[b, kv_idx])
 
     compiled = query.is_cuda if compiled is None else compiled
-    # compiled, the block mask is built block by block; uncompiled it evaluates mask_mod on all Tq x Tk pairs
-    block_mask = create_block_mask(mask_mod, B, H if per_head else None, Tq, Tk, device=query.device, _compile=compiled)
+    key_ = ("flex", window, Tq, H if per_head else None)
+    block_mask = plans.get(key_) if plans is not None else None
+    if block_mask is None:
+        # compiled, the block mask is built block by block; uncompiled it evaluates mask_mod on all Tq x Tk pairs
+        block_mask = create_block_mask(mask_mod, B, H if per_head else None, Tq, Tk, device=query.device,
+                                       _compile=compiled)
+        if plans is not None:
+            plans[key_] = block_mask
     return _flex(compiled)(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
                            enable_gqa=groups > 1)
 
@@ -260,7 +269,7 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     evict, offset = kwargs[EVICT].to(query.device), kwargs[OFFSET].to(query.device)
     backend = kwargs.get(BACKEND, "auto")
     if backend == "flex" or (backend == "auto" and query.is_cuda and flex_available()):
-        out = flex_evict_attention(query, key, value, evict, offset, scaling, window)
+        out = flex_evict_attention(query, key, value, evict, offset, scaling, window, plans=kwargs.get(PLANS))
     else:
         out = chunked_attention(query, key, value, evict, offset, scaling, window, kwargs.get(CHUNK, DEFAULT_QUERY_CHUNK),
                                 kwargs.get(PLANS))  # the call's plans: layers of one window share theirs
