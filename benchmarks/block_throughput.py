@@ -29,19 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure_throughput's random configs
 
 from measure_throughput import RANDOM_CONFIGS, build_model, sync  # noqa: E402
-from truncsens.engine.block_plan import block_length, chunks, extra_context, targets_per_pass  # noqa: E402
+from truncsens.engine.block_plan import block_length, block_passes  # noqa: E402
 from truncsens.engine.block_protocol import choose_attention, measure_blocks  # noqa: E402
 from truncsens.engine.sweep import default_windows  # noqa: E402
 from truncsens.targets import TokenDoc, select_block_targets  # noqa: E402
-
-
-def pass_shapes(block: int, N: int, windows: list[int], fraction: float, size: int, room: int) -> list[tuple[int, int]]:
-    """(tokens L, kept logit rows k) of every pass of one block of ``block`` targets (no sinks)."""
-    e = extra_context(block, room)
-    out = [(N + e, block)]
-    for w in windows:
-        out += [(w + (b - a) - 1, b - a) for a, b in chunks(block, targets_per_pass(w, fraction, size))]
-    return out
 
 
 def model_flops(model, shapes: list[tuple[int, int]]) -> float:
@@ -90,7 +81,7 @@ def main() -> None:
                          batch_tokens, room=room)
     sync(args.device)
     seconds = time.perf_counter() - start
-    flops = model_flops(model, pass_shapes(B, N, windows, args.block_fraction, args.block_size, room)) * args.blocks
+    flops = model_flops(model, block_passes(B, N, windows, 0, args.block_fraction, args.block_size, room)) * args.blocks
     result = {
         "model": name, "device": args.device, "dtype": args.dtype, "attention_implementation": attention,
         "reference_context": N, "block_length": B, "blocks": args.blocks, "targets": len(rest), "windows": windows,

@@ -16,7 +16,7 @@ from truncsens.curves import curves_of
 from truncsens.divergences import all_metrics
 from truncsens.engine.block_plan import (
     Blocks, actual_contexts, actual_windows, block_length, blocks_of, check_block_windows, chunks,
-    exact_forward_tokens, forward_tokens, shortest_context, targets_per_pass,
+    block_passes, exact_forward_tokens, forward_tokens, shortest_context, targets_per_pass,
 )
 from truncsens.engine.block_protocol import measure_blocks
 from truncsens.engine.config import MeasureConfig, MeasureError
@@ -56,6 +56,9 @@ def test_forward_tokens_by_hand():
     assert forward_tokens([4], 16, [2, 8], 0, 0.25, 4) == 16 + 4 * 2 + 2 * 9
     assert forward_tokens([4], 16, [2, 8], 1, 0.25, 4, room=10) == 19 + 4 * 3 + 2 * 10
     assert exact_forward_tokens(4, 16, [2, 8], 1) == 4 * (16 + 3 + 9)
+    # the passes behind the first count: reference (16 tokens, 4 targets), w = 2 one target per pass
+    # (K = max(1, 2 * 0.25)), w = 8 two targets per pass (8 + 2 - 1 tokens)
+    assert block_passes(4, 16, [2, 8], 0, 0.25, 4) == [(16, 4), (2, 1), (2, 1), (2, 1), (2, 1), (9, 2), (9, 2)]
 
 
 def test_block_windows_must_fit_the_shortest_context():

@@ -124,16 +124,23 @@ def actual_windows(blocks: Blocks, window: int, per_pass: int) -> np.ndarray:
     return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
 
 
+def block_passes(size: int, reference_context: int, windows: list[int], n_sink: int, block_fraction: float,
+                 block_size: int, room: int = 0) -> list[tuple[int, int]]:
+    """(tokens, targets) of every forward pass of one block of ``size`` targets: the reference pass
+    (N + e tokens, all ``size`` targets), then per window w the passes of k targets each
+    (``n_sink + w + k - 1`` tokens, :func:`targets_per_pass`)."""
+    out = [(reference_context + extra_context(size, room), size)]
+    for w in windows:
+        out += [(n_sink + w + (b - a) - 1, b - a) for a, b in chunks(size, targets_per_pass(w, block_fraction, block_size))]
+    return out
+
+
 def forward_tokens(block_sizes: list[int], reference_context: int, windows: list[int], n_sink: int,
                    block_fraction: float, block_size: int, room: int = 0) -> int:
     """Forward tokens of the block protocol for blocks of the given sizes: N + e per block
-    (reference) plus ``n_sink + w + k - 1`` per pass of k targets at window w."""
-    total = 0
-    for size in block_sizes:
-        total += reference_context + extra_context(size, room)
-        for w in windows:
-            total += sum(n_sink + w + (b - a) - 1 for a, b in chunks(size, targets_per_pass(w, block_fraction, block_size)))
-    return total
+    (reference) plus ``n_sink + w + k - 1`` per pass of k targets at window w (:func:`block_passes`)."""
+    return sum(tokens for size in block_sizes
+               for tokens, _ in block_passes(size, reference_context, windows, n_sink, block_fraction, block_size, room))
 
 
 def policy_forward_tokens(block_sizes: list[int], reference_context: int, passes: int, streaming: bool,
