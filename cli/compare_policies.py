@@ -33,8 +33,8 @@ def compare_policies(
     from truncsens.fitfile import check_new_files, write_json
     from truncsens.fitting import parse_range
     from truncsens.plots import plot_comparison
-    from truncsens.policy_compare import CompareConfig, compare_policies_file, default_plot_stem, format_draw_spread
-    from truncsens.reports import format_comparison
+    from truncsens.policy_compare import CompareConfig, compare_policies_file, default_plot_stem
+    from truncsens.reports import format_comparison, format_draw_spread
 
     with user_errors():
         names = tuple(split_list(metrics, "--metrics") or ("kl", "tv"))

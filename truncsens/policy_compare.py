@@ -35,6 +35,7 @@ from truncsens.fitfile import sanitize
 from truncsens.fitting import FitConfig, fit_curve
 from truncsens.laws import FitError
 from truncsens.results import ResultsError, load, sweep_dim
+from truncsens.results_join import policy_names
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
 DEFAULT_NUMERATOR, DEFAULT_DENOMINATOR = "random", "sink_recent"
@@ -160,9 +161,8 @@ def draw_spread(ds: xr.Dataset, metrics: Sequence[str]) -> list[dict]:
     """
     if "draw" not in ds.dims:
         return []
-    policies = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else [str(ds.attrs.get("policy", ""))]
     rows = []
-    for name in policies:
+    for name in policy_names(ds):
         sub = ds.sel(policy=name) if "policy" in ds.dims else ds
         for metric in metrics:
             values = np.asarray(sub[metric].transpose("draw", "target", "budget").values, dtype=np.float64)  # [R, n, K]
@@ -173,24 +173,6 @@ def draw_spread(ds: xr.Dataset, metrics: Sequence[str]) -> list[dict]:
                 rows.append({"policy": name, "metric": metric, "budget": int(k), "draw_means": per_draw[:, j].tolist(),
                              "sd": float(sd[j]), "min": float(per_draw[:, j].min()), "max": float(per_draw[:, j].max())})
     return rows
-
-
-def format_draw_spread(cmp: "PolicyComparison") -> str:
-    """The spread between draws as text, one block per metric (budget rows, policy columns ``sd [min, max]``);
-    empty for one draw."""
-    if not cmp.spread:
-        return ""
-    from truncsens.tables import Column, fmt_num, render_table
-
-    lines = []
-    for metric in cmp.metrics:
-        lines.append(f"{metric}: spread between {cmp.draws} draws of the mean over targets (sd [min, max])")
-        cells = {(r["policy"], r["budget"]): f"{fmt_num(r['sd'], 3)} [{fmt_num(r['min'], 4)}, {fmt_num(r['max'], 4)}]"
-                 for r in cmp.spread if r["metric"] == metric}
-        columns = [Column("budget", ">", 8)] + [Column(p, ">", 30) for p in cmp.policies]
-        lines.append(render_table(columns, [[str(k)] + [cells[(p, k)] for p in cmp.policies] for k in cmp.budgets],
-                                  rule=False, fit=False))
-    return "\n".join(lines)
 
 
 def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), truncation: xr.Dataset | None = None,
@@ -212,7 +194,7 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         ValueError: an explicit numerator or denominator that is not a policy of the file.
         FitError: bootstrap asked with fewer than 2 documents.
     """
-    in_file = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else [str(ds.attrs.get("policy", ""))]
+    in_file = policy_names(ds)
     for option, given in (("--numerator", cfg.numerator), ("--denominator", cfg.denominator)):
         if given is not None and given not in in_file:  # the defaults may be absent: that is only a note
             raise ValueError(f"{option} {given!r} is not a policy of {source} (it has {', '.join(in_file)})")

@@ -262,3 +262,19 @@ def format_comparison(cmp: PolicyComparison) -> str:
             lines.append(f"  {f['policy']:>20} {f['metric']:>6}  skipped: {f['reason']}")
     lines += [f"note: {n}" for n in cmp.notes]
     return "\n".join(lines)
+
+
+def format_draw_spread(cmp: PolicyComparison) -> str:
+    """The spread between draws as text, one block per metric (budget rows, policy columns ``sd [min, max]``);
+    empty for one draw."""
+    if not cmp.spread:
+        return ""
+    lines = []
+    for metric in cmp.metrics:
+        lines.append(f"{metric}: spread between {cmp.draws} draws of the mean over targets (sd [min, max])")
+        cells = {(r["policy"], r["budget"]): f"{fmt_num(r['sd'], 3)} [{fmt_num(r['min'], 4)}, {fmt_num(r['max'], 4)}]"
+                 for r in cmp.spread if r["metric"] == metric}
+        columns = [Column("budget", ">", 8)] + [Column(p, ">", 30) for p in cmp.policies]
+        lines.append(render_table(columns, [[str(k)] + [cells[(p, k)] for p in cmp.policies] for k in cmp.budgets],
+                                  rule=False, fit=False))
+    return "\n".join(lines)
