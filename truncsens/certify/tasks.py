@@ -211,8 +211,9 @@ def kv_document(encode: Callable[[str], list[int]], reference_context: int, min_
 
     Text: :data:`HEADER`, ``n_keys`` lines ``key_<i> = "<value>"`` (distinct two-digit keys, values of
     four lower-case letters and digits starting with a letter), filler lines of :data:`FILLER` until
-    the prefix reaches N tokens (the fewest that do, :func:`fill_to_length`), then ``assert key_<j> == "`` for one of the keys. The last N tokens
-    before the value are the reference context; token N (the target) is the value's first token,
+    the prefix reaches N tokens (the fewest that do, :func:`fill_to_length`), then
+    ``assert key_<j> == "`` for one of the keys. The last N tokens before the value are the
+    reference context; token N (the target) is the value's first token,
     equal to the token at the source position inside the definition of ``key_<j>``.
 
     Args:
