@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import build_tokenizer, requires_reference
 
-from truncsens.certify.tasks import FILLER, HEADER, TaskError, fill_to_length, kv_document
+from truncsens.certify.tasks import FILLER, HEADER, TaskError, fill_to_length, kv_document, kv_tasks
+from truncsens.targets import doc_seed
 
 
 def naive_kv_document(encode, reference_context, min_distance, seed, n_keys=6, query_template='assert {key} == "',
@@ -82,6 +83,11 @@ def test_same_documents_with_the_reference_tokenizer():
     for N, D in ((128, 32), (512, 128), (1024, 256)):  # 512, N/4: the defaults of certify-attribution
         for seed in range(5):
             assert kv_document(encode, N, D, seed) == naive_kv_document(encode, N, D, seed)
+    # the 8 documents of a default run (seed 0, N = 512, D = 128), as kv_tasks draws their seeds
+    doc, position, ids, source = kv_tasks(encode, 512, 128, 8, 0)
+    for i in range(8):
+        want_ids, want_source = naive_kv_document(encode, 512, 128, doc_seed(0, f"kv:{i}"))
+        assert (doc[i], position[i], ids[i].tolist(), source[i]) == (f"kv-0-{i}", 512, want_ids, want_source)
 
 
 def test_fill_to_length_fewest_lines_by_hand():
