@@ -33,7 +33,8 @@ def test_defaults_per_command():
         "12.5%,25%,50%", 0.05, 4, 16)
     assert c.parsed_budgets == a.parsed_budgets == [(12.5, True), (25.0, True), (50.0, True)]
     inner = AttributionConfig(seed=3, n_sink=2, budgets="40").certify_config()
-    assert (inner.seed, inner.n_sink, inner.budgets, inner.reference_context, inner.targets_per_doc) == (3, 2, "40", 512, 1)
+    got = (inner.seed, inner.n_sink, inner.budgets, inner.reference_context, inner.targets_per_doc)
+    assert got == (3, 2, "40", 512, 1)
     assert inner.out == "results/reference-code-attribution.nc"
 
 

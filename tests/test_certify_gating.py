@@ -95,7 +95,8 @@ def test_removal_curves_and_statistics_equal_the_old_code():
         fail_ref = fail_kept & ~caused
         curves = removal_curves(cert, conf_kept, caused, FRACTIONS)
         np.testing.assert_array_equal(curves["certificate"], [naive_gated_removal(cert, caused, f) for f in FRACTIONS])
-        np.testing.assert_array_equal(curves["confidence"], [naive_gated_removal(-conf_kept, caused, f) for f in FRACTIONS])
+        np.testing.assert_array_equal(curves["confidence"],
+                                      [naive_gated_removal(-conf_kept, caused, f) for f in FRACTIONS])
         np.testing.assert_array_equal(curves["random"], [random_removal(n, f) for f in FRACTIONS])
         fractions = (0.05, 0.1, 0.2, 0.5)
         new = attribution_statistics(cert, conf_kept, conf_ref, fail_kept, fail_ref, fractions)
