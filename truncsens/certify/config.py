@@ -150,7 +150,8 @@ class CertifyConfig(CertifyBase):
             defaults to ``results/<model>-<corpus or domain>-certify.nc``.
 
     Raises:
-        CertifyError: δ outside (0, 1), a bad budget, a count below 1.
+        CertifyError: δ outside (0, 1), a bad budget.
+        MeasureError: a count below 1, negative sinks, an unknown split (:class:`MeasureConfig`).
     """
 
     OUT_SUFFIX: ClassVar[str] = "-certify"
