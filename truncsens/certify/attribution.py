@@ -102,6 +102,44 @@ def auc(scores: np.ndarray, positive: np.ndarray) -> float:
     return float(mannwhitneyu(pos, neg, alternative="two-sided").statistic / (pos.size * neg.size))
 
 
+def gated_removal_curve(scores: np.ndarray, caused: np.ndarray, fractions) -> np.ndarray:
+    """:func:`gated_removal` at every fraction, the scores sorted once: groups of tied scores,
+    highest first, with cumulative sizes and eviction-caused counts; the first ``m = ceil(f·n)``
+    targets take the whole groups that fit and ``take / size`` of the next one's caused failures
+    (the expected share under uniform tie-breaking).
+
+    Args:
+        scores: [n] gate scores (higher = recompute first; NaN ranks last, with −inf);
+        caused: [n] bool eviction-caused; fractions: [F] shares of targets recomputed, in [0, 1].
+
+    Returns:
+        [F] float64 in [0, 1]; all NaN without eviction-caused failures.
+
+    Raises:
+        ValueError: a fraction outside [0, 1].
+    """
+    outside = [x for x in np.atleast_1d(fractions).tolist() if not 0 <= x <= 1]
+    if outside:
+        raise ValueError(f"a recomputation fraction must lie in [0, 1], got {outside[0]}")
+    f = np.atleast_1d(np.asarray(fractions, float))  # [F]
+    s = np.nan_to_num(np.asarray(scores, float), nan=-np.inf, posinf=np.inf, neginf=-np.inf)  # [n]
+    c = np.asarray(caused, bool)  # [n]
+    total = c.sum()
+    if total == 0:
+        return np.full(f.shape, math.nan)
+    _, group = np.unique(s, return_inverse=True)  # [n] rank of the score among the G distinct ones
+    size = np.bincount(group)[::-1]  # [G] targets per score, highest score first
+    hits = np.bincount(group, weights=c.astype(float))[::-1]  # [G] caused failures per score
+    end = np.cumsum(size)  # [G] targets in the groups up to g
+    m = np.ceil(f * s.size - 1e-9)  # [F] targets recomputed
+    full = np.searchsorted(end, m, side="right")  # [F] whole groups among them
+    before = np.concatenate([[0.0], np.cumsum(hits)])[full]  # [F] caused failures of the whole groups
+    start = np.concatenate([[0], end])[full]  # [F] targets in the whole groups
+    size, hits = np.append(size, 1), np.append(hits, 0.0)  # [G + 1]: an empty group after the last
+    partial = (m - start) / size[full] * hits[full]  # [F] expected caused failures of the cut group
+    return (before + partial) / total
+
+
 def gated_removal(scores: np.ndarray, caused: np.ndarray, fraction: float) -> float:
     """Expected share of eviction-caused failures among the ``ceil(fraction·n)`` highest-scoring
     targets, ties at the cut broken uniformly at random (NaN scores rank last).
@@ -111,28 +149,12 @@ def gated_removal(scores: np.ndarray, caused: np.ndarray, fraction: float) -> fl
         fraction: share of targets recomputed, in [0, 1].
 
     Returns:
-        float in [0, 1]; NaN without eviction-caused failures.
+        float in [0, 1]; NaN without eviction-caused failures (:func:`gated_removal_curve` at one fraction).
 
     Raises:
         ValueError: fraction outside [0, 1].
     """
-    if not 0 <= fraction <= 1:
-        raise ValueError(f"a recomputation fraction must lie in [0, 1], got {fraction}")
-    s = np.nan_to_num(np.asarray(scores, float), nan=-np.inf, posinf=np.inf, neginf=-np.inf)
-    c = np.asarray(caused, bool)
-    if c.sum() == 0:
-        return math.nan
-    m = math.ceil(fraction * s.size - 1e-9)
-    removed, left = 0.0, m
-    for value in np.unique(s)[::-1]:  # groups of tied scores, highest first
-        if left <= 0:
-            break
-        group = s == value
-        size = int(group.sum())
-        take = min(left, size)
-        removed += take / size * c[group].sum()
-        left -= take
-    return float(removed / c.sum())
+    return float(gated_removal_curve(scores, caused, [fraction])[0])
 
 
 def random_removal(n: int, fraction: float) -> float:
@@ -157,10 +179,10 @@ def attribution_statistics(cert: np.ndarray, conf_kept: np.ndarray, conf_ref: np
     for name, score in gates.items():
         out[f"auc_attribution_{name}"] = auc(score[among], caused[among])
         out[f"auc_failure_{name}"] = auc(score, fail_kept)
-    for f in fractions:
-        for name in ("certificate", "confidence"):
-            out[f"removed_{name}_{f:g}"] = gated_removal(gates[name], caused, f)
-        out[f"removed_random_{f:g}"] = random_removal(fail_kept.size, f) if caused.any() else math.nan
+    curves = removal_curves(cert, conf_kept, caused, fractions)
+    for i, f in enumerate(fractions):
+        for name in ("certificate", "confidence", "random"):
+            out[f"removed_{name}_{f:g}"] = float(curves[name][i])
     return out
 
 
@@ -213,14 +235,26 @@ def verdict_above(stat: dict, reference: float = 0.0) -> str:
     return f"not shown (interval reaches {reference:g})" if v > reference else "fails"
 
 
-def removal_curves(cert: np.ndarray, conf_kept: np.ndarray, caused: np.ndarray, fractions: np.ndarray) -> dict:
+def removal_curves(cert: np.ndarray, conf_kept: np.ndarray, caused: np.ndarray, fractions) -> dict:
     """Recomputation curves: share of eviction-caused failures removed against the share of targets
-    recomputed, for certificate-gated, confidence-gated (lowest first) and random gating.
+    recomputed, for certificate-gated, confidence-gated (lowest first) and random gating
+    (:func:`gated_removal_curve`, :func:`random_removal`); the ``removed_*`` statistics of
+    :func:`attribution_statistics`.
+
+    Args:
+        cert: [n] certificate scores; conf_kept: [n] confidences; caused: [n] bool eviction-caused;
+        fractions: [F] shares of targets recomputed, in [0, 1].
 
     Returns:
-        dict name -> [len(fractions)] float64 ("certificate", "confidence", "random").
+        dict name -> [F] float64 ("certificate", "confidence", "random"); NaN without eviction-caused
+        failures.
+
+    Raises:
+        ValueError: a fraction outside [0, 1].
     """
     caused = np.asarray(caused, bool)
-    return {"certificate": np.array([gated_removal(cert, caused, f) for f in fractions]),
-            "confidence": np.array([gated_removal(-np.asarray(conf_kept, float), caused, f) for f in fractions]),
-            "random": np.array([random_removal(caused.size, f) if caused.any() else math.nan for f in fractions])}
+    certificate = gated_removal_curve(cert, caused, fractions)  # checks the fractions first
+    f = np.atleast_1d(np.asarray(fractions, float))  # [F]
+    return {"certificate": certificate,
+            "confidence": gated_removal_curve(-np.asarray(conf_kept, float), caused, f),
+            "random": np.array([random_removal(caused.size, x) if caused.any() else math.nan for x in f], dtype=float)}

@@ -16,30 +16,32 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
 
 from truncsens import results
 from truncsens.certify.attribution import FAILURE_NLL
-from truncsens.certify.config import CertifyConfig, CertifyError, parse_budgets, resolve_budgets
+from truncsens.certify.config import CertifyBase, CertifyConfig, CertifyError, parse_budgets, resolve_budgets
 from truncsens.certify.probe import check_model
 from truncsens.certify.run import certify_sweep, compute_arrays, shard_dataset
 from truncsens.certify.tasks import build_task_set, copy_vocabulary, default_min_distance
 from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
-from truncsens.engine.config import MeasureError, default_out
+from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
 from truncsens.engine.shards import ShardProgress, check_output
 from truncsens.models import LoadedModel, load_model
 
 
 @dataclass
-class AttributionConfig:
+class AttributionConfig(CertifyBase):
     """Configuration of one attribution run (token counts in tokens); validates itself once.
 
     Attributes:
-        model, domain, corpus, split, budgets, delta, n_sink, seed, device, dtype, max_batch_tokens:
-            as in :class:`~truncsens.certify.config.CertifyConfig`.
+        the fields of :class:`~truncsens.certify.config.CertifyBase` (model, domain, corpus, split,
+            budgets, delta, n_sink, max_docs, seed, device, dtype, max_batch_tokens, out, overwrite,
+            progress, command), with
         reference_context: N (default 512: small enough for a few minutes on 2 CPU cores).
         max_docs: held-out documents searched for copy targets; copy_per_doc: copy targets per document;
         copy_rule: "induction" (the preceding token repeats too) or "token" (:mod:`truncsens.certify.tasks`).
@@ -50,32 +52,18 @@ class AttributionConfig:
         out: results file (default ``results/<model>-<corpus or domain>-attribution.nc``).
 
     Raises:
-        CertifyError: every check of :class:`CertifyConfig`, a negative count, no target source.
+        CertifyError: every check of :class:`CertifyBase`, a negative count, no target source.
     """
 
-    model: str = "reference"
-    domain: str = "code"
-    corpus: str | None = None
-    split: str = "auto"
+    OUT_SUFFIX: ClassVar[str] = "-attribution"
+
     reference_context: int | None = 512
-    budgets: str = "12.5%,25%,50%"
-    delta: float = 0.05
-    n_sink: int = 4
-    max_docs: int | None = 16
     copy_per_doc: int = 4
     copy_rule: str = "induction"
     kv_docs: int = 8
     min_distance: int | None = None
     trajectory: int = 0
     trajectory_budget: str = "25%"
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str = "float32"
-    max_batch_tokens: int | None = None
-    out: str | None = None
-    overwrite: bool = False
-    progress: bool = True
-    command: str = ""
 
     def __post_init__(self) -> None:
         for name in ("copy_per_doc", "kv_docs", "trajectory"):
@@ -87,20 +75,18 @@ class AttributionConfig:
             raise CertifyError("no attribution targets: --copy-per-doc and --kv-docs are both 0")
         if self.min_distance is not None and self.min_distance < 1:
             raise CertifyError(f"--min-distance must be at least 1 token, got {self.min_distance}")
-        self.certify_config()  # budgets, delta, run options: checked once, by CertifyConfig / MeasureConfig
+        super().__post_init__()  # delta, budgets, run options: the checks of CertifyBase / MeasureConfig
         if len(parse_budgets(self.trajectory_budget)) != 1:  # the syntax of --budgets, one value
             raise CertifyError(f"--trajectory-budget takes one budget, got {self.trajectory_budget!r}")
-        if self.out is None:
-            self.out = str(default_out(self.model, self.corpus, self.domain, "-attribution"))
 
     def certify_config(self) -> CertifyConfig:
-        """The equivalent :class:`CertifyConfig` (documents, policies, budgets)."""
-        return CertifyConfig(
-            model=self.model, domain=self.domain, corpus=self.corpus, split=self.split,
-            reference_context=self.reference_context, budgets=self.budgets, delta=self.delta, n_sink=self.n_sink,
-            targets_per_doc=1, max_docs=self.max_docs, seed=self.seed, device=self.device, dtype=self.dtype,
-            max_batch_tokens=self.max_batch_tokens, out=self.out or "unused.nc", overwrite=self.overwrite,
-            progress=self.progress, command=self.command)
+        """The equivalent :class:`CertifyConfig` (documents, policies, budgets): the shared fields,
+        one target per document (unused: the task set picks the targets)."""
+        return CertifyConfig(**{**self.shared_fields(), "out": self.out or "unused.nc"}, targets_per_doc=1)
+
+    def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
+        """The :class:`MeasureConfig` of :meth:`certify_config`."""
+        return self.certify_config().measure_config(budgets)
 
 
 @dataclass

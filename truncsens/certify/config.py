@@ -8,7 +8,8 @@ tokens. Everything checkable without a model is checked at construction; budgets
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig, default_out
 
@@ -69,45 +70,47 @@ def resolve_budgets(parsed: list[tuple[float, bool]], reference_context: int, n_
 
 
 @dataclass
-class CertifyConfig:
-    """Configuration of one certify run (token counts in tokens).
+class CertifyBase:
+    """The fields, defaults and checks that ``truncsens certify`` (:class:`CertifyConfig`) and
+    ``truncsens certify-attribution`` (:class:`~truncsens.certify.attribution_run.AttributionConfig`)
+    share, declared once; token counts in tokens.
 
     Attributes:
-        model, domain, corpus, split, text_field, reference_context: as in
-            :class:`~truncsens.engine.config.MeasureConfig`.
+        model, domain, corpus, split, reference_context: as in
+            :class:`~truncsens.engine.config.MeasureConfig` (N: None = the model's maximum).
         budgets: comma-separated token counts or percentages of N (default 12.5%,25%,50%).
         delta: miss probability of the certificates, in (0, 1) (nominal coverage 1 − δ).
         n_sink: sinks of poisson and topk.
-        targets_per_doc, max_docs, seed: which targets (a small default: 2 per document, 16 documents).
-        device, dtype, max_batch_tokens, docs_per_shard, out, resume, overwrite, progress, command:
-            where and how it runs; ``out`` defaults to ``results/<model>-<corpus or domain>-certify.nc``.
+        max_docs, seed: documents used (at most; None: all) and the seed of targets and Poisson draws.
+        device, dtype, max_batch_tokens, out, overwrite, progress, command: where and how it runs;
+            ``out`` defaults to ``results/<model>-<corpus or domain><OUT_SUFFIX>.nc``.
+        parsed_budgets: :func:`parse_budgets` of ``budgets`` (set at construction).
 
     Raises:
-        CertifyError: δ outside (0, 1), a bad budget, a count below 1.
+        CertifyError: δ outside (0, 1), a bad budget.
+        MeasureError: a run option that :meth:`measure_config` refuses (counts, sinks, split).
     """
+
+    OUT_SUFFIX: ClassVar[str] = ""  # the default results file's suffix, per command
 
     model: str = "reference"
     domain: str = "code"
     corpus: str | None = None
     split: str = "auto"
-    text_field: str = "text"
     reference_context: int | None = None
     budgets: str = DEFAULT_BUDGETS
     delta: float = 0.05
     n_sink: int = 4
-    targets_per_doc: int = 2
     max_docs: int | None = 16
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"
     max_batch_tokens: int | None = None
-    docs_per_shard: int = 8
     out: str | None = None
-    resume: bool = False
     overwrite: bool = False
     progress: bool = True
     command: str = ""
-    parsed_budgets: list = field(default_factory=list, repr=False)
+    parsed_budgets: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.delta < 1:
@@ -115,7 +118,11 @@ class CertifyConfig:
         self.parsed_budgets = parse_budgets(self.budgets)
         self.measure_config()  # the run options are checked once, by MeasureConfig (counts, sinks, split, policies)
         if self.out is None:
-            self.out = str(default_out(self.model, self.corpus, self.domain, "-certify"))
+            self.out = str(default_out(self.model, self.corpus, self.domain, self.OUT_SUFFIX))
+
+    def shared_fields(self) -> dict:
+        """The values of this class's own fields (those every certify command has), by name."""
+        return {f.name: getattr(self, f.name) for f in fields(CertifyBase) if f.init}
 
     def resolve_budgets(self, reference_context: int) -> list[int]:
         """Sorted unique budgets in tokens for a reference context of N tokens
@@ -125,6 +132,34 @@ class CertifyConfig:
             CertifyError: a budget at or above N (nothing would be evicted), or at most ``n_sink``.
         """
         return resolve_budgets(self.parsed_budgets, reference_context, self.n_sink)
+
+    def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
+        """The equivalent :class:`MeasureConfig` (each command says how)."""
+        raise NotImplementedError
+
+
+@dataclass
+class CertifyConfig(CertifyBase):
+    """Configuration of one certify run (token counts in tokens).
+
+    Attributes:
+        the fields of :class:`CertifyBase` (reference_context default: the model's maximum), and
+        text_field: as in :class:`~truncsens.engine.config.MeasureConfig`.
+        targets_per_doc: targets drawn per document (a small default: 2 per document, 16 documents).
+        docs_per_shard, resume: shards of the results file and continuing an interrupted run; ``out``
+            defaults to ``results/<model>-<corpus or domain>-certify.nc``.
+
+    Raises:
+        CertifyError: δ outside (0, 1), a bad budget.
+        MeasureError: a count below 1, negative sinks, an unknown split (:class:`MeasureConfig`).
+    """
+
+    OUT_SUFFIX: ClassVar[str] = "-certify"
+
+    text_field: str = "text"
+    targets_per_doc: int = 2
+    docs_per_shard: int = 8
+    resume: bool = False
 
     def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
         """The equivalent :class:`MeasureConfig` (documents, targets and provenance are shared with

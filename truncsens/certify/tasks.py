@@ -154,6 +154,56 @@ FILLER = (
 HEADER = '"""Configuration values of the service, loaded once at start-up and read by every worker."""\n'
 
 
+def filler_line(rng: np.random.Generator) -> str:
+    """One line of :data:`FILLER` with three numbers in [1, 100) (draws: the numbers, then the line)."""
+    a, b, c = (int(x) for x in rng.integers(1, 100, size=3))
+    return str(rng.choice(FILLER)).format(a=a, b=b, c=c)
+
+
+def fill_to_length(encode: Callable[[str], list[int]], text: str, query: str, length: int,
+                   next_line: Callable[[], str]) -> tuple[str, list[int]]:
+    """``text`` plus the fewest lines of ``next_line()`` (in order) for which ``encode(text + lines +
+    query)`` has at least ``length`` tokens: (that text, its ids with ``query``).
+
+    The same result as appending one line at a time and re-encoding the whole text after each
+    (quadratic in the number of lines), assuming the token count never falls when a line is added.
+    Here each line is encoded once and counted, lines are added until their counts cover what the
+    whole text lacks, and the whole text is re-encoded; where the counts did not add up (a tokenizer
+    that merges or splits across a line boundary, such as byte-level BPE's ``"\n\n"`` at the end of
+    a piece) the fewest lines are then found by galloping down and bisecting. Whole-text encodings:
+    three when the counts add up, O(log lines) more otherwise. ``next_line`` may be called for lines
+    that are not used (after the last used one).
+
+    Args:
+        encode: text -> token ids; text: what comes before the lines; query: what comes after them;
+        length: the least number of tokens (N); next_line: the next line of the text (with its newline).
+    """
+    lines: list[str] = []
+    cache: dict[int, list[int]] = {}
+
+    def ids_with(k: int) -> list[int]:  # the ids of the text with the first k lines
+        if k not in cache:
+            cache[k] = encode(text + "".join(lines[:k]) + query)
+        return cache[k]
+
+    lo = 0  # lo lines fall short of the length (once a line is needed)
+    while len(ids_with(len(lines))) < length:
+        lo, deficit, counted = len(lines), length - len(ids_with(len(lines))), 0
+        while counted < deficit:  # the tokens of the pieces
+            lines.append(next_line())
+            counted += len(encode(lines[-1]))
+    hi, step = len(lines), 1  # hi lines reach the length
+    while hi - step > lo:  # gallop down ...
+        if len(ids_with(hi - step)) < length:
+            lo = hi - step
+            break
+        hi, step = hi - step, 2 * step
+    while hi - lo > 1:  # ... then bisect: the fewest lines in (lo, hi]
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(ids_with(mid)) >= length else (mid, hi)
+    return text + "".join(lines[:hi]), ids_with(hi)
+
+
 def kv_document(encode: Callable[[str], list[int]], reference_context: int, min_distance: int, seed: int,
                 n_keys: int = 6, query_template: str = 'assert {key} == "',
                 max_tries: int = 20) -> tuple[list[int], int]:
@@ -161,8 +211,9 @@ def kv_document(encode: Callable[[str], list[int]], reference_context: int, min_
 
     Text: :data:`HEADER`, ``n_keys`` lines ``key_<i> = "<value>"`` (distinct two-digit keys, values of
     four lower-case letters and digits starting with a letter), filler lines of :data:`FILLER` until
-    the prefix reaches N tokens, then ``assert key_<j> == "`` for one of the keys. The last N tokens
-    before the value are the reference context; token N (the target) is the value's first token,
+    the prefix reaches N tokens (the fewest that do, :func:`fill_to_length`), then
+    ``assert key_<j> == "`` for one of the keys. The last N tokens before the value are the
+    reference context; token N (the target) is the value's first token,
     equal to the token at the source position inside the definition of ``key_<j>``.
 
     Args:
@@ -185,11 +236,7 @@ def kv_document(encode: Callable[[str], list[int]], reference_context: int, min_
         before_def = HEADER + "".join(f'{k} = "{v}"\n' for k, v in zip(keys[:j], values[:j])) + f'{keys[j]} = "'
         text = HEADER + "".join(f'{k} = "{v}"\n' for k, v in zip(keys, values))
         query = query_template.format(key=keys[j])
-        prefix_ids = encode(text + query)
-        while len(prefix_ids) < N:
-            a, b, c = (int(x) for x in rng.integers(1, 100, size=3))
-            text += str(rng.choice(FILLER)).format(a=a, b=b, c=c)
-            prefix_ids = encode(text + query)
+        text, prefix_ids = fill_to_length(encode, text, query, N, lambda: filler_line(rng))
         full = encode(text + query + values[j] + '"\n')
         t = len(prefix_ids)
         source = len(encode(before_def))

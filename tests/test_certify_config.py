@@ -1,0 +1,63 @@
+"""CertifyConfig and AttributionConfig share one declaration of their common fields (CertifyBase):
+the same defaults, the same checks and messages, and the resume fingerprint of certify unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from truncsens.certify.attribution_run import AttributionConfig
+from truncsens.certify.config import CertifyBase, CertifyConfig, CertifyError
+from truncsens.engine.config import MeasureError
+
+SHARED = ["model", "domain", "corpus", "split", "reference_context", "budgets", "delta", "n_sink", "max_docs", "seed",
+          "device", "dtype", "max_batch_tokens", "out", "overwrite", "progress", "command"]
+
+
+def test_the_shared_fields_are_declared_once_in_the_base():
+    assert [f.name for f in fields(CertifyBase) if f.init] == SHARED
+    certify = {f.name for f in fields(CertifyConfig) if f.init}
+    attribution = {f.name for f in fields(AttributionConfig) if f.init}
+    assert certify & attribution == set(SHARED)
+    assert certify - set(SHARED) == {"text_field", "targets_per_doc", "docs_per_shard", "resume"}
+    assert attribution - set(SHARED) == {"copy_per_doc", "copy_rule", "kv_docs", "min_distance", "trajectory",
+                                         "trajectory_budget"}
+
+
+def test_defaults_per_command():
+    c, a = CertifyConfig(), AttributionConfig()
+    assert c.out == "results/reference-code-certify.nc" and a.out == "results/reference-code-attribution.nc"
+    assert c.reference_context is None and a.reference_context == 512  # attribution's own default of N
+    assert (c.budgets, c.delta, c.n_sink, c.max_docs) == (a.budgets, a.delta, a.n_sink, a.max_docs) == (
+        "12.5%,25%,50%", 0.05, 4, 16)
+    assert c.parsed_budgets == a.parsed_budgets == [(12.5, True), (25.0, True), (50.0, True)]
+    inner = AttributionConfig(seed=3, n_sink=2, budgets="40").certify_config()
+    got = (inner.seed, inner.n_sink, inner.budgets, inner.reference_context, inner.targets_per_doc)
+    assert got == (3, 2, "40", 512, 1)
+    assert inner.out == "results/reference-code-attribution.nc"
+
+
+def test_the_resume_fingerprint_keeps_its_keys():
+    keys = sorted(CertifyConfig().fingerprint(budgets_tokens=[8]))
+    assert keys == ["budgets", "budgets_tokens", "corpus", "delta", "docs_per_shard", "domain", "dtype", "max_docs",
+                    "model", "n_sink", "reference_context", "seed", "split", "targets_per_doc", "text_field"]
+
+
+@pytest.mark.parametrize("cls", [CertifyConfig, AttributionConfig])
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"delta": 1.0}, CertifyError, "--delta must lie strictly between 0 and 1, got 1.0"),
+    ({"budgets": "12.5%,x"}, CertifyError, "--budgets: 'x' is neither a token count"),
+    ({"budgets": " , "}, CertifyError, "--budgets is empty"),
+    ({"max_docs": 0}, MeasureError, "--max-docs must be at least 1, got 0"),
+])
+def test_shared_checks_and_messages(cls, kwargs, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(".", r"\.")):
+        cls(**kwargs)
+
+
+def test_attribution_checks_its_own_fields_first():
+    with pytest.raises(CertifyError, match="--copy-rule must be induction or token"):
+        AttributionConfig(copy_rule="bigram", delta=2.0)
+    with pytest.raises(CertifyError, match="--trajectory-budget takes one budget"):
+        AttributionConfig(trajectory_budget="10,20")
