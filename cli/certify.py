@@ -50,7 +50,8 @@ def certify(
             budgets=budgets, delta=delta, n_sink=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
             resume=resume, overwrite=overwrite, progress=progress, command="truncsens " + " ".join(sys.argv[1:]))
-        check_new_files(figure_paths(Path(cfg.out).with_suffix("")), overwrite)  # before anything is computed
+        # before anything is computed: the figures and (unless resuming) the results file, named together
+        check_new_files([*([] if resume else [cfg.out]), *figure_paths(Path(cfg.out).with_suffix(""))], overwrite)
         done = run_certify(cfg)
         ds = results.load(done.path)
         summary = summarize(ds, seed=cfg.seed)

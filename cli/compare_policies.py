@@ -24,12 +24,13 @@ def compare_policies(
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON to stdout instead of the table."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the comparison as JSON to this file."),
     plot: bool = typer.Option(False, "--plot/--no-plot", help="Draw the log-log plot (default prefix: <results>-policies next to the results)."),
-    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Plot prefix: PREFIX.png and PREFIX.pdf (implies --plot)."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Plot prefix: PREFIX.png and PREFIX.pdf (implies --plot; a .png or .pdf suffix is dropped)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing JSON file or plot."),
 ) -> None:
     """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot;
     with several draws (measure --draws R): means over draws per target, and the spread between draws."""
-    from truncsens.cli.options import plot_paths, split_list
+    from truncsens.cli.options import split_list
+    from truncsens.plots import figure_paths
     from truncsens.fitfile import check_new_files, write_json
     from truncsens.fitting import parse_range
     from truncsens.plots import plot_comparison
@@ -42,7 +43,7 @@ def compare_policies(
                             fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
         plot = plot or plot_out is not None
         stem = plot_out or default_plot_stem(results_file[0])
-        check_new_files([json_out, *(plot_paths(stem) if plot else [])], overwrite)  # before the bootstrap
+        check_new_files([json_out, *(figure_paths(stem) if plot else [])], overwrite)  # before the bootstrap
         cmp = compare_policies_file(results_file, cfg, truncation)
         wrote = []
         if plot:

@@ -23,7 +23,7 @@ def fit(
     out: Optional[Path] = typer.Option(None, "--out", "--json-out", help="Fit file to write (JSON; default: <results>.fit.json next to the first results file)."),
     as_json: bool = typer.Option(False, "--json", help="Print the fit JSON to stdout instead of the table (the fit file is written too)."),
     plot: bool = typer.Option(False, "--plot/--no-plot", help="Also draw D(w) with the fitted laws (PNG and PDF; default prefix: the fit file without .json)."),
-    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Figure prefix: PREFIX.png and PREFIX.pdf (implies --plot)."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Figure prefix: PREFIX.png and PREFIX.pdf (implies --plot; a .png or .pdf suffix is dropped)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing fit file or figure."),
 ) -> None:
     """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""

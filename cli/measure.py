@@ -98,7 +98,7 @@ def _run_and_report(run, cfg) -> None:
         f"document{'' if summary.n_docs == 1 else 's'} "
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
         f"{what} {points}"
-        + (f", {summary.shards_reused} shards reused" if summary.shards_reused else ""))
+        + (f", {summary.shards_reused} shard{'s' if summary.shards_reused > 1 else ''} reused" if summary.shards_reused else ""))
     typer.echo(format_table(summarize(results.load(summary.path), ["tv", "kl"]), summary.sweep_dim))
 
 

@@ -14,7 +14,6 @@ Options that several commands declare alike are written once here, as ``Annotate
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Callable, Optional, Sequence, TypeVar
 
 import typer
@@ -79,9 +78,3 @@ def int_list(values: Optional[Sequence[str]], what: str) -> Optional[list[int]]:
 def float_list(values: Optional[Sequence[str]], what: str) -> Optional[list[float]]:
     """:func:`split_list` of numbers (``--eps 0.01,0.05``)."""
     return _typed_list(values, what, float, "numbers")
-
-
-def plot_paths(prefix: Path) -> list[Path]:
-    """The files a figure with output prefix ``prefix`` is written to: ``prefix.png``, ``prefix.pdf``."""
-    prefix = Path(prefix)
-    return [prefix.with_name(prefix.name + ".png"), prefix.with_name(prefix.name + ".pdf")]

@@ -228,7 +228,7 @@ def test_streaming_block_run_resumes_from_the_command_line(tiny_llama_dir, corpu
             "--no-progress", "--resume"]
     resumed = CliRunner().invoke(app, args)
     assert resumed.exit_code == 0, resumed.output
-    assert "block protocol" in resumed.output and "1 shards reused" in resumed.output, resumed.output
+    assert "block protocol" in resumed.output and "1 shard reused" in resumed.output, resumed.output
     ds = results.load(out)
     assert ds.attrs["protocol"] == "block" and ds.attrs["block_length"] == 4 and ds.sizes["target"] == 8
     # the tiny model has room beyond N = 64: e = B - 1 = 3, contexts N .. N + 3

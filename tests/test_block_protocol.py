@@ -236,7 +236,7 @@ def test_block_and_exact_alphas_agree_on_the_synthetic_source(tmp_path):
     (["--protocol", "block", "--policy", "suffix", "--semantics", "streaming", "--chunk", "4"], "needs --chunk 1"),
     (["--protocol", "block", "--policy", "suffix,random", "--semantics", "reencode"], "use --protocol exact"),
     (["--protocol", "nope"], "--protocol must be one of"),
-    (["--block-size", "8"], "--block-size set the block protocol's passes; they need --protocol block"),
+    (["--block-size", "8"], "--block-size sets the block protocol's passes; they need --protocol block"),
     (["--block-fraction", "0.25", "--block-size", "8"], "--block-fraction and --block-size set the block protocol"),
 ])
 def test_bad_block_options_exit_2_with_one_line(tmp_path, args, fragment):

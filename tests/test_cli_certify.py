@@ -61,7 +61,8 @@ def test_small_run_writes_results_figures_and_json(tmp_path, tiny_llama_dir, cor
     for path in summary["files"]:
         assert (tmp_path / path.split("/")[-1]).is_file()
     again = runner.invoke(app, ["certify", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--out", str(out)])
-    assert again.exit_code == 2 and "already exist" in again.output  # the figures (or the file) are not replaced
+    assert again.exit_code == 2 and "already exist" in again.output  # the figures and the file are not replaced
+    assert str(out) in again.output and "-reliability.png" in again.output  # one message names all of them
 
 
 def test_failure_aucs_by_hand():

@@ -7,7 +7,7 @@ import pytest
 
 from truncsens.curves import curves_of
 from truncsens.fitting import FitConfig, FitReport, fit_curve
-from truncsens.plots import build_figure, panel_metrics, plot_report
+from truncsens.plots import build_figure, figure_paths, panel_metrics, plot_report
 from truncsens.synthetic import curve_results
 
 
@@ -44,6 +44,17 @@ def test_plot_report_writes_png_and_pdf(tmp_path):
     assert [p.name for p in paths] == ["fig.png", "fig.pdf"]
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert paths[1].read_bytes()[:5] == b"%PDF-"
+
+
+def test_figure_paths_accept_a_figure_suffix(tmp_path):
+    """``--out fig``, ``--out fig.png`` and ``--out fig.PDF`` all name fig.png and fig.pdf; another
+    suffix is part of the prefix (``run.v2`` gives run.v2.png)."""
+    want = [tmp_path / "fig.png", tmp_path / "fig.pdf"]
+    assert figure_paths(tmp_path / "fig") == want
+    assert figure_paths(tmp_path / "fig.png") == want and figure_paths(str(tmp_path / "fig.PDF")) == want
+    assert [p.name for p in figure_paths(tmp_path / "run.v2")] == ["run.v2.png", "run.v2.pdf"]
+    paths = plot_report(_doc(), tmp_path / "out.png")
+    assert [p.name for p in paths] == ["out.png", "out.pdf"] and not (tmp_path / "out.png.png").exists()
 
 
 def test_unknown_metric_is_an_error():

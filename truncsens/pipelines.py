@@ -8,11 +8,7 @@ from typing import Sequence
 
 from truncsens.fitfile import check_new_files, default_fit_path, plot_prefix, read_fit_file, use_fits_from, write_fit_file
 from truncsens.fitting import DEFAULT_METRICS, FitConfig, fit_results
-from truncsens.plots import plot_report
-
-
-def _figure_paths(prefix: Path) -> list[Path]:
-    return [prefix.with_name(prefix.name + ".png"), prefix.with_name(prefix.name + ".pdf")]
+from truncsens.plots import figure_paths, plot_report
 
 
 def fit_to_file(results_files: Sequence[str | Path], cfg: FitConfig, out: str | Path | None = None,
@@ -37,7 +33,7 @@ def fit_to_file(results_files: Sequence[str | Path], cfg: FitConfig, out: str | 
     path = Path(out or default_fit_path(results_files))
     prefix = Path(plot_out) if plot_out else plot_prefix(path)
     plot = plot or plot_out is not None
-    check_new_files([path, *(_figure_paths(prefix) if plot else [])], overwrite)
+    check_new_files([path, *(figure_paths(prefix) if plot else [])], overwrite)
     doc = fit_results([str(p) for p in results_files], cfg).to_json()
     path = write_fit_file(doc, path)
     figures = plot_report(doc, prefix) if plot else []
@@ -62,7 +58,7 @@ def plot_results(results_files: Sequence[str | Path], out: str | Path, fit_file:
         FileExistsError: ``out.png`` or ``out.pdf`` exists and not ``overwrite`` (checked first).
         ValueError: the fit file does not match the results, or a metric is missing.
     """
-    check_new_files(_figure_paths(Path(out)), overwrite)
+    check_new_files(figure_paths(Path(out)), overwrite)
     chosen = tuple(metrics) if metrics else DEFAULT_METRICS
     fitted = None
     if fit_file is not None:

@@ -119,13 +119,26 @@ def build_figure(doc: dict, metrics: Sequence[str] | None = None, families: Sequ
     return fig
 
 
+FIGURE_SUFFIXES = (".png", ".pdf")
+
+
+def figure_paths(prefix: str | Path) -> list[Path]:
+    """The two files a figure with output ``prefix`` is written to: ``<prefix>.png`` and
+    ``<prefix>.pdf``. A prefix that already ends in ``.png`` or ``.pdf`` (``--out fig.png``) stands
+    for its stem, so ``fig.png`` gives ``fig.png`` and ``fig.pdf`` (not ``fig.png.png``)."""
+    prefix = Path(prefix)
+    if prefix.suffix.lower() in FIGURE_SUFFIXES:
+        prefix = prefix.with_suffix("")
+    return [prefix.with_name(prefix.name + suffix) for suffix in FIGURE_SUFFIXES]
+
+
 def plot_report(doc: dict, out_prefix: str | Path, metrics: Sequence[str] | None = None,
                 families: Sequence[str] | None = None) -> list[Path]:
     """Draw D(w) per metric (one panel each) with se bars and fitted laws; save PNG and PDF.
 
     Args:
         doc: a fit file dict (:func:`truncsens.fitfile.fit_document` or :func:`truncsens.fitfile.read_fit_file`).
-        out_prefix: path without suffix; ``<prefix>.png`` and ``<prefix>.pdf`` are written.
+        out_prefix: output prefix; ``<prefix>.png`` and ``<prefix>.pdf`` are written (:func:`figure_paths`).
         metrics: panels to draw (default: all metrics in the file).
         families: laws to draw (default: every fitted family).
 
@@ -136,9 +149,8 @@ def plot_report(doc: dict, out_prefix: str | Path, metrics: Sequence[str] | None
         ValueError: unknown metric, or nothing to draw.
     """
     fig = build_figure(doc, metrics, families)
-    out_prefix = Path(out_prefix)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out_prefix.with_name(out_prefix.name + ".png"), out_prefix.with_name(out_prefix.name + ".pdf")]
+    paths = figure_paths(out_prefix)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(paths[0], dpi=150)
     fig.savefig(paths[1])
     return paths
@@ -149,7 +161,7 @@ def plot_comparison(cmp: PolicyComparison, stem: str | Path, metric: str | None 
 
     Args:
         cmp: the comparison.
-        stem: output path without suffix; ``.png`` and ``.pdf`` are written.
+        stem: output prefix; ``<stem>.png`` and ``<stem>.pdf`` are written (:func:`figure_paths`).
         metric: which metric (default: the first of the comparison).
 
     Returns:
@@ -184,9 +196,8 @@ def plot_comparison(cmp: PolicyComparison, stem: str | Path, metric: str | None 
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_name(stem.name + ".png"), stem.with_name(stem.name + ".pdf")]
+    paths = figure_paths(stem)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
     for path in paths:
         fig.savefig(path, dpi=150)
     return paths

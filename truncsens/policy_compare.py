@@ -233,6 +233,7 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
                         seed=cfg.seed, level=cfg.level)
     extra = []
     if truncation is not None:
+        notes += truncation_mismatch(ds, truncation)
         extra = [(f"truncation{'' if c.policy is None else '[' + c.policy + ']'}", c) for c in curves_of(truncation, list(cfg.metrics))]
     for name, curve in list(named) + extra:
         fits.extend(_power_fits(name, curve, fit_cfg))
@@ -240,6 +241,28 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         notes.append(f"every target's value is its mean over {R} draws of the randomized policies (deterministic "
                      "policies: the same value in every draw); the spread between draws is listed below")
     return PolicyComparison(policies, budgets, table, ratios, fits, notes, tuple(cfg.metrics), cfg.level, R, spread)
+
+
+TRUNCATION_CHECKED = ("model", "corpus_sha256", "reference_context")
+
+
+def truncation_mismatch(ds: xr.Dataset, truncation: xr.Dataset) -> list[str]:
+    """Notes on how a ``--truncation`` window run differs from the policy run it is set beside: its
+    model, corpus (hash) or reference context N (:data:`TRUNCATION_CHECKED`), and whether it measured
+    other targets (doc, position). Empty when they agree; the comparison still runs (a note, not an
+    error: a truncation α from another run is a legitimate, if looser, yardstick)."""
+    notes = []
+    for key in TRUNCATION_CHECKED:
+        a, b = ds.attrs.get(key), truncation.attrs.get(key)
+        if a is not None and b is not None and str(a) != str(b):
+            notes.append(f"the truncation run has {key} {b}, the policy run {a}")
+    same_targets = (ds.sizes["target"] == truncation.sizes["target"]
+                    and np.array_equal(ds["doc"].values.astype(str), truncation["doc"].values.astype(str))
+                    and np.array_equal(ds["position"].values, truncation["position"].values))
+    if not same_targets:
+        notes.append(f"the truncation run measured other targets ({truncation.sizes['target']} against "
+                     f"{ds.sizes['target']}): its alpha is not paired with the policies'")
+    return notes
 
 
 def _power_fits(name: str, curve: Curve, cfg: FitConfig) -> list[dict]:

@@ -214,7 +214,7 @@ class MeasureConfig:
             given = [f"--{name.replace('_', '-')}" for name, default in
                      (("block_fraction", DEFAULT_BLOCK_FRACTION), ("block_size", DEFAULT_BLOCK_SIZE)) if getattr(self, name) != default]
             if given:
-                raise MeasureError(f"{' and '.join(given)} set the block protocol's passes; they need --protocol block "
+                raise MeasureError(f"{' and '.join(given)} {'sets' if len(given) == 1 else 'set'} the block protocol's passes; they need --protocol block "
                                    f"(this run uses --protocol {self.protocol})")
             return
         window_like = self.policies is None or (len(self.policies) == 1 and self.policies[0] in BLOCK_POLICIES)
