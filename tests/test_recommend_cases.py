@@ -71,6 +71,21 @@ def test_short_reference_context_recommends_97_and_warns_that_770_reaches_n():
     assert any("reaches the reference context N = 256" in w for w in low.warnings)
 
 
+def test_window_beyond_the_models_whole_context_is_warned_once():
+    """N = the model's context (1024) and the law's window 1600 exceeds it: one warning says eps is not
+    reachable with this model's context; the N warning (implied) is left out. With a model context of
+    4096 the window fits the model, and the N warning is the one given."""
+    eps = 0.01
+    f = lambda w: eps * (1599.5 / w) ** 0.5  # noqa: E731 - w(eps) = 1599.5 > every measured window
+    [rec] = recommend(_doc(f, POW2, 1024, attrs={"max_context": 1024}), [eps], "tv")
+    assert rec.basis == "law" and rec.window == 1600
+    assert [w for w in rec.warnings if "context" in w] == [
+        "w(eps) = 1600 (+0 sinks) exceeds the model's context of 1024 tokens: eps is not reachable with this model's context"]
+    [roomy] = recommend(_doc(f, POW2, 1024, attrs={"max_context": 4096}), [eps], "tv")
+    assert [w.split(":")[0] for w in roomy.warnings if "context" in w] == [
+        "the law's w(eps) = 1600 (+0 sinks) reaches the reference context N = 1024"]
+
+
 def test_measured_crossing_interval_from_the_document_bootstrap():
     ds = curve_results({"tv": lambda w: 0.05 * w**-0.5}, POW2, n_docs=30, doc_noise=0.3, seed=7)
     doc = fit_results(["x.nc"], FitConfig(metrics=("tv",), families=("power",), n_boot=200), datasets=[ds]).to_json()

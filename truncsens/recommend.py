@@ -18,7 +18,8 @@ Per curve, metric and eps (windows in tokens):
    not decrease, or whose w(eps) overflows, says "eps not reachable with this law" (w = inf).
 
 Warnings: w(eps) (law or measured) reaching the reference context N (D(w) is measured against a
-reference of N tokens: a window >= N is not a measurement), the model's context, extrapolation
+reference of N tokens: a window >= N is not a measurement; left out when N is the model's whole
+context and the window exceeds it, which the next warning says), the model's context, extrapolation
 beyond the measured windows, eps at or below the float32 noise floor (docs/precision.md), and a
 power law that extrapolates worse than the exponential one.
 """
@@ -234,11 +235,14 @@ def _warn(rec: Recommendation, finite_w: list[int], positive: np.ndarray, n_ref:
         if w < min(finite_w):
             rec.warnings.append(f"w(eps) = {w:.4g} lies below the smallest measured window ({min(finite_w)}): "
                                 "an extrapolation of the law")
+    beyond_context = bool(context and window is not None and window + sinks > context)
     for name, value in (("the law's w(eps)", w), ("the recommended window", window)):
         if n_ref and value is not None and math.isfinite(value) and value + sinks >= n_ref and (name != "the recommended window" or rec.basis != "law"):
+            if beyond_context and n_ref >= context and value + sinks > context:
+                continue  # N is the model's whole context: the warning below says more
             rec.warnings.append(f"{name} = {value:.4g} (+{sinks} sinks) reaches the reference context N = {n_ref}: D(w) is "
                                 "measured against a reference of N tokens, so no measurement supports a window that long")
-    if context and window is not None and window + sinks > context:
+    if beyond_context:
         rec.warnings.append(f"w(eps) = {window} (+{sinks} sinks) exceeds the model's context of {context} tokens: "
                             "eps is not reachable with this model's context")
     if rec.eps <= floor:
