@@ -39,7 +39,7 @@ def certify(
     """Measure the coverage and tightness of Hájek error certificates (poisson vs topk vs random)."""
     from truncsens import results
     from truncsens.certify.config import CertifyConfig
-    from truncsens.certify.report import figure_paths, format_summary, save_figures, summarize
+    from truncsens.certify.report import certify_figure_paths, format_summary, save_figures, summarize
     from truncsens.certify.run import run_certify
 
     from truncsens.fitfile import check_new_files, sanitize
@@ -51,7 +51,7 @@ def certify(
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
             resume=resume, overwrite=overwrite, progress=progress, command="truncsens " + " ".join(sys.argv[1:]))
         # before anything is computed: the figures and (unless resuming) the results file, named together
-        check_new_files([*([] if resume else [cfg.out]), *figure_paths(Path(cfg.out).with_suffix(""))], overwrite)
+        check_new_files([*([] if resume else [cfg.out]), *certify_figure_paths(Path(cfg.out).with_suffix(""))], overwrite)
         done = run_certify(cfg)
         ds = results.load(done.path)
         summary = summarize(ds, seed=cfg.seed)

@@ -54,7 +54,8 @@ def certify_attribution(
             min_distance=min_distance, trajectory=trajectory, trajectory_budget=trajectory_budget, seed=seed,
             device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
             overwrite=overwrite, progress=progress, command="truncsens " + " ".join(sys.argv[1:]))
-        check_new_files([curves_path(Path(cfg.out).with_suffix(""))], overwrite)  # before anything is computed
+        # before anything is computed: the results file and its figure, named together
+        check_new_files([cfg.out, curves_path(Path(cfg.out).with_suffix(""))], overwrite)
         done = run_attribution(cfg)
         summary = summarize_attribution(done.dataset, seed=cfg.seed)
         figure = save_curves(done.dataset, Path(done.path).with_suffix(""))

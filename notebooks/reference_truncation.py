@@ -13,8 +13,10 @@
 # Reproduces the README's figures from the commands' results files in the repository's `results/`
 # folder, wherever the notebook is started from. Open it with Jupyter (`pip install jupyter jupytext`,
 # then `jupytext --to notebook notebooks/reference_truncation.py` and open the `.ipynb`), or run it as a
-# script: `python notebooks/reference_truncation.py`. If a results file is missing, the first cell
-# says so and measures it (about 2 minutes per domain on 2 idle CPU cores).
+# script: `python notebooks/reference_truncation.py`. If a window results file is missing, the first
+# cell says so and measures it (about 2 minutes per domain on 2 idle CPU cores). The policy section
+# needs the README's two streaming runs (`results/stream-a.nc`, `results/stream-b.nc`, about an hour);
+# without them it says so and is skipped.
 
 # %%
 from truncsens.notebook import ensure_results, repo_root

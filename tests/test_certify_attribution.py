@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from truncsens.cli.main import app
 
 from truncsens.certify.attribution import (
-    FAILURE_NLL, attribution_statistics, auc, by_documents, certificate_score, failures, gated_removal,
+    FAILURE_NLL, attribution_statistics, auc, by_documents, certificate_score, failures, gated_removal_curve,
     random_removal, removal_curves, verdict_above,
 )
 from truncsens.certify.tasks import TaskError, copy_positions, copy_vocabulary, kv_document
@@ -104,11 +104,11 @@ def test_gated_removal_hand_example():
     scores = np.array([5.0, 4.0, 4.0, 3.0, 1.0])
     caused = np.array([0, 1, 0, 1, 1], bool)
     # 40 %: 2 targets: the 5 (not caused), then one of the two tied 4s (one of them caused): 1/2 of 1 of 3
-    assert gated_removal(scores, caused, 0.4) == pytest.approx(1 / 6)
-    assert gated_removal(scores, caused, 0.2) == 0.0
-    assert gated_removal(scores, caused, 0.6) == pytest.approx(1 / 3)  # both 4s
-    assert gated_removal(scores, caused, 1.0) == 1.0
-    assert math.isnan(gated_removal(scores, np.zeros(5, bool), 0.4))
+    assert gated_removal_curve(scores, caused, [0.4])[0] == pytest.approx(1 / 6)
+    assert gated_removal_curve(scores, caused, [0.2])[0] == 0.0
+    assert gated_removal_curve(scores, caused, [0.6])[0] == pytest.approx(1 / 3)  # both 4s
+    assert gated_removal_curve(scores, caused, [1.0])[0] == 1.0
+    assert math.isnan(gated_removal_curve(scores, np.zeros(5, bool), [0.4])[0])
     assert random_removal(5, 0.4) == 0.4 and random_removal(5, 0.3) == 0.4  # ceil(1.5) = 2 of 5
     curves = removal_curves(scores, -scores, caused, np.array([0.0, 0.4, 1.0]))
     assert curves["certificate"].tolist() == pytest.approx([0, 1 / 6, 1])

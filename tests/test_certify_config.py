@@ -42,6 +42,14 @@ def test_the_resume_fingerprint_keeps_its_keys():
     keys = sorted(CertifyConfig().fingerprint(budgets_tokens=[8]))
     assert keys == ["budgets", "budgets_tokens", "corpus", "delta", "docs_per_shard", "domain", "dtype", "max_docs",
                     "model", "n_sink", "reference_context", "seed", "split", "targets_per_doc", "text_field"]
+    # and its values: the hashes of runs written before CertifyBase existed (computed at commit 7f2fd59), so
+    # their shards still resume
+    from truncsens.engine.shards import fingerprint_hash
+
+    assert fingerprint_hash(CertifyConfig().fingerprint(budgets_tokens=[8])) == (
+        "c3a2b033842428559c059051e6967d8fe874017204279950ee0d549df897a85a")
+    assert fingerprint_hash(CertifyConfig(seed=3, budgets="40", n_sink=2).fingerprint(budgets_tokens=[40])) == (
+        "dcfb646829e71108e440563997de5cb5b114e09d6876906c0b9ac2c3e162d04a")
 
 
 @pytest.mark.parametrize("cls", [CertifyConfig, AttributionConfig])

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from truncsens.certify.attribution import (
-    attribution_statistics, auc, gated_removal, gated_removal_curve, random_removal, removal_curves,
+    attribution_statistics, auc, gated_removal_curve, random_removal, removal_curves,
 )
 
 
 def naive_gated_removal(scores, caused, fraction):
-    """gated_removal as it was: one pass per distinct score, highest first."""
+    """gated_removal (now gated_removal_curve) as it was: one pass per distinct score, highest first."""
     if not 0 <= fraction <= 1:
         raise ValueError(f"a recomputation fraction must lie in [0, 1], got {fraction}")
     s = np.nan_to_num(np.asarray(scores, float), nan=-np.inf, posinf=np.inf, neginf=-np.inf)
@@ -73,7 +73,6 @@ def test_curve_equals_the_per_score_loop_exactly(seed):
         fractions = np.concatenate([FRACTIONS, rng.random(5), np.arange(n + 1) / n])  # every cut, between groups too
         want = np.array([naive_gated_removal(scores, caused, f) for f in fractions])
         np.testing.assert_array_equal(gated_removal_curve(scores, caused, fractions), want)  # NaN where no cause
-        assert [gated_removal(scores, caused, f) for f in fractions[:10]] == pytest.approx(want[:10], nan_ok=True)
 
 
 def test_curve_by_hand_with_ties_nan_and_inf():
@@ -112,6 +111,6 @@ def test_no_caused_failure_and_bad_fractions():
     assert np.isnan(gated_removal_curve(np.array([]), np.array([], bool), [0.5])).all()  # nothing caused
     for bad in (-0.1, 1.5, math.nan):
         with pytest.raises(ValueError, match=rf"must lie in \[0, 1\], got {bad}"):
-            gated_removal(np.ones(3), np.ones(3, bool), bad)
+            gated_removal_curve(np.ones(3), np.ones(3, bool), [bad])
         with pytest.raises(ValueError, match="must lie in"):
             removal_curves(np.ones(3), np.ones(3), np.ones(3, bool), [0.2, bad])

@@ -100,3 +100,20 @@ def test_existing_figures_are_not_replaced_without_overwrite(tmp_path, tiny_llam
                               "--budgets", "25%", "--max-docs", "1", "--out", str(out), "--no-progress"])
     assert res.exit_code == 2 and "c-scatter.png" in res.output and "--overwrite" in res.output
     assert figure.read_bytes() == b"mine" and not out.exists()  # refused before anything was computed
+
+
+@pytest.mark.parametrize("command", ["certify", "certify-attribution"])
+def test_results_file_and_figure_refused_together_and_a_folder_named_as_one(tmp_path, tiny_llama_dir, corpus_dir,
+                                                                            command):
+    out = tmp_path / "c.nc"
+    out.write_bytes(b"earlier")
+    figure = tmp_path / ("c-reliability.png" if command == "certify" else "c-recomputation.png")
+    figure.write_bytes(b"mine")
+    base = [command, "--model", tiny_llama_dir, "--corpus", corpus_dir, "--no-progress"]
+    res = runner.invoke(app, base + ["--out", str(out)])
+    assert res.exit_code == 2 and str(out) in res.output and figure.name in res.output, res.output
+    assert out.read_bytes() == b"earlier" and figure.read_bytes() == b"mine"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    res = runner.invoke(app, base + ["--out", str(folder), "--overwrite"])  # --overwrite cannot help: say so
+    assert res.exit_code == 2 and f"{folder} is a folder" in res.output and "--overwrite" not in res.output

@@ -287,22 +287,3 @@ def test_cli_draws_zero(tiny_llama_dir, corpus_dir, tmp_path):
     assert res.exit_code == 2
     assert res.output.strip().splitlines()[-1] == "error: --draws must be at least 1, got 0"
     assert not out.exists() and not list(tmp_path.iterdir())
-
-
-def test_truncation_mismatch_names_what_differs():
-    """compare-policies --truncation notes a window run of another N, model or corpus, or other targets."""
-    import xarray as xr
-
-    from truncsens.policy_compare import truncation_mismatch
-
-    def run(n, docs, positions, **attrs):
-        return xr.Dataset(coords={"doc": ("target", docs), "position": ("target", positions)},
-                          attrs={"model": "reference", "corpus_sha256": "abc", "reference_context": n, **attrs})
-
-    policy = run(1024, ["a", "b"], [1500, 2000])
-    assert truncation_mismatch(policy, run(1024, ["a", "b"], [1500, 2000])) == []
-    notes = truncation_mismatch(policy, run(256, ["a", "b"], [1500, 2001], model="other"))
-    assert notes == ["the truncation run has model other, the policy run reference",
-                     "the truncation run has reference_context 256, the policy run 1024",
-                     "the truncation run measured other targets (2 against 2): its alpha is not paired with the policies'"]
-    assert len(truncation_mismatch(policy, run(1024, ["a"], [1500]))) == 1

@@ -16,7 +16,8 @@ import torch
 from conftest import requires_reference
 from truncsens.divergences import kl
 from truncsens.engine.evict_attention import (
-    NAME, EvictAttentionError, chunked_attention, evict_attention, evict_kwargs, flex_evict_attention, supported,
+    NAME, EvictAttentionError, chunked_attention, evict_attention, evict_attention_forward, evict_kwargs, flex_evict_attention,
+    supported,
 )
 from truncsens.engine.forward import last_logprobs, next_token_logprobs
 from truncsens.engine.layer_windows import LayerWindows
@@ -119,6 +120,29 @@ def test_flex_block_mask_built_once_per_window(monkeypatch):
         torch.testing.assert_close(got, dense_reference(query, key, value, evict, offset, 8 ** -0.5, window),
                                    atol=1e-6, rtol=1e-5)
     assert len(built) == 2 and len(plans) == 2
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_backend_shares_its_block_mask_over_the_layers_of_one_call(monkeypatch):
+    """The attention function of a forward call passes the call's plans to the flex backend: three
+    layers (no windows) build one block mask, and each still equals the dense mask."""
+    import types
+
+    import torch.nn.attention.flex_attention as fa
+
+    built = []
+    real = fa.create_block_mask
+    monkeypatch.setattr(fa, "create_block_mask", lambda *a, **k: built.append(1) or real(*a, **k))
+    evict, offset = random_evictions(2, 20, None, seed=5)
+    call = evict_kwargs(evict, offset, backend="flex")  # what one model(...) call carries
+    for layer in range(3):
+        query, key, value = qkv(T=20, seed=30 + layer)
+        with torch.no_grad():
+            out, _ = evict_attention_forward(types.SimpleNamespace(layer_idx=layer, training=False), query, key, value,
+                                             None, None, **call)
+        want = dense_reference(query, key, value, evict, offset, 8 ** -0.5).transpose(1, 2)  # [B, T, H, D]
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-5)
+    assert len(built) == 1
 
 
 def test_only_last_queries():

@@ -40,3 +40,15 @@ def test_record_without_attention_leaves_the_mass_alone():
     out.record(0, 0, slice(0, 1), 0, lp, lp, torch.tensor([2]), torch.ones(1, 5, dtype=torch.bool))
     assert out.evicted_attention_mass[0, 0, 0, 0] == 0 and out.kept_tokens[0, 0, 0, 0] == 5
     assert out.metrics["top1_agree"][0, 0, 0, 0] == 1
+
+
+def test_metric_arrays_and_store_metrics_at_a_numpy_index():
+    from truncsens.engine.kernel import metric_arrays, store_metrics
+
+    arrays = metric_arrays((3, 2))
+    assert arrays["top1_agree"].dtype == np.int8 and arrays["kl"].shape == (3, 2)
+    ref = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64))
+    kept = torch.log(torch.tensor([[0.9, 0.1]], dtype=torch.float64))
+    assert store_metrics(arrays, (np.array([2]), 1), ref, kept, torch.tensor([1])) == 0
+    np.testing.assert_allclose(arrays["tv"], [[0, 0], [0, 0], [0, 0.4]], atol=1e-7)
+    np.testing.assert_allclose(arrays["nll_kept"][2, 1], -np.log(0.1), rtol=1e-6)

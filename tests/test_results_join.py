@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import xarray as xr
 from typer.testing import CliRunner
 
 from truncsens import results
@@ -102,3 +103,24 @@ def test_compare_policies_takes_several_runs(tmp_path):
     assert header.split()[1:] == ["sink_recent", "random", "h2o"]
     bad = CliRunner().invoke(app, ["compare-policies", str(tmp_path / "a.nc"), str(tmp_path / "a.nc")])
     assert bad.exit_code == 2 and "appears in more than one run" in bad.stderr
+
+
+def test_truncation_mismatch_names_what_differs():
+    """compare-policies --truncation notes a window run of another model revision, N or corpus, other
+    targets, or an attr only one of the runs has."""
+    from truncsens.policy_compare import truncation_mismatch
+
+    def run(n, docs, positions, **attrs):
+        return xr.Dataset(coords={"doc": ("target", docs), "position": ("target", positions)},
+                          attrs={"model": "reference", "corpus_sha256": "abc", "reference_context": n, **attrs})
+
+    policy = run(1024, ["a", "b"], [1500, 2000], semantics="streaming")
+    assert truncation_mismatch(policy, run(1024, ["a", "b"], [1500, 2000], semantics="reencode")) == []
+    notes = truncation_mismatch(policy, run(256, ["a", "b"], [1500, 2001], model="other", model_revision="v2"))
+    assert notes == ["the truncation run has model other, the policy run reference",
+                     "the truncation run has model_revision v2, the policy run None",
+                     "the truncation run has reference_context 256, the policy run 1024",
+                     "the truncation run measured other targets (other positions, 2 each): its alpha is not paired "
+                     "with the policies'"]
+    assert truncation_mismatch(policy, run(1024, ["a"], [1500]))[-1].startswith(
+        "the truncation run measured other targets (1 against 2)")

@@ -86,8 +86,12 @@ def check_new_files(paths: Sequence[str | Path | None], overwrite: bool) -> None
     """Refuse to replace files that exist unless ``overwrite`` (called before computing anything).
 
     Raises:
+        IsADirectoryError: a path is a folder (``--overwrite`` would not help: give a file path).
         FileExistsError: one message naming every existing file and the ``--overwrite`` option.
     """
+    for p in paths:
+        if p is not None and Path(p).is_dir():
+            raise IsADirectoryError(f"{p} is a folder; give a file path inside it")
     if overwrite:
         return
     there = [str(p) for p in paths if p is not None and Path(p).exists()]

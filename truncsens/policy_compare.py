@@ -35,7 +35,7 @@ from truncsens.fitfile import sanitize
 from truncsens.fitting import FitConfig, fit_curve
 from truncsens.laws import FitError
 from truncsens.results import ResultsError, load, sweep_dim
-from truncsens.results_join import policy_names
+from truncsens.results_join import SAME_SOURCE, attr_differences, policy_names, target_difference
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
 DEFAULT_NUMERATOR, DEFAULT_DENOMINATOR = "random", "sink_recent"
@@ -243,25 +243,17 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
     return PolicyComparison(policies, budgets, table, ratios, fits, notes, tuple(cfg.metrics), cfg.level, R, spread)
 
 
-TRUNCATION_CHECKED = ("model", "corpus_sha256", "reference_context")
-
-
 def truncation_mismatch(ds: xr.Dataset, truncation: xr.Dataset) -> list[str]:
-    """Notes on how a ``--truncation`` window run differs from the policy run it is set beside: its
-    model, corpus (hash) or reference context N (:data:`TRUNCATION_CHECKED`), and whether it measured
-    other targets (doc, position). Empty when they agree; the comparison still runs (a note, not an
-    error: a truncation α from another run is a legitimate, if looser, yardstick)."""
-    notes = []
-    for key in TRUNCATION_CHECKED:
-        a, b = ds.attrs.get(key), truncation.attrs.get(key)
-        if a is not None and b is not None and str(a) != str(b):
-            notes.append(f"the truncation run has {key} {b}, the policy run {a}")
-    same_targets = (ds.sizes["target"] == truncation.sizes["target"]
-                    and np.array_equal(ds["doc"].values.astype(str), truncation["doc"].values.astype(str))
-                    and np.array_equal(ds["position"].values, truncation["position"].values))
-    if not same_targets:
-        notes.append(f"the truncation run measured other targets ({truncation.sizes['target']} against "
-                     f"{ds.sizes['target']}): its alpha is not paired with the policies'")
+    """Notes on how a ``--truncation`` window run differs from the policy run it is set beside: an attr
+    of :data:`~truncsens.results_join.SAME_SOURCE` (model and revision, tokenizer, dtype, N, corpus,
+    split, seed, ...), or other targets (doc, position). Empty when they agree; the comparison still
+    runs (a note, not an error: a truncation α from another run is a legitimate, if looser, yardstick)."""
+    notes = [f"the truncation run has {key} {b}, the policy run {a}"
+             for key, a, b in attr_differences(ds, truncation, SAME_SOURCE)]
+    if target_difference(ds, truncation, ("doc", "position")) is not None:
+        n, m = truncation.sizes["target"], ds.sizes["target"]
+        which = f"{n} against {m}" if n != m else f"other positions, {n} each"
+        notes.append(f"the truncation run measured other targets ({which}): its alpha is not paired with the policies'")
     return notes
 
 

@@ -30,6 +30,31 @@ SAME_MEASUREMENT = ("model", "model_revision", "tokenizer", "dtype", "semantics"
                     "block_extra_context")
 ATTR_DEFAULTS = {k: LATER_OPTIONS[k] for k in ("chunk", "granularity", "protocol")}  # block_*: absent from exact runs alike
 TARGET_COORDS = ("doc", "position", "token_id", "actual_context")  # actual_context: block-protocol runs
+# what a window run must share with a policy run to be its truncation yardstick (compare-policies --truncation):
+# the model, its inputs and the target draw; semantics, positions and protocol may differ
+SAME_SOURCE = ("model", "model_revision", "tokenizer", "dtype", "reference_context", "corpus", "corpus_sha256",
+               "split", "seed", "bos_rule", "tokenizer_adds")
+
+
+def attr_differences(a: xr.Dataset, b: xr.Dataset, keys: Sequence[str]) -> list[tuple[str, object, object]]:
+    """(key, value in ``a``, value in ``b``) of every attr of ``keys`` that differs; an attr a file lacks
+    reads as its option's default (:data:`ATTR_DEFAULTS`), or None."""
+    out = []
+    for key in keys:
+        va, vb = (ds.attrs.get(key, ATTR_DEFAULTS.get(key)) for ds in (a, b))
+        if va != vb:
+            out.append((key, _plain(va), _plain(vb)))
+    return out
+
+
+def target_difference(a: xr.Dataset, b: xr.Dataset, coords: Sequence[str] = TARGET_COORDS) -> str | None:
+    """The first target coord of ``coords`` that ``a`` and ``b`` do not share equal (present in one
+    only, or other values), or None when they measured the same targets."""
+    for coord in coords:
+        if (coord in a.coords) != (coord in b.coords) or (
+                coord in a.coords and not np.array_equal(a[coord].values, b[coord].values)):
+            return coord
+    return None
 
 
 def _plain(value):
@@ -75,22 +100,18 @@ def join_policy_runs(runs: Sequence[xr.Dataset], sources: Sequence[str] | None =
     for ds, name in zip(runs, sources):
         if "budget" not in ds.dims:
             raise ResultsError(f"{name} is not a policy sweep (no budget dim): join only runs of truncsens measure --policy")
-        for key in SAME_MEASUREMENT:
-            a, b = (run.attrs.get(key, ATTR_DEFAULTS.get(key)) for run in (first, ds))
-            if a != b:
-                raise ResultsError(f"{name} and {name0} are different measurements: {key} is {_plain(b)!r} there "
-                                   f"and {_plain(a)!r} here")
+        for key, a, b in attr_differences(first, ds, SAME_MEASUREMENT)[:1]:
+            raise ResultsError(f"{name} and {name0} are different measurements: {key} is {b!r} there and {a!r} here")
         if not np.array_equal(ds["budget"].values, first["budget"].values):
             raise ResultsError(f"{name} and {name0} have different budgets: {ds['budget'].values.tolist()} "
                                f"and {first['budget'].values.tolist()}")
         if ds.sizes.get("draw") != first.sizes.get("draw"):
             raise ResultsError(f"{name} and {name0} have different numbers of draws: "
                                f"{ds.sizes.get('draw', 1)} and {first.sizes.get('draw', 1)}")
-        for coord in TARGET_COORDS:
-            if (coord in ds.coords) != (coord in first.coords) or (
-                    coord in ds.coords and not np.array_equal(ds[coord].values, first[coord].values)):
-                raise ResultsError(f"{name} and {name0} measure different targets (coord {coord} differs): "
-                                   "join only runs with the same corpus, N, seed and targets per document")
+        coord = target_difference(ds, first)
+        if coord is not None:
+            raise ResultsError(f"{name} and {name0} measure different targets (coord {coord} differs): "
+                               "join only runs with the same corpus, N, seed and targets per document")
         for policy in policy_names(ds):
             if policy in seen:
                 raise ResultsError(f"policy {policy} appears in more than one run ({name})")

@@ -20,7 +20,7 @@ Definitions, fixed before any result was looked at:
 - **gated recomputation** at a fraction f: the ``ceil(f·n)`` targets with the highest certificate
   (lowest confidence) are recomputed with the full cache; reported is the share of eviction-caused
   failures among them, ties at the cut broken uniformly at random (expected value,
-  :func:`gated_removal`); random gating removes ``ceil(f·n)/n`` in expectation.
+  :func:`gated_removal_curve`); random gating removes ``ceil(f·n)/n`` in expectation.
 - intervals: percentile bootstrap over documents (:mod:`truncsens.stats`), paired across statistics
   (every statistic of one resample uses the same documents).
 """
@@ -103,10 +103,11 @@ def auc(scores: np.ndarray, positive: np.ndarray) -> float:
 
 
 def gated_removal_curve(scores: np.ndarray, caused: np.ndarray, fractions) -> np.ndarray:
-    """:func:`gated_removal` at every fraction, the scores sorted once: groups of tied scores,
-    highest first, with cumulative sizes and eviction-caused counts; the first ``m = ceil(f·n)``
-    targets take the whole groups that fit and ``take / size`` of the next one's caused failures
-    (the expected share under uniform tie-breaking).
+    """Expected share of eviction-caused failures among the ``ceil(f·n)`` highest-scoring targets, at
+    every fraction f, ties at the cut broken uniformly at random. The scores are sorted once: groups
+    of tied scores, highest first, with cumulative sizes and eviction-caused counts; the first
+    ``m = ceil(f·n)`` targets take the whole groups that fit and ``take / size`` of the next one's
+    caused failures (the expected share under uniform tie-breaking).
 
     Args:
         scores: [n] gate scores (higher = recompute first; NaN ranks last, with −inf);
@@ -138,23 +139,6 @@ def gated_removal_curve(scores: np.ndarray, caused: np.ndarray, fractions) -> np
     size, hits = np.append(size, 1), np.append(hits, 0.0)  # [G + 1]: an empty group after the last
     partial = (m - start) / size[full] * hits[full]  # [F] expected caused failures of the cut group
     return (before + partial) / total
-
-
-def gated_removal(scores: np.ndarray, caused: np.ndarray, fraction: float) -> float:
-    """Expected share of eviction-caused failures among the ``ceil(fraction·n)`` highest-scoring
-    targets, ties at the cut broken uniformly at random (NaN scores rank last).
-
-    Args:
-        scores: [n] gate scores (higher = recompute first); caused: [n] bool eviction-caused.
-        fraction: share of targets recomputed, in [0, 1].
-
-    Returns:
-        float in [0, 1]; NaN without eviction-caused failures (:func:`gated_removal_curve` at one fraction).
-
-    Raises:
-        ValueError: fraction outside [0, 1].
-    """
-    return float(gated_removal_curve(scores, caused, [fraction])[0])
 
 
 def random_removal(n: int, fraction: float) -> float:

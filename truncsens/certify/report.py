@@ -143,7 +143,7 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def figure_paths(stem: str | Path) -> list[Path]:
+def certify_figure_paths(stem: str | Path) -> list[Path]:
     """The files :func:`save_figures` writes: ``<stem>-reliability.png`` and ``<stem>-scatter.png``."""
     stem = Path(stem)
     return [stem.with_name(stem.name + "-reliability.png"), stem.with_name(stem.name + "-scatter.png")]
@@ -157,7 +157,7 @@ def save_figures(ds, summary: dict, stem: str | Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     stem = Path(stem)
-    paths = figure_paths(stem)
+    paths = certify_figure_paths(stem)
     fig, ax = plt.subplots(figsize=(4.5, 4))
     rel = summary["reliability"]
     nominal = [r["nominal"] for r in rel]

@@ -24,10 +24,9 @@ from truncsens import results
 from truncsens.certify.config import CertifyConfig
 from truncsens.certify.passes import certify_batch
 from truncsens.certify.probe import check_model
-from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.documents import prepare_documents
-from truncsens.engine.kernel import policy_seeds
+from truncsens.engine.kernel import metric_arrays, policy_seeds, store_metrics
 from truncsens.engine.measure import provenance, resolve_reference_context
 from truncsens.engine.semantics import SEMANTICS
 from truncsens.engine.shards import check_output, run_shards
@@ -79,7 +78,7 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
     under the full cache), argmax_kept / confidence_kept [P, n, K], n_clamped."""
     n, N = plan.context.shape
     P, K = len(sweep.policies), len(sweep.budgets)
-    metrics = {m: np.zeros((P, n, K), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
+    metrics = metric_arrays((P, n, K))
     kept_tokens = np.zeros((P, n, K), dtype=np.int32)
     top = {"argmax_ref": np.zeros(n, np.int64), "confidence_ref": np.zeros(n),
            "argmax_kept": np.zeros((P, n, K), np.int64), "confidence_kept": np.zeros((P, n, K))}
@@ -94,10 +93,7 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
         out = certify_batch(model, context[sl], sweep.policies, sweep.budgets, seeds, delta)
         for p in range(P):
             for j in range(K):
-                values, clamped = all_metrics(out.ref_logprobs, out.logprobs[p, j], token_id[sl])
-                state["n_clamped"] += clamped
-                for name, v in values.items():
-                    metrics[name][p, sl, j] = v.cpu().numpy()
+                state["n_clamped"] += store_metrics(metrics, (p, sl, j), out.ref_logprobs, out.logprobs[p, j], token_id[sl])
         kept_tokens[:, sl, :] = out.kept_tokens.permute(0, 2, 1).numpy()
         best, arg = out.ref_logprobs.max(-1)  # [b]
         top["argmax_ref"][sl], top["confidence_ref"][sl] = arg.cpu().numpy(), best.exp().cpu().numpy()

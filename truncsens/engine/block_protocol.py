@@ -17,13 +17,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.block_plan import (
     Blocks, actual_contexts, actual_windows, blocks_of, chunks, extra_context, targets_per_pass,
 )
 from truncsens.engine.config import MeasureError
 from truncsens.engine.forward import last_logprobs
+from truncsens.engine.kernel import metric_arrays, store_metrics
 from truncsens.targets import TargetSet
 
 
@@ -196,7 +196,7 @@ def measure_blocks(
     """
     n, N = targets.context.shape
     S = len(windows)
-    metrics = {m: np.zeros((n, S), dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
+    metrics = metric_arrays((n, S))
     if targets.block is None:
         raise ValueError("the block protocol needs targets drawn in blocks (select_block_targets)")
     blocks = blocks_of(targets.doc, targets.position, targets.block)
@@ -220,10 +220,7 @@ def measure_blocks(
                     store["ref"] = torch.empty(n, lp.shape[-1], dtype=lp.dtype, device=device)
                 store["ref"][idx] = lp
             else:
-                values, n_clamped = all_metrics(store["ref"][idx], lp, token_id[idx])
-                out.n_clamped += n_clamped
-                for name, v in values.items():
-                    metrics[name][idx.cpu().numpy(), j] = v.cpu().numpy()
+                out.n_clamped += store_metrics(metrics, (idx.cpu().numpy(), j), store["ref"][idx], lp, token_id[idx])
             out.forward_tokens += ids.numel()
             if on_tokens:
                 on_tokens(ids.numel())

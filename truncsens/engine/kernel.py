@@ -33,6 +33,30 @@ from truncsens.policies import Kept, Policy
 from truncsens.targets import TargetSet, doc_seed
 
 
+def metric_arrays(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Zero arrays of ``shape`` for every metric of :data:`~truncsens.divergences.METRICS` (float32;
+    ``top1_agree`` int8): the storage every measurement loop fills."""
+    return {m: np.zeros(shape, dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
+
+
+def store_metrics(metrics: dict[str, np.ndarray], index, ref_lp: torch.Tensor, lp: torch.Tensor,
+                  token_id: torch.Tensor) -> int:
+    """Compute every metric of b (reference, kept) pairs (:func:`~truncsens.divergences.all_metrics`,
+    float64) and store them at ``metrics[name][index]``.
+
+    Args:
+        index: numpy index of the b values in each array (e.g. ``(p, r, rows, j)``).
+        ref_lp, lp: [b, V] log-probs (or logits); token_id: [b] observed tokens.
+
+    Returns:
+        The number of values clamped for rounding noise.
+    """
+    values, n_clamped = all_metrics(ref_lp, lp, token_id)
+    for name, v in values.items():
+        metrics[name][index] = v.cpu().numpy()
+    return n_clamped
+
+
 @dataclass
 class KernelOutput:
     """What :func:`measure_draws` and :func:`measure_targets` return.
@@ -56,8 +80,8 @@ class KernelOutput:
     def zeros(cls, P: int, R: int, n: int, K: int, evicted_mass: bool) -> "KernelOutput":
         """Zero arrays [P, R, n, K] (``evicted_attention_mass`` None unless ``evicted_mass``)."""
         shape = (P, R, n, K)
-        metrics = {m: np.zeros(shape, dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
-        return cls(metrics, np.zeros(shape, dtype=np.int32), np.zeros(shape, dtype=np.float32) if evicted_mass else None, 0)
+        return cls(metric_arrays(shape), np.zeros(shape, dtype=np.int32),
+                   np.zeros(shape, dtype=np.float32) if evicted_mass else None, 0)
 
     def record(self, p: int, r: int, rows, j: int, ref_lp: torch.Tensor, lp: torch.Tensor, token_id: torch.Tensor,
                keep_last: torch.Tensor, ref_attention: torch.Tensor | None = None) -> None:
@@ -69,10 +93,7 @@ class KernelOutput:
             ref_attention: [b, N] (or per head) full-context attention of the target query, or None
                 (then ``evicted_attention_mass`` is left as is).
         """
-        values, n_clamped = all_metrics(ref_lp, lp, token_id)
-        self.n_clamped += n_clamped
-        for name, v in values.items():
-            self.metrics[name][p, r, rows, j] = v.cpu().numpy()
+        self.n_clamped += store_metrics(self.metrics, (p, r, rows, j), ref_lp, lp, token_id)
         self.kept_tokens[p, r, rows, j] = np.rint(kept_count(keep_last).cpu().numpy())
         if self.evicted_attention_mass is not None and ref_attention is not None:
             self.evicted_attention_mass[p, r, rows, j] = evicted_mass(ref_attention, keep_last).cpu().numpy()
