@@ -69,3 +69,14 @@ def test_attribution_checks_its_own_fields_first():
         AttributionConfig(copy_rule="bigram", delta=2.0)
     with pytest.raises(CertifyError, match="--trajectory-budget takes one budget"):
         AttributionConfig(trajectory_budget="10,20")
+
+
+@pytest.mark.parametrize("cls", [CertifyConfig, AttributionConfig])
+def test_run_options_are_checked_by_one_measure_config(cls, monkeypatch):
+    from truncsens.engine import config as engine_config
+
+    built = []
+    real = engine_config.MeasureConfig.__post_init__
+    monkeypatch.setattr(engine_config.MeasureConfig, "__post_init__", lambda self: built.append(1) or real(self))
+    cls()
+    assert len(built) == 1

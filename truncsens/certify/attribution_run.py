@@ -79,6 +79,10 @@ class AttributionConfig(CertifyBase):
         if len(parse_budgets(self.trajectory_budget)) != 1:  # the syntax of --budgets, one value
             raise CertifyError(f"--trajectory-budget takes one budget, got {self.trajectory_budget!r}")
 
+    def check_run_options(self) -> None:
+        """Checked by building :meth:`certify_config` (which checks its MeasureConfig once)."""
+        self.certify_config()
+
     def certify_config(self) -> CertifyConfig:
         """The equivalent :class:`CertifyConfig` (documents, policies, budgets): the shared fields,
         one target per document (unused: the task set picks the targets)."""

@@ -116,9 +116,14 @@ class CertifyBase:
         if not 0 < self.delta < 1:
             raise CertifyError(f"--delta must lie strictly between 0 and 1, got {self.delta}")
         self.parsed_budgets = parse_budgets(self.budgets)
-        self.measure_config()  # the run options are checked once, by MeasureConfig (counts, sinks, split, policies)
+        self.check_run_options()
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, self.OUT_SUFFIX))
+
+    def check_run_options(self) -> None:
+        """Check the run options once, by building the equivalent MeasureConfig (counts, sinks, split,
+        policies); a command whose MeasureConfig comes from another config overrides this."""
+        self.measure_config()
 
     def shared_fields(self) -> dict:
         """The values of this class's own fields (those every certify command has), by name."""
