@@ -30,10 +30,9 @@ def compare_policies(
     """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot;
     with several draws (measure --draws R): means over draws per target, and the spread between draws."""
     from truncsens.cli.options import split_list
-    from truncsens.plots import figure_paths
     from truncsens.fitfile import check_new_files, write_json
     from truncsens.fitting import parse_range
-    from truncsens.plots import plot_comparison
+    from truncsens.plots import figure_paths, plot_comparison
     from truncsens.policy_compare import CompareConfig, compare_policies_file, default_plot_stem
     from truncsens.reports import format_comparison, format_draw_spread
 

@@ -100,7 +100,9 @@ def join_policy_runs(runs: Sequence[xr.Dataset], sources: Sequence[str] | None =
     for ds, name in zip(runs, sources):
         if "budget" not in ds.dims:
             raise ResultsError(f"{name} is not a policy sweep (no budget dim): join only runs of truncsens measure --policy")
-        for key, a, b in attr_differences(first, ds, SAME_MEASUREMENT)[:1]:
+        differ = attr_differences(first, ds, SAME_MEASUREMENT)
+        if differ:
+            key, a, b = differ[0]
             raise ResultsError(f"{name} and {name0} are different measurements: {key} is {b!r} there and {a!r} here")
         if not np.array_equal(ds["budget"].values, first["budget"].values):
             raise ResultsError(f"{name} and {name0} have different budgets: {ds['budget'].values.tolist()} "

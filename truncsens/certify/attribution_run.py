@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from truncsens.certify.probe import check_model
 from truncsens.certify.run import certify_sweep, compute_arrays, shard_dataset
 from truncsens.certify.tasks import build_task_set, copy_vocabulary, default_min_distance
 from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
-from truncsens.engine.config import MeasureConfig, MeasureError
+from truncsens.engine.config import MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
 from truncsens.engine.shards import ShardProgress, check_output
 from truncsens.models import LoadedModel, load_model
@@ -87,10 +87,6 @@ class AttributionConfig(CertifyBase):
         """The equivalent :class:`CertifyConfig` (documents, policies, budgets): the shared fields,
         one target per document (unused: the task set picks the targets)."""
         return CertifyConfig(**{**self.shared_fields(), "out": self.out or "unused.nc"}, targets_per_doc=1)
-
-    def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
-        """The :class:`MeasureConfig` of :meth:`certify_config`."""
-        return self.certify_config().measure_config(budgets)
 
 
 @dataclass

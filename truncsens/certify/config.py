@@ -121,9 +121,9 @@ class CertifyBase:
             self.out = str(default_out(self.model, self.corpus, self.domain, self.OUT_SUFFIX))
 
     def check_run_options(self) -> None:
-        """Check the run options once, by building the equivalent MeasureConfig (counts, sinks, split,
-        policies); a command whose MeasureConfig comes from another config overrides this."""
-        self.measure_config()
+        """Check the run options (counts, sinks, split, policies) once, by building the command's
+        equivalent MeasureConfig; each command says how."""
+        raise NotImplementedError
 
     def shared_fields(self) -> dict:
         """The values of this class's own fields (those every certify command has), by name."""
@@ -137,10 +137,6 @@ class CertifyBase:
             CertifyError: a budget at or above N (nothing would be evicted), or at most ``n_sink``.
         """
         return resolve_budgets(self.parsed_budgets, reference_context, self.n_sink)
-
-    def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
-        """The equivalent :class:`MeasureConfig` (each command says how)."""
-        raise NotImplementedError
 
 
 @dataclass
@@ -165,6 +161,10 @@ class CertifyConfig(CertifyBase):
     targets_per_doc: int = 2
     docs_per_shard: int = 8
     resume: bool = False
+
+    def check_run_options(self) -> None:
+        """Checked by building :meth:`measure_config`."""
+        self.measure_config()
 
     def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
         """The equivalent :class:`MeasureConfig` (documents, targets and provenance are shared with
