@@ -233,3 +233,16 @@ def test_streaming_heads_tiny_gpt2(tiny_gpt2_dir, name):
     slow, evict = head_evicting_loop(model, ids, policy, 6, head_seeds(SEEDS, 4), 1)
     assert ev.evict.shape == (2, 4, 20) and torch.equal(ev.evict, evict)
     assert_same(fast, slow)
+
+
+def test_evictions_last_rows_are_the_last_rows_of_kept():
+    """Evictions.last_rows(n): the kept keys of the last n queries, by hand and equal to kept()'s rows."""
+    from truncsens.policies.streaming import Evictions
+
+    evict = torch.tensor([[2, 5, 5, 4, 5]])  # key 0 read by queries 0..1, key 3 by query 3 only
+    ev = Evictions(evict, torch.zeros(1, 5))
+    rows = ev.last_rows(2)  # queries 3 and 4
+    assert rows.tolist() == [[[False, True, True, True, False], [False, True, True, False, True]]]
+    assert torch.equal(rows, ev.kept().keep[:, -2:]) and torch.equal(ev.last_rows(1)[:, 0], ev.last())
+    per_head = Evictions(torch.stack([evict, evict.flip(-1).clamp(min=1)], 1), torch.zeros(1, 2, 5))  # [1, 2, 5]
+    assert torch.equal(per_head.last_rows(3), per_head.kept().keep[..., -3:, :])

@@ -204,13 +204,8 @@ def streaming_block(model, ids: torch.Tensor, policy: Policy, budget: int, seeds
     Returns:
         ([G, B, V] float64 log-probs, [G, B, L] bool keys the query at each of the last B positions read).
     """
-    G, L = ids.shape
     lp, ev = semantics.stream(model, ids, policy, budget, seeds, 1, keep=B)
-    lp = lp.view(G, B, -1)  # [G, B, V] ([G, V] when B = 1)
-    q = torch.arange(L - B, L, device=ids.device).view(1, B, 1)  # [1, B, 1] query positions
-    i = torch.arange(L, device=ids.device).view(1, 1, L)  # [1, 1, L] key positions
-    read = (i <= q) & (q < ev.evict.unsqueeze(1))  # [G, B, L]
-    return lp, read
+    return lp.view(ids.shape[0], B, -1), ev.last_rows(B)  # [G, B, V] ([G, V] when B = 1), [G, B, L]
 
 
 @torch.no_grad()

@@ -72,6 +72,14 @@ class Evictions:
         """[B, T] (or [B, Hkv, T]) bool keys the target's query (T - 1) read."""
         return self.evict >= self.evict.shape[-1]
 
+    def last_rows(self, n: int) -> torch.Tensor:
+        """[..., n, T] bool keys each of the last n queries (T - n .. T - 1) read: ``j <= q < evict[j]``
+        (the rows of :meth:`kept` without building all T; ``last_rows(1)[..., 0, :]`` is :meth:`last`)."""
+        T = self.evict.shape[-1]
+        q = torch.arange(T - n, T, device=self.evict.device).view(n, 1)  # [n, 1] query positions
+        j = torch.arange(T, device=self.evict.device).view(1, T)  # [1, T] key positions
+        return (j <= q) & (q < self.evict.unsqueeze(-2))  # [..., n, T]
+
 
 def chunk_bounds(context_len: int, chunk: int) -> list[tuple[int, int]]:
     """(start, end) of each step: the prompt 0..T-2 in chunks of ``chunk`` tokens, then (T-1, T).
