@@ -49,6 +49,22 @@ def save_tiny_llama(path, max_positions: int = 256, seed: int = 0) -> str:
     return str(path)
 
 
+def hybrid_qwen2():
+    """A random 3-layer Qwen2 (full, sliding, sliding; window 5), GQA 4 / 2 heads, vocab 300, weights at
+    std 0.3 (peaked attention): the hybrid sliding-window model of the windowed-layer tests."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                                         num_key_value_heads=2, num_hidden_layers=3, use_sliding_window=True,
+                                         sliding_window=5, max_window_layers=1, max_position_embeddings=256))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return model.eval()
+
+
 def sharp_tiny_llama(layers: int = 2, seed: int = 0):
     """An in-memory random Llama (vocab 64, hidden 32, 4 query / 2 key-value heads, RoPE) with weights
     drawn at std 0.3, so that attention is peaked and evicting a key visibly moves the output."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import hybrid_qwen2
 from typer.testing import CliRunner
 
 from truncsens import results
@@ -261,19 +262,7 @@ def test_blocks_batched_together_keep_their_own_seeds(llama, semantics_name):
 
 @pytest.fixture(scope="module")
 def hybrid():
-    """A tiny random Qwen2 with layers full, sliding, sliding (window 5), as in tests/test_sliding_window.py."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                                         num_key_value_heads=2, max_position_embeddings=256, num_hidden_layers=3,
-                                         use_sliding_window=True, sliding_window=5, max_window_layers=1,
-                                         tie_word_embeddings=False)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
-    return model
+    return hybrid_qwen2()
 
 
 @pytest.mark.parametrize("semantics_name,names", [("streaming", ["sink_recent", "h2o"]),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import requires_reference
+from conftest import hybrid_qwen2, requires_reference
 from truncsens.divergences import kl
 from truncsens.engine.evict_attention import (
     NAME, EvictAttentionError, chunked_attention, evict_attention, evict_attention_forward, evict_kwargs, flex_evict_attention,
@@ -206,21 +206,6 @@ def test_streaming_equals_dense_tiny_llama(tiny_llama_dir, name):
 
 def test_streaming_offsets_equal_dense_tiny_llama(tiny_llama_dir):
     check_model(load_model(tiny_llama_dir).model, T=40, budget=8, name="random", query_chunk=16, with_offset=True)
-
-
-def hybrid_qwen2():
-    """A random 3-layer Qwen2 (full, sliding, sliding; window 5), GQA 4 / 2 heads."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-                                         num_key_value_heads=2, num_hidden_layers=3, use_sliding_window=True,
-                                         sliding_window=5, max_window_layers=1, max_position_embeddings=256))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
-    return model.eval()
 
 
 @pytest.mark.parametrize("name", OFFLINE)
