@@ -16,7 +16,7 @@ from truncsens.cli.main import app
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.block_plan import block_length, policy_forward_tokens
 from truncsens.engine.block_policies import (
-    check_policy_blocks, decode_block, measure_policy_blocks,
+    check_block_budgets, check_policy_blocks, decode_block, measure_policy_blocks,
 )
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.granularity import evicted_mass
@@ -173,16 +173,21 @@ def test_chunks_above_one_would_not_be_exact(llama):
     (dict(semantics="prefill_evict", positions="reindexed"), "keeps original positions"),
     (dict(granularity="head"), "--granularity token"),
     (dict(chunk=4), "needs --chunk 1"),
-    (dict(budgets=[30]), "budget 30 is larger than the block protocol's shortest reference context 21"),
 ])
 def test_refusals_name_the_exact_protocol(kwargs, fragment):
-    args = dict(semantics="streaming", policies=["h2o"], positions="original", granularity="token", chunk=1,
-                budgets=[8], reference_context=24, block=4)
+    args = dict(semantics="streaming", policies=["h2o"], positions="original", granularity="token", chunk=1)
     args.update(kwargs)
     names = args.pop("policies")
     with pytest.raises(MeasureError, match="--protocol exact") as info:
         check_policy_blocks(args.pop("semantics"), [make_policy(n) for n in names], **args)
     assert fragment in str(info.value)
+
+
+def test_budgets_above_the_shortest_reference_context_are_refused():
+    check_block_budgets([8, 21], 24, 4)  # N = 24, blocks of 4: the shortest context is 21
+    with pytest.raises(MeasureError, match="budget 30 is larger than the block protocol's shortest reference "
+                                           "context 21 .*--protocol exact"):
+        check_block_budgets([8, 30], 24, 4)
 
 
 def test_kvpress_presses_are_refused():

@@ -75,16 +75,16 @@ class PolicyBlockOutput:
     forward_tokens: int = 0
 
 
-def check_policy_blocks(semantics: str, policies: Sequence[Policy], positions: str, granularity: str, chunk: int,
-                        budgets: Sequence[int] = (), reference_context: int | None = None, block: int = 1,
-                        room: int = 0) -> None:
-    """What the block protocol of a policy sweep cannot run exactly (module docstring).
+def check_policy_blocks(semantics: str, policies: Sequence[Policy], positions: str, granularity: str,
+                        chunk: int) -> None:
+    """What the block protocol of a policy sweep cannot run exactly (module docstring); checked once,
+    by :class:`~truncsens.engine.config.MeasureConfig` (the budgets, which need N, by
+    :func:`check_block_budgets`).
 
     Raises:
         MeasureError: a semantics other than streaming / prefill_evict, a kvpress press, reindexed
-            positions, head granularity, a chunk above 1, or a budget above the shortest actual
-            reference context (:func:`~truncsens.engine.block_plan.shortest_context`); each message
-            names the fix (``--protocol exact``).
+            positions, head granularity or a chunk above 1; each message names the fix
+            (``--protocol exact``).
     """
     fix = "use --protocol exact"
     if semantics not in BLOCK_SEMANTICS:
@@ -102,8 +102,6 @@ def check_policy_blocks(semantics: str, policies: Sequence[Policy], positions: s
         raise MeasureError(f"--protocol block under streaming needs --chunk 1: with chunks of {chunk} tokens a "
                            "target's own stream evicts at its last prompt token, which a stream shared by a block "
                            f"does not; {fix} or --chunk 1")
-    if reference_context is not None:
-        check_block_budgets(budgets, reference_context, block, room)
 
 
 def check_block_budgets(budgets: Sequence[int], reference_context: int, block: int, room: int = 0) -> None:
@@ -230,7 +228,7 @@ def measure_policy_blocks(
 
     Raises:
         ValueError: targets without blocks, or a block that is not consecutive.
-        MeasureError: see :func:`check_policy_blocks`.
+        MeasureError: a budget above the shortest actual reference context (:func:`check_block_budgets`).
         NonFiniteLogitsError: NaN or infinite logits.
     """
     n, N = targets.context.shape
@@ -241,8 +239,6 @@ def measure_policy_blocks(
     out = PolicyBlockOutput(KernelOutput.zeros(P, R, n, K, evicted_mass=True), actual_contexts(blocks, N, room))
     if n == 0:
         return out
-    for p in policies:
-        semantics.check_policy(p)
     check_block_budgets(budgets, N, int(blocks.size.max()), room)
     per_policy = draws_measured(policies, R)
     rows = block_rows(targets.context, targets.token_id, blocks).to(device)  # [b, N + B - 1]
