@@ -52,3 +52,13 @@ def test_metric_arrays_and_store_metrics_at_a_numpy_index():
     assert store_metrics(arrays, (np.array([2]), 1), ref, kept, torch.tensor([1])) == 0
     np.testing.assert_allclose(arrays["tv"], [[0, 0], [0, 0], [0, 0.4]], atol=1e-7)
     np.testing.assert_allclose(arrays["nll_kept"][2, 1], -np.log(0.1), rtol=1e-6)
+
+
+def test_rows_logprobs_are_the_last_rows_log_softmaxed_in_float64():
+    from truncsens.engine.forward import rows_logprobs
+
+    logits = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]]], dtype=torch.float32)  # [B=1, L=3, V=2]
+    lp = rows_logprobs(logits, 2)  # rows 1 and 2
+    assert lp.shape == (1, 2, 2) and lp.dtype == torch.float64
+    np.testing.assert_allclose(lp[0, 0].exp().numpy(), [math.e / (math.e + 1), 1 / (math.e + 1)], rtol=1e-12)
+    np.testing.assert_allclose(lp[0, 1].exp().numpy(), [1 / (1 + math.e ** 2), math.e ** 2 / (1 + math.e ** 2)], rtol=1e-12)

@@ -46,7 +46,7 @@ from truncsens.engine.batching import run_in_batches
 from truncsens.engine.block_plan import actual_contexts, blocks_of, shortest_context
 from truncsens.engine.block_protocol import block_rows, reference_passes
 from truncsens.engine.config import MeasureError
-from truncsens.engine.forward import last_logprobs, model_dtype
+from truncsens.engine.forward import rows_logprobs, model_dtype
 from truncsens.engine.kernel import KernelOutput, copy_deterministic, draws_measured, policy_seeds
 from truncsens.engine import kvcache
 from truncsens.engine.layer_windows import kept_attention_mask
@@ -149,8 +149,7 @@ def decode_block(model, ids: torch.Tensor, cache, keep: torch.Tensor, offset: to
                     logits_to_keep=B, **{kvcache.cache_keyword(model): cache})
     finally:
         kvcache.truncate(cache, L - 1)
-    logits = out.logits[:, -B:, :]  # [G, B, V]
-    return last_logprobs(logits.reshape(G * B, -1)).view(G, B, -1)
+    return rows_logprobs(out.logits, B)  # [G, B, V]
 
 
 def target_scores(semantics: Semantics, policy: Policy, ref: ReferencePass, L: int, B: int) -> list:

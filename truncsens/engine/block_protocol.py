@@ -22,7 +22,7 @@ from truncsens.engine.block_plan import (
     Blocks, actual_contexts, actual_windows, blocks_of, chunks, extra_context, targets_per_pass,
 )
 from truncsens.engine.config import MeasureError
-from truncsens.engine.forward import last_logprobs
+from truncsens.engine.forward import rows_logprobs
 from truncsens.engine.kernel import metric_arrays, store_metrics
 from truncsens.targets import TargetSet
 
@@ -101,9 +101,7 @@ def pass_logprobs(model, ids: torch.Tensor, pos: torch.Tensor, keep: int) -> tor
     """
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=pos, use_cache=False,
                 logits_to_keep=keep)
-    logits = out.logits[:, -keep:, :]  # [P, k, V]
-    P, k, V = logits.shape
-    return last_logprobs(logits.reshape(P * k, V)).view(P, k, V)
+    return rows_logprobs(out.logits, keep)  # [P, k, V]
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,18 @@ def last_logprobs(logits: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.double(), dim=-1)
 
 
+def rows_logprobs(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, k, V] float64 log-softmax (:func:`last_logprobs`) of the last k rows of ``logits`` [B, L, V]
+    (a forward with ``logits_to_keep=k`` returns exactly those rows).
+
+    Raises:
+        NonFiniteLogitsError: NaN or infinite logits.
+    """
+    rows = logits[:, -k:, :]  # [B, k, V]
+    B, _, V = rows.shape
+    return last_logprobs(rows.reshape(B * k, V)).view(B, k, V)
+
+
 def model_dtype(model) -> torch.dtype:
     """The dtype of the model's parameters (an additive attention mask must match it)."""
     return next(model.parameters()).dtype

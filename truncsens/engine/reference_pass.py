@@ -29,7 +29,7 @@ from typing import Iterator
 import torch
 
 from truncsens.engine import kvcache
-from truncsens.engine.forward import last_logprobs
+from truncsens.engine.forward import rows_logprobs
 from truncsens.engine.layer_windows import layer_windows
 
 
@@ -202,13 +202,9 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
             out = model(input_ids=input_ids[:, T - q :], position_ids=pos[:, T - q :], attention_mask=_ones(B, T, device),
                         use_cache=True, logits_to_keep=q, **{kw: cache})
         last_rows = collector.mean()[..., -q:, :] if collector else None  # [B, q, T] ([B, Hkv, q, T] per head)
-    if q == 1:
-        result = ReferencePass(last_logprobs(out.logits[:, -1, :]))  # [B, V]
-        last_row = None if last_rows is None else last_rows[..., -1, :]  # [B, T] ([B, Hkv, T] per head)
-    else:
-        logits = out.logits[:, -q:, :]  # [B, q, V]
-        result = ReferencePass(last_logprobs(logits.reshape(B * q, -1)).view(B, q, -1))  # [B, q, V]
-        last_row = last_rows
+    lp = rows_logprobs(out.logits, q)  # [B, q, V]
+    result = ReferencePass(lp[:, 0] if q == 1 else lp)  # [B, V] for one query
+    last_row = last_rows[..., -1, :] if q == 1 and last_rows is not None else last_rows  # [B, (Hkv,) T] for one query
     if last_attention or attention:
         result.last_attention = last_row
     if attention:

@@ -42,7 +42,7 @@ from typing import Sequence
 import torch
 
 from truncsens.engine import evict_attention, kvcache
-from truncsens.engine.forward import last_logprobs, model_dtype, next_token_logprobs
+from truncsens.engine.forward import last_logprobs, rows_logprobs, model_dtype, next_token_logprobs
 from truncsens.engine.layer_windows import kept_attention_mask, own_window_differs
 from truncsens.engine.masks import check_causal
 from truncsens.engine.granularity import groups_of, heads_of
@@ -220,10 +220,8 @@ class Streaming(Semantics):
 
 def _kept_rows(logits: torch.Tensor, keep: int) -> torch.Tensor:
     """[B, V] log-softmax of the last row of ``logits`` [B, L, V] (``keep`` = 1), else [B, keep, V]."""
-    if keep == 1:
-        return last_logprobs(logits[:, -1, :])  # [B, V]
-    B, V = logits.shape[0], logits.shape[-1]
-    return last_logprobs(logits[:, -keep:, :].reshape(B * keep, V)).view(B, keep, V)  # [B, keep, V]
+    lp = rows_logprobs(logits, keep)  # [B, keep, V]
+    return lp[:, 0] if keep == 1 else lp
 
 
 class PrefillEvict(Semantics):

@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 
 from truncsens.engine import kvcache
-from truncsens.engine.forward import last_logprobs, model_dtype
+from truncsens.engine.forward import last_logprobs, rows_logprobs, model_dtype
 from truncsens.engine.layer_windows import kept_attention_mask
 from truncsens.engine.reference_pass import AttentionCollector, eager_attention
 from truncsens.policies import Policy
@@ -130,8 +130,7 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
             out = model(input_ids=input_ids[:, s:e], position_ids=chunk_pos, attention_mask=mask, use_cache=True,
                         logits_to_keep=max(1, rows), **{kw: cache})
         if n_last > 1 and rows > 0:
-            logits = out.logits[:, -rows:, :]  # [B, rows, V]
-            result.setdefault("rows", []).append(last_logprobs(logits.reshape(-1, logits.shape[-1])).view(B, rows, -1))
+            result.setdefault("rows", []).append(rows_logprobs(out.logits, rows))  # [B, rows, V]
         if e == T:
             result["logprobs"] = last_logprobs(out.logits[:, -1, :])  # [B, V]
             return ChunkStats()
