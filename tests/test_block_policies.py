@@ -16,13 +16,13 @@ from truncsens.cli.main import app
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.block_plan import block_length, policy_forward_tokens
 from truncsens.engine.block_policies import (
-    check_block_budgets, check_policy_blocks, decode_block, measure_policy_blocks,
+    check_block_budgets, check_policy_blocks, measure_policy_blocks,
 )
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.granularity import evicted_mass
 from truncsens.engine.kernel import measure_draws, policy_seeds
 from truncsens.engine.reference_pass import reference_pass
-from truncsens.engine.semantics import semantics_for
+from truncsens.engine.semantics import decode_kept, semantics_for
 from truncsens.engine.streaming_pass import decide_offline
 from truncsens.models import load_model
 from truncsens.policies import make_policy
@@ -120,7 +120,7 @@ def test_decoded_queries_that_see_each_other_give_other_values(llama):
         keep[0, j, : c - 1] = True  # every cache key before the query (a full kept set)
         keep[0, j, L - 1 + j] = True
     offset = torch.zeros(keep.shape)
-    right = decode_block(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, keep, offset)
+    right = decode_kept(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, keep, offset)
     full = reference_pass(llama, ids, queries=B).logprobs  # [1, B, V] the full-context rows
     torch.testing.assert_close(right, full, atol=1e-5, rtol=0)  # nothing evicted: the reference itself
     window = torch.zeros_like(keep)  # a sink and the 3 keys before each query, then its own new key
@@ -129,12 +129,12 @@ def test_decoded_queries_that_see_each_other_give_other_values(llama):
         window[0, j, 0] = True
         window[0, j, c - 4 : c - 1] = True
         window[0, j, L - 1 + j] = True
-    right = decode_block(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, window, offset)
+    right = decode_kept(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, window, offset)
     wrong_keep = window.clone()  # the earlier queries' keys read from their decode, not from the cache
     for j in range(1, B):
         wrong_keep[0, j, L - B : L - B + j] = False
         wrong_keep[0, j, L - 1 : L - 1 + j] = window[0, j, L - B : L - B + j]
-    wrong = decode_block(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, wrong_keep, offset)
+    wrong = decode_kept(llama, ids, reference_pass(llama, ids, keep_cache=True, queries=B).cache, wrong_keep, offset)
     assert (wrong[0, 1:] - right[0, 1:]).abs().amax(-1).min() > 1e-3  # every later query differs
     torch.testing.assert_close(wrong[0, 0], right[0, 0], atol=1e-5, rtol=0)  # query 0 reads the same keys
 

@@ -46,12 +46,10 @@ from truncsens.engine.batching import run_in_batches
 from truncsens.engine.block_plan import actual_contexts, blocks_of, shortest_context
 from truncsens.engine.block_protocol import block_rows, reference_passes
 from truncsens.engine.config import MeasureError
-from truncsens.engine.forward import rows_logprobs, model_dtype
 from truncsens.engine.kernel import KernelOutput, copy_deterministic, draws_measured, policy_seeds
-from truncsens.engine import kvcache
-from truncsens.engine.layer_windows import kept_attention_mask
 from truncsens.engine.reference_pass import ReferencePass
-from truncsens.engine.semantics_base import Semantics, windows_of
+from truncsens.engine.semantics import decode_kept
+from truncsens.engine.semantics_base import Semantics
 from truncsens.policies import Policy
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 from truncsens.targets import TargetSet
@@ -130,28 +128,6 @@ def _decode_mask_parts(kept_keep: torch.Tensor, kept_offset: torch.Tensor, j: in
     offset[:, j, L - 1 + j] = kept_offset[:, c - 1]
 
 
-@torch.no_grad()
-def decode_block(model, ids: torch.Tensor, cache, keep: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """Decode the last B tokens of ``ids`` [G, L] (positions L - B .. L - 1) against ``cache`` (the
-    full-context cache of the first L - 1 tokens) in one forward, query j reading the keys of
-    ``keep[:, j]`` with ``offset[:, j]`` ([G, B, L - 1 + B]: cache keys, then the B new keys).
-
-    Returns:
-        [G, B, V] float64 log-softmax. The cache is truncated back to L - 1 tokens.
-    """
-    G, L = ids.shape
-    B = keep.shape[1]
-    q_pos = torch.arange(L - B, L, device=ids.device).expand(G, B)  # [G, B]
-    k_pos = torch.cat([torch.arange(L - 1, device=ids.device).expand(G, L - 1), q_pos], 1)  # [G, L - 1 + B]
-    mask = kept_attention_mask(windows_of(model, "prefill_evict"), keep, offset, q_pos, k_pos, model_dtype(model))
-    try:
-        out = model(input_ids=ids[:, L - B :], position_ids=q_pos, attention_mask=mask, use_cache=True,
-                    logits_to_keep=B, **{kvcache.cache_keyword(model): cache})
-    finally:
-        kvcache.truncate(cache, L - 1)
-    return rows_logprobs(out.logits, B)  # [G, B, V]
-
-
 def target_scores(semantics: Semantics, policy: Policy, ref: ReferencePass, L: int, B: int) -> list:
     """The scores ``policy`` reads for each of the B targets of G blocks under ``prefill_evict``: those
     of a c_j-token reference (the long reference's statistics cut to keys < c_j, c_j = L - B + 1 + j),
@@ -190,7 +166,7 @@ def prefill_evict_block(model, ids: torch.Tensor, ref: ReferencePass, policy: Po
         kept = policy.keep(c, budget, torch.tensor([c - 1], device=ids.device), seeds[j], scores[j])  # [G, 1, c]
         _decode_mask_parts(kept.keep[:, 0], kept.offset[:, 0], j, L, B, keep, offset)
         read[:, j, :c] = kept.keep[:, 0]
-    return decode_block(model, ids, ref.cache, keep, offset), read
+    return decode_kept(model, ids, ref.cache, keep, offset), read
 
 
 def streaming_block(model, ids: torch.Tensor, policy: Policy, budget: int, seeds: list[int], B: int,

@@ -42,7 +42,7 @@ from typing import Sequence
 import torch
 
 from truncsens.engine import evict_attention, kvcache
-from truncsens.engine.forward import last_logprobs, rows_logprobs, model_dtype, next_token_logprobs
+from truncsens.engine.forward import model_dtype, next_token_logprobs, rows_logprobs
 from truncsens.engine.layer_windows import kept_attention_mask, own_window_differs
 from truncsens.engine.masks import check_causal
 from truncsens.engine.granularity import groups_of, heads_of
@@ -284,16 +284,36 @@ class PrefillEvict(Semantics):
                                      f"{self.name}; use --positions original or --granularity token")
             return decode_gathered(model, input_ids, kept, ref.cache, positions == "reindexed")
         keep_last, offset_last = kept.keep[..., -1:, :], kept.offset[..., -1:, :]  # [B, (Hkv,) 1, T] each
-        pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)  # [B, 1]
-        k_pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
-        mask = kept_attention_mask(windows, keep_last, offset_last, pos, k_pos, model_dtype(model),
-                                   groups_of(model, kept.per_head))
-        try:
-            out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos, attention_mask=mask, use_cache=True,
-                        logits_to_keep=1, **{kvcache.cache_keyword(model): ref.cache})
-        finally:
-            kvcache.truncate(ref.cache, T - 1)
-        return last_logprobs(out.logits[:, -1, :])  # [B, V]
+        return decode_kept(model, input_ids, ref.cache, keep_last, offset_last, groups_of(model, kept.per_head))[:, 0]
+
+
+@torch.no_grad()
+def decode_kept(model, ids: torch.Tensor, cache, keep: torch.Tensor, offset: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """The prefill-evict decode: the last Q tokens of ``ids`` [B, L] (positions L - Q .. L - 1) read
+    ``cache`` (the full-context cache of the first L - 1 tokens) in one forward, query j reading only
+    the keys of ``keep[..., j, :]`` with the logit offsets ``offset[..., j, :]``. One target's decode is
+    Q = 1 (:meth:`PrefillEvict.kept_logprobs`); a block's is Q = B
+    (:mod:`truncsens.engine.block_policies`), its queries never reading each other's new keys
+    unless ``keep`` says so.
+
+    Args:
+        keep, offset: [B, (Hkv,) Q, L - 1 + Q] bool / float: the cache keys, then the Q new keys.
+        groups: query heads per key/value head (per-head ``keep``).
+
+    Returns:
+        [B, Q, V] float64 log-softmax. The cache is truncated back to L - 1 tokens.
+    """
+    B, L = ids.shape
+    Q = keep.shape[-2]
+    q_pos = torch.arange(L - Q, L, device=ids.device).expand(B, Q)  # [B, Q]
+    k_pos = torch.cat([torch.arange(L - 1, device=ids.device).expand(B, L - 1), q_pos], 1)  # [B, L - 1 + Q]
+    mask = kept_attention_mask(windows_of(model, "prefill_evict"), keep, offset, q_pos, k_pos, model_dtype(model), groups)
+    try:
+        out = model(input_ids=ids[:, L - Q :], position_ids=q_pos, attention_mask=mask, use_cache=True,
+                    logits_to_keep=Q, **{kvcache.cache_keyword(model): cache})
+    finally:
+        kvcache.truncate(cache, L - 1)
+    return rows_logprobs(out.logits, Q)  # [B, Q, V]
 
 
 SEMANTICS: dict[str, Semantics] = {s.name: s for s in (Reencode(), Streaming(), PrefillEvict())}
