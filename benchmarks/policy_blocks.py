@@ -35,6 +35,7 @@ from truncsens.engine.block_plan import policy_forward_tokens  # noqa: E402
 from truncsens.engine.block_runs import block_sizes  # noqa: E402
 from truncsens.engine.config import DEFAULT_BLOCK_FRACTION, DEFAULT_BLOCK_SIZE, MeasureConfig  # noqa: E402
 from truncsens.engine.measure import run_measure  # noqa: E402
+from truncsens.engine.semantics import semantics_for  # noqa: E402
 from truncsens.models import load_model  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def forward_tokens(ds, protocol: str, semantics: str, passes: int, max_context: 
     target or block, i.e. budgets x draws measured, summed over policies)."""
     N, n = int(ds.attrs["reference_context"]), int(ds.sizes["target"])
     if protocol == "exact":
-        return n * (N + passes * (N if semantics == "streaming" else 1))
+        return n * (N + passes * semantics_for(semantics).cost(N, 0))  # streaming: N per pass, prefill_evict: 1
     return policy_forward_tokens(block_sizes(ds), N, passes, semantics == "streaming", max(0, max_context - N))
 
 

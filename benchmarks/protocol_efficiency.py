@@ -48,13 +48,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's truncsens, not an installed one
 
 from truncsens import results  # noqa: E402
-from truncsens.divergences import METRICS  # noqa: E402
 from truncsens.engine.block_plan import block_length, exact_forward_tokens, forward_tokens  # noqa: E402
 from truncsens.engine.block_runs import block_sizes  # noqa: E402
 from truncsens.engine.config import DEFAULT_BLOCK_FRACTION, DEFAULT_BLOCK_SIZE, MeasureConfig  # noqa: E402
 from truncsens.engine.documents import prepare_documents  # noqa: E402
 from truncsens.engine.kernel import measure_draws  # noqa: E402
-from truncsens.engine.measure import run_measure  # noqa: E402
+from truncsens.engine.measure import run_measure, shard_results  # noqa: E402
 from truncsens.engine.sweep import default_windows, resolve_sweep  # noqa: E402
 from truncsens.fitting import FitConfig, fit_results  # noqa: E402
 from truncsens.models import load_model  # noqa: E402
@@ -148,13 +147,10 @@ def exact_on_targets(block_ds, loaded, args, path: Path):
         raise ValueError("the block run's targets could not be drawn again (another corpus, seed or --docs)")
     sweep = resolve_sweep(cfg, N)
     out = measure_draws(loaded.model, targets, sweep.policies, sweep.budgets, sweep.semantics, cfg.positions,
-                        cfg.draw_seed, loaded.device, cfg.batch_tokens(loaded.device))
-    ds = block_ds.drop_vars(["actual_window", "actual_context"])
-    for m in METRICS:  # out.metrics[m]: [P=1, R=1, n, S]
-        ds[m] = (("target", "window"), out.metrics[m][0, 0])
-    ds.attrs = {k: v for k, v in ds.attrs.items() if not k.startswith("block_") and k != "attention_implementation"}
-    ds.attrs["protocol"] = "exact"
-    results.save(ds, path)
+                        cfg.draw_seed, loaded.device, cfg.batch_tokens(loaded.device))  # arrays [P=1, R=1, n, S]
+    attrs = {k: v for k, v in block_ds.attrs.items()
+             if not k.startswith("block_") and k not in ("attention_implementation", "n_clamped")}
+    results.save(shard_results(out, targets, sweep, {**attrs, "protocol": "exact"}, docs.bos_id), path)
     return results.load(path)
 
 
