@@ -319,18 +319,16 @@ def test_show_header_names_the_block_protocol():
     attrs = {"model": "m", "corpus": "c", "domain": "d", "semantics": "reencode", "positions": "original", "n_sink": 0,
              "reference_context": np.int64(1024), "protocol": "block", "block_length": np.int64(64),
              "block_extra_context": np.int64(0), "block_size": 64, "block_fraction": 0.125}
-    line = format_results_header("f.nc", attrs, 10)
+    line = format_results_header("f.nc", attrs, 10, contexts=(961, 1024))
     assert line.endswith("10 targets; protocol block (blocks of up to 64 consecutive targets, K = max(1, min(64, floor(0.125 w))) per pass; "
                          "actual windows w..w+K-1, reference contexts 961..1024)")
     exact = {k: v for k, v in attrs.items() if not k.startswith(("protocol", "block"))}
     assert format_results_header("f.nc", exact, 10).endswith("reference context 1024, 10 targets")
-    stream = format_results_header("f.nc", {**attrs, "semantics": "streaming", "block_extra_context": np.int64(63)}, 10)
+    stream = format_results_header("f.nc", {**attrs, "semantics": "streaming"}, 10, contexts=(1024, 1087))
     assert stream.endswith("protocol block (blocks of up to 64 consecutive targets, one stream per block and budget, "
                            "shared by its targets (and, for random policies, its draws); reference contexts 1024..1087)")
-    own = format_results_header("f.nc", attrs, 10, contexts=(1017, 1024))  # a file of shorter blocks: its own contexts
-    assert own.endswith("reference contexts 1017..1024)")
-    prefill = format_results_header("f.nc", {**attrs, "semantics": "prefill_evict"}, 10)
-    assert prefill.endswith("one prefill per block, one decode of its targets per budget; reference contexts 961..1024)")
+    prefill = format_results_header("f.nc", {**attrs, "semantics": "prefill_evict"}, 0)  # no targets: no contexts
+    assert prefill.endswith("one prefill per block, one decode of its targets per budget; reference contexts none)")
 
 
 def test_block_passes_build_no_square_mask(monkeypatch):

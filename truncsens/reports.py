@@ -6,7 +6,6 @@ drawn with :func:`truncsens.tables.render_table`. Input: plain rows and dicts (a
 
 from __future__ import annotations
 
-import numbers
 from typing import TYPE_CHECKING, Any, Sequence
 
 from truncsens.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
@@ -33,13 +32,12 @@ def protocol_note(attrs: dict, contexts: tuple[int, int] | None = None) -> str:
     """``""`` for the exact protocol (also files from before the attr); for the block protocol
     ``"; protocol block (...)"`` with its parameters (:mod:`truncsens.engine.block_runs`): windows per
     pass for a re-encode sweep, the shared stream or prefill for a streaming / prefill_evict policy
-    sweep; reference contexts ``contexts`` (the file's own), else the range a full block would have."""
+    sweep; the file's own shortest and longest reference contexts ``contexts`` (none for a file without
+    targets)."""
     if attrs.get("protocol", "exact") == "exact":
         return ""
-    B, e, N = attrs.get("block_length"), attrs.get("block_extra_context", 0), attrs.get("reference_context")
-    known = all(isinstance(v, numbers.Integral) for v in (B, e, N))  # NetCDF attrs may be numpy integers
-    span = f"{contexts[0]}..{contexts[1]}" if contexts else (f"{int(N) + int(e) - int(B) + 1}..{int(N) + int(e)}"
-                                                             if known else "per target")
+    B = attrs.get("block_length")
+    span = f"{contexts[0]}..{contexts[1]}" if contexts else "none"
     blocks = f"blocks of up to {B if B is not None else '?'} consecutive targets"
     passes = {"streaming": "one stream per block and budget, shared by its targets (and, for random policies, its draws)",
               "prefill_evict": "one prefill per block, one decode of its targets per budget"}.get(attrs.get("semantics", ""))
