@@ -1,4 +1,4 @@
-"""Throughput of the block protocol (:func:`truncsens.engine.block_protocol.measure_blocks`) at long
+"""Throughput of the block protocol (:func:`truncsens.engine.block.passes.measure_blocks`) at long
 reference contexts: forward tokens/s and model FLOPs utilization (MFU).
 
 FLOPs counted (forward only, per token and per pass): ``2 x`` the non-embedding parameters per
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure_throughput's random configs
 
 from measure_throughput import RANDOM_CONFIGS, build_model, sync  # noqa: E402
-from truncsens.engine.block_plan import block_length, block_passes  # noqa: E402
-from truncsens.engine.block_protocol import choose_attention, measure_blocks  # noqa: E402
+from truncsens.engine.block.plan import block_length, block_passes  # noqa: E402
+from truncsens.engine.block.passes import choose_attention, measure_blocks  # noqa: E402
 from truncsens.engine.sweep import default_windows  # noqa: E402
 from truncsens.targets import TokenDoc, select_block_targets  # noqa: E402
 

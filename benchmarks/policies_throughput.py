@@ -34,7 +34,7 @@ from oracles import streaming_loop as streaming_logprobs_loop  # noqa: E402
 from truncsens.engine.semantics import SEMANTICS  # noqa: E402
 from truncsens.policies import make_policy  # noqa: E402
 
-# the architecture of truncsens.reference.train.TrainConfig, for when the weights are absent
+# the architecture of truncsens.models.reference.train.TrainConfig, for when the weights are absent
 REFERENCE_SIZE = dict(vocab_size=4096, hidden_size=320, intermediate_size=864, num_hidden_layers=5,
                       num_attention_heads=5, num_key_value_heads=5, max_position_embeddings=1024)
 

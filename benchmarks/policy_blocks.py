@@ -4,11 +4,11 @@ tokens, time, and the mean divergences both give on the same documents.
 Both protocols run the same policies and budgets on the same documents (the first ``--docs``
 held-out documents long enough). The exact protocol runs, per target, one N-token reference pass
 and one kept pass per (policy, draw, budget): a stream of N tokens under ``streaming``, one decoded
-token under ``prefill_evict``. The block protocol (:mod:`truncsens.engine.block_policies`) runs one
+token under ``prefill_evict``. The block protocol (:mod:`truncsens.engine.block.policies`) runs one
 reference pass of L = N + e tokens per block of B targets, then one stream of L tokens (streaming)
 or one decode of B tokens (prefill_evict) per (policy, draw, budget). Forward tokens are counted by
 those rules; the means are over targets with their document-clustered standard errors
-(:meth:`truncsens.curves.Curve.mean_se`). The two protocols measure different targets (random
+(:meth:`truncsens.fit.curves.Curve.mean_se`). The two protocols measure different targets (random
 positions against blocks; reference contexts N against N .. N+B-1), so their means agree within
 their errors rather than exactly; that every block value equals a single-target run is tested in
 tests/test_block_policies.py.
@@ -30,9 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's truncsens, not an installed one
 
 from truncsens import results  # noqa: E402
-from truncsens.curves import curves_of  # noqa: E402
-from truncsens.engine.block_plan import policy_forward_tokens  # noqa: E402
-from truncsens.engine.block_runs import block_sizes  # noqa: E402
+from truncsens.fit.curves import curves_of  # noqa: E402
+from truncsens.engine.block.plan import policy_forward_tokens  # noqa: E402
+from truncsens.engine.block.runs import block_sizes  # noqa: E402
 from truncsens.engine.config import DEFAULT_BLOCK_FRACTION, DEFAULT_BLOCK_SIZE, MeasureConfig  # noqa: E402
 from truncsens.engine.measure import run_measure  # noqa: E402
 from truncsens.engine.semantics import semantics_for  # noqa: E402

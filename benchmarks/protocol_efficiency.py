@@ -5,13 +5,13 @@ Both protocols run on the same documents of the same corpus (the first ``--docs`
 documents long enough for N + 1 tokens) with the default windows (powers of two up to N/2): the
 exact protocol with ``--exact-targets`` random targets per document, the block protocol with
 ``--block-targets`` per document (one block each at the defaults). Intervals are percentile
-bootstraps over documents (:func:`truncsens.fitting.fit_results`, default fit range).
+bootstraps over documents (:func:`truncsens.fit.fitting.fit_results`, default fit range).
 
 Equal-width ratio: an interval's width scales as 1 / sqrt(documents), and so do forward tokens at
 a fixed design, so the tokens a protocol needs for a given width are proportional to
 ``tokens x width^2``; the ratio printed is ``(T_exact W_exact^2) / (T_block W_block^2)`` per
 exponent. The N = 8,192 and 32,768 projections use the forward tokens per document of both designs
-(:mod:`truncsens.engine.block_plan`) and assume the width factor ``(W_exact / W_block)^2`` measured
+(:mod:`truncsens.engine.block.plan`) and assume the width factor ``(W_exact / W_block)^2`` measured
 here carries over. ``--exact-results`` reuses an exact run on the same documents (to try block
 designs without measuring the exact protocol again).
 
@@ -25,7 +25,7 @@ contexts) from the choice of targets.
 
 ``--designs`` prints, from the same two runs, interval widths and forward tokens of smaller
 designs, by keeping the first m targets of every exact document (m = 1, 2, 4, ...) and the first m
-targets of every block (tokens of a block of m, :func:`truncsens.engine.block_plan.forward_tokens`),
+targets of every block (tokens of a block of m, :func:`truncsens.engine.block.plan.forward_tokens`),
 so the equal-width ratio can be read against the exact protocol's own best design.
 
 Usage::
@@ -48,14 +48,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's truncsens, not an installed one
 
 from truncsens import results  # noqa: E402
-from truncsens.engine.block_plan import block_length, exact_forward_tokens, forward_tokens  # noqa: E402
-from truncsens.engine.block_runs import block_sizes  # noqa: E402
+from truncsens.engine.block.plan import block_length, exact_forward_tokens, forward_tokens  # noqa: E402
+from truncsens.engine.block.runs import block_sizes  # noqa: E402
 from truncsens.engine.config import DEFAULT_BLOCK_FRACTION, DEFAULT_BLOCK_SIZE, MeasureConfig  # noqa: E402
 from truncsens.engine.documents import prepare_documents  # noqa: E402
 from truncsens.engine.kernel import measure_draws  # noqa: E402
 from truncsens.engine.measure import run_measure, shard_results  # noqa: E402
 from truncsens.engine.sweep import default_windows, resolve_sweep  # noqa: E402
-from truncsens.fitting import FitConfig, fit_results  # noqa: E402
+from truncsens.fit.fitting import FitConfig, fit_results  # noqa: E402
 from truncsens.models import load_model  # noqa: E402
 from truncsens.targets import select_block_targets  # noqa: E402
 

@@ -19,7 +19,7 @@
 # minutes, attribution: a few minutes on 2 idle CPU cores).
 
 # %%
-from truncsens.notebook import ensure_results, repo_root, show
+from truncsens.api.notebook import ensure_results, repo_root, show
 
 RESULTS = repo_root(globals().get("__file__")) / "results"
 certify_nc = ensure_results(RESULTS / "reference-code-certify.nc", ["truncsens", "certify", "--domain", "code"])

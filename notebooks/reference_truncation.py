@@ -19,7 +19,7 @@
 # without them it says so and is skipped.
 
 # %%
-from truncsens.notebook import ensure_results, repo_root
+from truncsens.api.notebook import ensure_results, repo_root
 
 RESULTS = repo_root(globals().get("__file__")) / "results"
 code, nl = (ensure_results(RESULTS / f"reference-{d}.nc", ["truncsens", "measure", "--domain", d]) for d in ("code", "nl"))
@@ -29,9 +29,9 @@ policies = [RESULTS / "stream-a.nc", RESULTS / "stream-b.nc"]  # the README's tw
 # ## Mean divergence per window, and the fitted decay laws
 
 # %%
-from truncsens.fitting import FitConfig, fit_results
-from truncsens.plots import plot_report
-from truncsens.reports import format_fit_report
+from truncsens.fit.fitting import FitConfig, fit_results
+from truncsens.report.plots import plot_report
+from truncsens.report.printed import format_fit_report
 
 report = fit_results([code, nl], FitConfig(metrics=("tv", "kl")))
 doc = report.to_json()
@@ -42,8 +42,8 @@ print(plot_report(doc, RESULTS / "reference-fit"))
 # ## Window budgets w(ε) = (C/ε)^(1/α)
 
 # %%
-from truncsens.recommend import recommend
-from truncsens.reports import format_recommendations
+from truncsens.budget.recommend import recommend
+from truncsens.report.printed import format_recommendations
 
 print(format_recommendations(recommend(doc, [0.01, 0.05], metric="tv")))
 
@@ -56,9 +56,9 @@ if missing:
     print(f"skipped: {', '.join(missing)} not found; the README's section 'Retention policies at equal budget' gives the two "
           "truncsens measure --semantics streaming commands that write them")
 else:
-    from truncsens.plots import plot_comparison
-    from truncsens.policy_compare import CompareConfig, compare_policies_file
-    from truncsens.reports import format_comparison
+    from truncsens.report.plots import plot_comparison
+    from truncsens.report.policy_comparison import CompareConfig, compare_policies_file
+    from truncsens.report.printed import format_comparison
 
     cmp = compare_policies_file(policies, CompareConfig(metrics=("kl",)), code)
     print(format_comparison(cmp))

@@ -123,7 +123,7 @@ def corpus_dir(tmp_path_factory) -> str:
 
 requires_reference = pytest.mark.skipif(
     not (REFERENCE_DIR / "config.json").is_file(),
-    reason="reference model weights not present in truncsens/reference/weights",
+    reason="reference model weights not present in truncsens/models/reference/weights",
 )
 
 

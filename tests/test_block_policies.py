@@ -1,5 +1,5 @@
 """The block protocol of policy sweeps under streaming and prefill_evict
-(truncsens.engine.block_policies): every block value equals a single-target run of the same semantics
+(truncsens.engine.block.policies): every block value equals a single-target run of the same semantics
 over the target's actual context x[r : t], a block of 1 equals the exact protocol, a wrong decode rule
 differs, refusals, and a CLI run with resume."""
 
@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from truncsens import results
 from truncsens.cli.main import app
 from truncsens.divergences import METRICS, all_metrics
-from truncsens.engine.block_plan import block_length, policy_forward_tokens
-from truncsens.engine.block_policies import (
+from truncsens.engine.block.plan import block_length, policy_forward_tokens
+from truncsens.engine.block.policies import (
     check_block_budgets, check_policy_blocks, measure_policy_blocks,
 )
 from truncsens.engine.config import MeasureConfig, MeasureError
@@ -220,7 +220,7 @@ def test_config_accepts_policy_blocks_and_refuses_the_rest():
 
 def test_streaming_block_run_resumes_from_the_command_line(tiny_llama_dir, corpus_dir, tmp_path):
     from truncsens.engine.measure import run_measure
-    from truncsens.engine.shards import MeasureInterrupted
+    from truncsens.engine.run.shards import MeasureInterrupted
 
     out = tmp_path / "p.nc"
     cfg = MeasureConfig(model=tiny_llama_dir, corpus=corpus_dir, policies=["sink_recent", "h2o"], semantics="streaming",

@@ -1,4 +1,4 @@
-"""The block protocol (truncsens.engine.block_plan, block_protocol, block_runs): plan arithmetic by
+"""The block protocol (truncsens.engine.block.plan, block_protocol, block_runs): plan arithmetic by
 hand, every block measurement equal to a single-target re-encode of the same tokens, fits on actual
 windows, agreement with the exact protocol on the synthetic source, and bad input."""
 
@@ -12,16 +12,16 @@ from typer.testing import CliRunner
 
 from truncsens import results
 from truncsens.cli.main import app
-from truncsens.curves import curves_of
+from truncsens.fit.curves import curves_of
 from truncsens.divergences import all_metrics
-from truncsens.engine.block_plan import (
+from truncsens.engine.block.plan import (
     Blocks, actual_contexts, actual_windows, block_length, blocks_of, check_block_windows, chunks,
     block_passes, exact_forward_tokens, forward_tokens, shortest_context, targets_per_pass,
 )
-from truncsens.engine.block_protocol import measure_blocks
+from truncsens.engine.block.passes import measure_blocks
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.forward import next_token_logprobs
-from truncsens.fitting import FitConfig, fit_curve, fit_results
+from truncsens.fit.fitting import FitConfig, fit_curve, fit_results
 from truncsens.models import load_model
 from truncsens.targets import TokenDoc, draw_blocks, select_block_targets
 
@@ -91,7 +91,7 @@ def test_draw_blocks_by_hand():
 
 
 def test_block_sizes_of_results_by_hand():
-    from truncsens.engine.block_runs import block_sizes
+    from truncsens.engine.block.runs import block_sizes
 
     # doc a: a block of 3 (contexts 8, 9, 10: room beyond N) then one of 2 (8, 9); doc b: a block of 2
     # starting at the context where doc a's stopped; an exact file (no actual_context): one per target
@@ -314,7 +314,7 @@ def test_suffix_and_sink_recent_budget_sweeps_equal_window_sweeps(tmp_path):
 
 
 def test_show_header_names_the_block_protocol():
-    from truncsens.reports import format_results_header
+    from truncsens.report.printed import format_results_header
 
     attrs = {"model": "m", "corpus": "c", "domain": "d", "semantics": "reencode", "positions": "original", "n_sink": 0,
              "reference_context": np.int64(1024), "protocol": "block", "block_length": np.int64(64),
@@ -335,7 +335,7 @@ def test_block_passes_build_no_square_mask(monkeypatch):
     """A pass is a plain causal forward: SDPA gets no [L, L] mask (is_causal), also with sinks in front."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from truncsens.engine.block_protocol import pass_logprobs
+    from truncsens.engine.block.passes import pass_logprobs
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,

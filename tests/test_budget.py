@@ -1,4 +1,4 @@
-"""Window budgets w(eps) and KV memory (truncsens.windows, truncsens.kv_spec, truncsens.recommend)."""
+"""Window budgets w(eps) and KV memory (truncsens.budget.windows, truncsens.budget.kv_spec, truncsens.budget.recommend)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.fitfile import write_fit_file
-from truncsens.fitting import FitConfig, fit_results
-from truncsens.kv_spec import KVSpec, kv_spec_for_model
-from truncsens.laws import FitError
-from truncsens.recommend import load_or_fit, recommend
-from truncsens.reports import format_recommendations
+from truncsens.fit.fit_file import write_fit_file
+from truncsens.fit.fitting import FitConfig, fit_results
+from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model
+from truncsens.fit.laws import FitError
+from truncsens.budget.recommend import load_or_fit, recommend
+from truncsens.report.printed import format_recommendations
 from truncsens.stats import percentile_interval
-from truncsens.windows import check_eps, kv_bytes_per_sequence, measured_window, window_for_eps, window_samples
+from truncsens.budget.windows import check_eps, kv_bytes_per_sequence, measured_window, window_for_eps, window_samples
 from truncsens.results import save
-from truncsens.synthetic import curve_results
+from truncsens.models.synthetic import curve_results
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 

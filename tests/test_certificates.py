@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from truncsens.certificates import (
+from truncsens.policies.poisson_design import (
     PoissonDesignError, certificate_radius, draw, empirical_bernstein_radius, hajek_attention, hajek_offsets,
     hajek_variance, inclusion_probabilities, solve_scale,
 )

@@ -44,7 +44,7 @@ def test_the_resume_fingerprint_keeps_its_keys():
                     "model", "n_sink", "reference_context", "seed", "split", "targets_per_doc", "text_field"]
     # and its values: the hashes of runs written before CertifyBase existed (computed at commit 7f2fd59), so
     # their shards still resume
-    from truncsens.engine.shards import fingerprint_hash
+    from truncsens.engine.run.shards import fingerprint_hash
 
     assert fingerprint_hash(CertifyConfig().fingerprint(budgets_tokens=[8])) == (
         "c3a2b033842428559c059051e6967d8fe874017204279950ee0d549df897a85a")

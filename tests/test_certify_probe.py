@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine_calls import prefill_evict_logprobs
-from truncsens.certificates import empirical_bernstein_radius
+from truncsens.policies.poisson_design import empirical_bernstein_radius
 from truncsens.certify.estimator import attention_records, eb_sum_radius
 from truncsens.certify.passes import certify_batch, design_of
 from truncsens.certify.probe import CertifyModelError, CertifyProbe, check_model, probed

@@ -18,7 +18,7 @@ from truncsens.cli.errors import BROKEN_PIPE_EXIT, user_errors
 from truncsens.cli.main import app
 from truncsens.cli.options import float_list, int_list, split_list
 from truncsens.results import save
-from truncsens.synthetic import curve_results
+from truncsens.models.synthetic import curve_results
 
 runner = CliRunner()
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -152,8 +152,8 @@ def test_compare_policies_json_flag_and_files(tmp_path):
 def test_compare_policies_counts_an_infinite_kl():
     from truncsens import results
     from truncsens.divergences import METRICS
-    from truncsens.policy_compare import CompareConfig, compare_policies
-    from truncsens.reports import format_comparison
+    from truncsens.report.policy_comparison import CompareConfig, compare_policies
+    from truncsens.report.printed import format_comparison
 
     m = {name: np.full((1, 4, 2), 0.5) for name in METRICS}
     m["kl"][0, 0, 0] = np.inf  # KL values [inf, .5, .5, .5] at budget 8

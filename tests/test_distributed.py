@@ -15,7 +15,7 @@ import pytest
 
 from truncsens import results
 from truncsens.divergences import METRICS
-from truncsens.engine.distributed import Ranks, current_ranks, process_device
+from truncsens.engine.run.distributed import Ranks, current_ranks, process_device
 from truncsens.engine.config import MeasureConfig
 from truncsens.engine.measure import run_measure
 
@@ -106,8 +106,7 @@ def test_torchrun_three_processes_equal_one_and_resume_after_a_kill(tiny_llama_d
 
 
 def test_launch_environment_and_a_disagreeing_process_group(monkeypatch):
-    from truncsens.engine import distributed
-
+    from truncsens.engine.run import distributed
     assert distributed.launch_environment({}) == (0, 1, 0)
     assert distributed.launch_environment({"WORLD_SIZE": "3", "RANK": "2", "LOCAL_RANK": "0"}) == (2, 3, 0)
     with pytest.raises(distributed.LaunchError, match="RANK is not"):

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from truncsens import results
 from truncsens.cli.main import app
-from truncsens.curves import curves_of
+from truncsens.fit.curves import curves_of
 from truncsens.divergences import METRICS
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.kernel import measure_draws, policy_seeds
@@ -25,8 +25,8 @@ from truncsens.engine.streaming_pass import decide_offline
 from truncsens.models import load_model
 from truncsens.policies import make_policy
 from truncsens.policies.poisson import PoissonPolicy
-from truncsens.policy_compare import CompareConfig, compare_policies
-from truncsens.summary import summarize
+from truncsens.report.policy_comparison import CompareConfig, compare_policies
+from truncsens.report.summary import summarize
 from truncsens.targets import TargetSet
 
 T = 24

@@ -20,7 +20,7 @@ from truncsens.engine.evict_attention import (
     supported,
 )
 from truncsens.engine.forward import last_logprobs, next_token_logprobs
-from truncsens.engine.layer_windows import LayerWindows
+from truncsens.engine.attention_windows import LayerWindows
 from truncsens.engine.semantics import SEMANTICS
 from truncsens.engine.streaming_pass import decide_offline
 from truncsens.models import load_model

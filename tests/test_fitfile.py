@@ -1,5 +1,5 @@
-"""The fit file format (truncsens.fitfile) and the fit / plot / recommend / show / compare steps
-behind the CLI (truncsens.pipelines, truncsens.recommend, truncsens.summary, truncsens.policy_compare)."""
+"""The fit file format (truncsens.fit.fit_file) and the fit / plot / recommend / show / compare steps
+behind the CLI (truncsens.api.pipelines, truncsens.budget.recommend, truncsens.report.summary, truncsens.report.policy_comparison)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import pytest
 
 from truncsens import results
 from truncsens.divergences import METRICS
-from truncsens.fitfile import (SCHEMA, is_fit_file, plot_prefix, read_fit_file, same_curve, upgrade_fit_doc, use_fits_from,
+from truncsens.fit.fit_file import (SCHEMA, is_fit_file, plot_prefix, read_fit_file, same_curve, upgrade_fit_doc, use_fits_from,
                                write_json)
-from truncsens.fitting import FitConfig, curve_labels, fit_results
-from truncsens.laws import FitError
-from truncsens.pipelines import fit_to_file, plot_results
-from truncsens.policy_compare import CompareConfig, compare_policies_file, default_plot_stem
-from truncsens.recommend import recommend_windows
-from truncsens.reports import format_results_summary
-from truncsens.summary import summarize_file
-from truncsens.synthetic import curve_results
+from truncsens.fit.fitting import FitConfig, curve_labels, fit_results
+from truncsens.fit.laws import FitError
+from truncsens.api.pipelines import fit_to_file, plot_results
+from truncsens.report.policy_comparison import CompareConfig, compare_policies_file, default_plot_stem
+from truncsens.budget.recommend import recommend_windows
+from truncsens.report.printed import format_results_summary
+from truncsens.report.summary import summarize_file
+from truncsens.models.synthetic import curve_results
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 V1 = {"kind": "truncsens-fit", "schema": 1,

@@ -1,4 +1,4 @@
-"""Decay-law fits, bootstrap intervals and the extrapolation comparison (truncsens.laws, truncsens.fitting)."""
+"""Decay-law fits, bootstrap intervals and the extrapolation comparison (truncsens.fit.laws, truncsens.fit.fitting)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.curves import curves_of
-from truncsens.fitfile import default_fit_path, read_fit_file, sanitize, write_fit_file
-from truncsens.fitting import FitConfig, default_ranges, fit_curve, fit_results, parse_range
-from truncsens.laws import (FitError, extrapolation_mae, fit_family, fit_family_batch, law_log, law_value, log_weights,
+from truncsens.fit.curves import curves_of
+from truncsens.fit.fit_file import default_fit_path, read_fit_file, sanitize, write_fit_file
+from truncsens.fit.fitting import FitConfig, default_ranges, fit_curve, fit_results, parse_range
+from truncsens.fit.laws import (FitError, extrapolation_mae, fit_family, fit_family_batch, law_log, law_value, log_weights,
                             weighted_line, wls_aic)
-from truncsens.reports import format_fit_report as format_report
+from truncsens.report.printed import format_fit_report as format_report
 from truncsens.stats import bootstrap_multiplicities, doc_sums, percentile_interval as percentile_ci, resampled_mean_se
 from truncsens.results import ResultsError, make_results, save
-from truncsens.synthetic import curve_results
+from truncsens.models.synthetic import curve_results
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 
@@ -249,7 +249,7 @@ def test_excluded_windows_are_reported():
 
 
 def FitReportLike(cf):
-    from truncsens.fitting import FitReport
+    from truncsens.fit.fitting import FitReport
 
     return FitReport(FitConfig(metrics=("tv",), n_boot=100), [cf]).to_json()
 
@@ -361,7 +361,7 @@ def test_measure_then_fit_prefers_exponential_on_geometric_source(synthetic_runs
 
 
 def test_window_interval_contains_the_measured_crossing(synthetic_runs):
-    from truncsens.recommend import recommend
+    from truncsens.budget.recommend import recommend
 
     doc = fit_results([synthetic_runs["synthetic:0.5"]], FitConfig(metrics=("tv",), families=("power",))).to_json()
     p = doc["fits"][0]["params"]

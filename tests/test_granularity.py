@@ -21,7 +21,7 @@ from oracles import head_evicting_loop, head_prefill_evict, head_prefill_evict_s
 from truncsens.divergences import kl
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.granularity import evicted_mass, kept_count
-from truncsens.engine.layer_windows import LayerWindows, kept_attention_mask
+from truncsens.engine.attention_windows import LayerWindows, kept_attention_mask
 from truncsens.engine.semantics import SEMANTICS
 from truncsens.models import load_model
 from truncsens.policies import POLICIES, PolicyError, make_policy

@@ -9,7 +9,7 @@ from truncsens.engine.batching import OutOfMemoryAtBatchSizeOne
 from truncsens.engine.config import MeasureConfig
 from truncsens.engine.forward import NonFiniteLogitsError
 from truncsens.engine.measure import run_measure
-from truncsens.engine.shards import MeasureInterrupted
+from truncsens.engine.run.shards import MeasureInterrupted
 from truncsens.models import load_model
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from truncsens.hf_loading import check_logits_to_keep, dtype_keyword
+from truncsens.models.huggingface import check_logits_to_keep, dtype_keyword
 from truncsens.models import (
     SOURCES, HubSource, LoadedModel, LocalFolderSource, ModelLoadError, ReferenceSource, SyntheticSource, load_model,
     model_source,
 )
-from truncsens.synthetic import synthetic_documents
+from truncsens.models.synthetic import synthetic_documents
 from truncsens.targets import TokenDoc
 
 from conftest import requires_reference
@@ -107,12 +107,12 @@ def test_check_logits_to_keep():
         check_logits_to_keep(_NoKeep(), "old")
 
 
-@pytest.mark.parametrize("first, second", [("truncsens.synthetic", "truncsens.models"),
-                                           ("truncsens.models", "truncsens.synthetic")])
+@pytest.mark.parametrize("first, second", [("truncsens.models.synthetic", "truncsens.models"),
+                                           ("truncsens.models", "truncsens.models.synthetic")])
 def test_no_circular_import(first, second):
     code = (f"import sys, importlib; importlib.import_module({first!r}); "
             "print('truncsens.models' in sys.modules); "
-            f"importlib.import_module({second!r}); import truncsens.synthetic as s, truncsens.models as m; "
+            f"importlib.import_module({second!r}); import truncsens.models.synthetic as s, truncsens.models as m; "
             "print(m.load_model('synthetic:0.5:16').source, s.load_synthetic('synthetic:0.5:16').source)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parents[1]).stdout.split()

@@ -1,4 +1,4 @@
-"""The notebooks' helpers (truncsens/notebook.py): the checkout is found from a notebook file,
+"""The notebooks' helpers (truncsens/api/notebook.py): the checkout is found from a notebook file,
 a missing results file is measured by its command, and nothing is run when it exists."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from truncsens.notebook import ensure_results, repo_root, show
+from truncsens.api.notebook import ensure_results, repo_root, show
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,14 +1,14 @@
-"""Figures of D(w) with error bars and fitted laws (truncsens.plots)."""
+"""Figures of D(w) with error bars and fitted laws (truncsens.report.plots)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from truncsens.curves import curves_of
-from truncsens.fitting import FitConfig, FitReport, fit_curve
-from truncsens.plots import build_figure, figure_paths, panel_metrics, plot_report
-from truncsens.synthetic import curve_results
+from truncsens.fit.curves import curves_of
+from truncsens.fit.fitting import FitConfig, FitReport, fit_curve
+from truncsens.report.plots import build_figure, figure_paths, panel_metrics, plot_report
+from truncsens.models.synthetic import curve_results
 
 
 def _doc(n_curves: int = 1):

@@ -10,15 +10,15 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.curve_points import KL_NOISE_FLOOR, TV_NOISE_FLOOR, classify_points
-from truncsens.curves import curves_of
-from truncsens.fitting import FitConfig, fit_curve, fit_results
-from truncsens.kv_spec import KVSpec, layer_windows_from_config
-from truncsens.laws import fit_family
-from truncsens.recommend import recommend
-from truncsens.reports import _comparison_line, format_fit_report, format_recommendations
-from truncsens.synthetic import curve_results
-from truncsens.windows import cached_tokens_per_layer, kv_bytes_per_sequence, measured_crossings, window_for_eps, window_samples
+from truncsens.fit.points import KL_NOISE_FLOOR, TV_NOISE_FLOOR, classify_points
+from truncsens.fit.curves import curves_of
+from truncsens.fit.fitting import FitConfig, fit_curve, fit_results
+from truncsens.budget.kv_spec import KVSpec, layer_windows_from_config
+from truncsens.fit.laws import fit_family
+from truncsens.budget.recommend import recommend
+from truncsens.report.printed import _comparison_line, format_fit_report, format_recommendations
+from truncsens.models.synthetic import curve_results
+from truncsens.budget.windows import cached_tokens_per_layer, kv_bytes_per_sequence, measured_crossings, window_for_eps, window_samples
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 # results files store float32: values agree with the exact curves to ~1e-7 relative
@@ -195,7 +195,7 @@ def test_model_comparison_undecided_when_the_interval_contains_one():
     assert "undecided between power_floor and power" in _comparison_line(c) and "wins" not in _comparison_line(c)
     c2 = {**c, "factor": {"value": 3.0, "ci": [1.5, 6.0]}, "undecided": False}
     assert "power_floor wins held-out extrapolation" in _comparison_line(c2)
-    from truncsens.fitting import ratio_undecided
+    from truncsens.fit.fitting import ratio_undecided
 
     assert ratio_undecided([0.115, 11.7]) and ratio_undecided([0.9, 1.0]) and not ratio_undecided([1.01, 2])
     assert not ratio_undecided(None)
@@ -223,7 +223,7 @@ def test_per_layer_kv_windows_from_configs():
 def test_kv_spec_for_a_sliding_window_checkpoint(tmp_path):
     from transformers import Qwen2Config
 
-    from truncsens.kv_spec import kv_spec_for_model
+    from truncsens.budget.kv_spec import kv_spec_for_model
 
     Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, use_sliding_window=True,
                 sliding_window=32, max_window_layers=2).save_pretrained(tmp_path)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import requires_reference
-from truncsens.reference.card import doc_clustered_mean_se, write_card
-from truncsens.reference.train import TrainConfig, _lr_at
+from truncsens.models.reference.card import doc_clustered_mean_se, write_card
+from truncsens.models.reference.train import TrainConfig, _lr_at
 
 
 def test_lr_schedule_warmup_cosine_and_time_budget():
@@ -52,7 +52,7 @@ def test_write_card(tmp_path):
 def test_train_tiny_reference(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from truncsens.reference.train import train
+    from truncsens.models.reference.train import train
 
     final = train(TrainConfig(out_dir=str(tmp_path), vocab_size=300, hidden_size=32, intermediate_size=64,
                               num_layers=1, num_heads=2, context=64, batch_size=2, max_steps=3, eval_every=3,
@@ -68,8 +68,8 @@ def test_build_reference_trains_evaluates_and_installs(tmp_path, monkeypatch):
     import json
 
     import truncsens.models
-    from truncsens.reference.build import build_reference
-    from truncsens.reference.train import TrainConfig
+    from truncsens.models.reference.build import build_reference
+    from truncsens.models.reference.train import TrainConfig
 
     monkeypatch.setattr(truncsens.models, "REFERENCE_DIR", tmp_path / "installed")
     cfg = TrainConfig(out_dir=str(tmp_path / "run"), vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
@@ -90,7 +90,7 @@ def test_committed_reference_model_uses_long_context():
     card's full sample also has NLL(max) < NLL(256), by 0.017 ± 0.013 nats: too small a margin to
     assert on a sample this size.)"""
     from truncsens.models import load_model
-    from truncsens.reference.card import context_nll
+    from truncsens.models.reference.card import context_nll
 
     ev = context_nll(load_model("reference"), "code", [16, 64], targets_per_doc=2, seed=1)
     nll = {int(k): v[0] for k, v in ev["nll"].items()}

@@ -11,7 +11,7 @@ import pytest
 import xarray as xr
 
 from truncsens import results
-from truncsens import results_codec as codec
+from truncsens.results import codec
 from truncsens.divergences import METRICS
 from truncsens.results import REQUIRED_ATTRS, ResultsError
 

@@ -1,4 +1,4 @@
-"""Joining policy runs of the same targets (truncsens.results_join) and compare-policies over several files."""
+"""Joining policy runs of the same targets (truncsens.results.join) and compare-policies over several files."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from truncsens import results
 from truncsens.cli.main import app
 from truncsens.divergences import METRICS
 from truncsens.results import ResultsError
-from truncsens.results_join import join_policy_runs, policy_names, with_policy_dim
+from truncsens.results.join import join_policy_runs, policy_names, with_policy_dim
 
 BUDGETS = [16, 32, 64]
 
@@ -108,7 +108,7 @@ def test_compare_policies_takes_several_runs(tmp_path):
 def test_truncation_mismatch_names_what_differs():
     """compare-policies --truncation notes a window run of another model revision, N or corpus, other
     targets, or an attr only one of the runs has."""
-    from truncsens.policy_compare import truncation_mismatch
+    from truncsens.report.policy_comparison import truncation_mismatch
 
     def run(n, docs, positions, **attrs):
         return xr.Dataset(coords={"doc": ("target", docs), "position": ("target", positions)},

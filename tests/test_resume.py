@@ -9,7 +9,7 @@ from truncsens import results
 from truncsens.divergences import METRICS
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.measure import run_measure
-from truncsens.engine.shards import MeasureInterrupted
+from truncsens.engine.run.shards import MeasureInterrupted
 
 
 def _config(model_dir, corpus_dir, out, resume=False):

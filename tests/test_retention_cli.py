@@ -17,7 +17,7 @@ from truncsens.cli.main import app
 from truncsens.divergences import METRICS
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.measure import run_measure
-from truncsens.engine.shards import MeasureInterrupted
+from truncsens.engine.run.shards import MeasureInterrupted
 from engine_calls import retention_targets
 from truncsens.engine.forward import next_token_logprobs
 from truncsens.models import load_model

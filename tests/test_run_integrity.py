@@ -18,8 +18,8 @@ from truncsens.cli.main import app
 from truncsens.divergences import METRICS
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.measure import run_measure
-from truncsens.engine.output_lock import OutputLock, OutputLockedError
-from truncsens.engine.shards import MeasureInterrupted, shard_dir_for
+from truncsens.engine.run.lock import OutputLock, OutputLockedError
+from truncsens.engine.run.shards import MeasureInterrupted, shard_dir_for
 
 runner = CliRunner()
 
@@ -158,7 +158,7 @@ def test_a_file_finished_while_waiting_for_the_lock_is_not_overwritten(tiny_llam
 def test_progress_total_grows_to_the_tokens_done(capsys):
     """The planned total is an estimate: a run that needs more tokens never prints done > total or a
     negative ETA."""
-    from truncsens.engine.shards import ShardProgress
+    from truncsens.engine.run.shards import ShardProgress
 
     with ShardProgress(100, "measure", True, 2) as p:
         p.shard_done(60)

@@ -16,8 +16,8 @@ from engine_calls import prefill_evict_logprobs, retention_targets, streaming_lo
 from oracles import windowed_prefill_evict, windowed_reencode, windowed_streaming_loop
 from truncsens.divergences import kl
 from truncsens.engine.forward import next_token_logprobs
-from truncsens.windows import cached_tokens_per_layer
-from truncsens.engine.layer_windows import (
+from truncsens.budget.windows import cached_tokens_per_layer
+from truncsens.engine.attention_windows import (
     FULL, SLIDING, LayerWindows, WindowError, attention_windows, layer_windows,
     own_window_differs)
 from truncsens.engine.reference_pass import reference_pass

@@ -9,7 +9,7 @@ import pytest
 
 from truncsens import results
 from truncsens.divergences import METRICS
-from truncsens.summary import COUNTS, STATS, format_table, summarize, summarize_values
+from truncsens.report.summary import COUNTS, STATS, format_table, summarize, summarize_values
 
 
 def test_summarize_values_by_hand():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from truncsens.divergences import kl, tv
-from truncsens.synthetic import (COPY_STRENGTH, FLOOR, SCALE, SyntheticLM, curve_results, lag_weights,
+from truncsens.models.synthetic import (COPY_STRENGTH, FLOOR, SCALE, SyntheticLM, curve_results, lag_weights,
                                  load_synthetic, parse_spec, synthetic_documents, tail_mass)
 
 

@@ -1,4 +1,4 @@
-"""The one table renderer and the number formats (truncsens.tables)."""
+"""The one table renderer and the number formats (truncsens.report.tables)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from truncsens.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
+from truncsens.report.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
 
 
 def test_render_table_fits_columns_and_rules_the_header():

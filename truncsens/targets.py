@@ -5,7 +5,7 @@ A target is a position ``t`` of a document whose reference context ``x[t-N:t]`` 
 per document without replacement with a generator seeded by ``(seed, doc id)``, so they do not
 depend on which other documents are in the run, on sharding, or on resuming.
 
-The block protocol (:mod:`truncsens.engine.block_plan`) draws **blocks** of B consecutive targets
+The block protocol (:mod:`truncsens.engine.block.plan`) draws **blocks** of B consecutive targets
 instead (:func:`select_block_targets`): the eligible positions of a document are cut into slots of B
 positions at a random offset, and ``ceil(targets_per_doc / B)`` slots are drawn without replacement
 (the last one cut so that exactly ``targets_per_doc`` targets are taken), with the same per-document

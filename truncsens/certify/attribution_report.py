@@ -1,6 +1,6 @@
 """The ``truncsens certify-attribution`` summary: statistics of :mod:`truncsens.certify.attribution`
 read from a results file, beside the paper's figures, as a dict (``--json``), printed tables (one
-renderer, :func:`truncsens.tables.render_table`) and a figure of recomputation curves.
+renderer, :func:`truncsens.report.tables.render_table`) and a figure of recomputation curves.
 
 Paper (P. Xie, arXiv 2607.21475): attribution AUC of the certificate 0.75 at 6k tokens and 0.73 at
 16k, output confidence at or below chance; certificate-gated recomputation beats random and
@@ -22,7 +22,7 @@ import numpy as np
 from truncsens.certify.attribution import (
     GATE_FRACTIONS, PAPER_AUC, by_documents, removal_curves, target_records, verdict_above,
 )
-from truncsens.tables import Column, fmt_estimate, fmt_num, render_table
+from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table
 
 CURVE_FRACTIONS = np.linspace(0, 1, 41)
 

@@ -30,7 +30,7 @@ from truncsens.certify.tasks import build_task_set, copy_vocabulary, default_min
 from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
-from truncsens.engine.shards import ShardProgress, check_output
+from truncsens.engine.run.shards import ShardProgress, check_output
 from truncsens.models import LoadedModel, load_model
 
 

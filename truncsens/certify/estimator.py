@@ -3,7 +3,7 @@ keys, its variance estimate and two certificate radii. Pure torch math, float64.
 
 Source: P. Xie, "Error Certificates for KV-Cache Eviction via Randomized Design" (arXiv 2607.21475),
 docs/method.md section 5; the estimator, variance and normal radius are those of
-:mod:`truncsens.certificates`. The empirical-Bernstein radius of a *sum* is [ours] (the paper names
+:mod:`truncsens.policies.poisson_design`. The empirical-Bernstein radius of a *sum* is [ours] (the paper names
 an empirical-Bernstein radius without a formula we could read):
 
 The linearized error is a sum over tail keys of independent zero-mean vectors
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from truncsens.certificates import (
+from truncsens.policies.poisson_design import (
     certificate_radius, hajek_attention, hajek_variance,
 )
 

@@ -159,7 +159,7 @@ def check_model(model, name: str) -> None:
         raise CertifyModelError(
             f"model {name!r} does not use transformers' attention interface (config._attn_implementation), so its "
             "attention cannot be probed; certify needs a transformers causal LM such as Llama, Qwen2, Mistral or GPT-2")
-    from truncsens.engine.layer_windows import WindowError, layer_windows
+    from truncsens.engine.attention_windows import WindowError, layer_windows
 
     try:
         windowed = layer_windows(model).windowed

@@ -1,5 +1,5 @@
 """The certify summary: statistics of a results file beside the paper's figures, as a dict (for
-``--json``), as printed text (one renderer, :func:`truncsens.tables.render_table`), and two figures
+``--json``), as printed text (one renderer, :func:`truncsens.report.tables.render_table`), and two figures
 (reliability: coverage against nominal 1 − δ; scatter: certificate against true error).
 
 Paper figures (P. Xie, arXiv 2607.21475): coverage 96.9 / 97.2 / 97.7 % at budgets of 12.5 / 25 /
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from truncsens.certify.statistics import coverage, mean_by_documents, reliability, spearman_by_documents
-from truncsens.tables import Column, fmt_estimate, fmt_num, render_table
+from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table
 
 PAPER_COVERAGE = {12.5: 0.969, 25.0: 0.972, 50.0: 0.977}
 PAPER_SPEARMAN = 0.94

@@ -29,7 +29,7 @@ from truncsens.engine.documents import prepare_documents
 from truncsens.engine.kernel import metric_arrays, policy_seeds, store_metrics
 from truncsens.engine.measure import provenance, resolve_reference_context
 from truncsens.engine.semantics import SEMANTICS
-from truncsens.engine.shards import check_output, run_shards
+from truncsens.engine.run.shards import check_output, run_shards
 from truncsens.engine.sweep import Sweep
 from truncsens.models import LoadedModel, load_model
 from truncsens.targets import TargetSet

@@ -18,7 +18,7 @@ import torch
 from scipy.stats import spearmanr
 from statsmodels.stats.proportion import proportion_confint
 
-from truncsens.certificates import certificate_radius
+from truncsens.policies.poisson_design import certificate_radius
 from truncsens.certify.estimator import eb_sum_radius
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 

@@ -1,10 +1,10 @@
-"""YAML corpus manifests (``data_manifests/*.yaml``): one corpus each.
+"""YAML corpus manifests (``truncsens/corpora/manifests/*.yaml``): one corpus each.
 
 Keys: ``name``, ``domain`` (the label recorded in results, e.g. code | nl | legal), ``source``
 (builtin | local | hf), ``license``, ``description``; for ``builtin``: ``builtin`` (code | nl); for
 ``local``: ``path`` (relative to the manifest), optional ``glob``, ``text_field``, ``id_field``; for
 ``hf``: ``dataset``, optional ``config``, ``data_dir``, ``split``, ``text_field``, ``id_field``,
-``max_docs``, ``join_lines``. The format is documented in ``data_manifests/README.md``.
+``max_docs``, ``join_lines``. The format is documented in ``truncsens/corpora/manifests/README.md``.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class Manifest:
 
 
 def builtin_manifest_names() -> list[str]:
-    """Names of the manifests shipped in ``data_manifests/``."""
-    return sorted(p.name[:-5] for p in resources.files("truncsens.data_manifests").iterdir() if p.name.endswith(".yaml"))
+    """Names of the manifests shipped in ``truncsens/corpora/manifests/``."""
+    return sorted(p.name[:-5] for p in resources.files("truncsens.corpora.manifests").iterdir() if p.name.endswith(".yaml"))
 
 
 def read_manifest(path_or_name: str | Path) -> Manifest:
@@ -49,7 +49,7 @@ def read_manifest(path_or_name: str | Path) -> Manifest:
     if path.suffix in (".yaml", ".yml") and path.is_file():
         text = path.read_text(encoding="utf-8")
     else:
-        shipped = resources.files("truncsens.data_manifests") / f"{path_or_name}.yaml"
+        shipped = resources.files("truncsens.corpora.manifests") / f"{path_or_name}.yaml"
         if not shipped.is_file():
             raise CorpusError(
                 f"no corpus manifest {path_or_name!r}; shipped manifests: {', '.join(builtin_manifest_names())}")

@@ -22,7 +22,7 @@ from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import check_policy_args
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
-PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block_plan)
+PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block.plan)
 DEFAULT_BLOCK_FRACTION = 0.125
 DEFAULT_BLOCK_SIZE = 64
 BLOCK_POLICIES = ("suffix", "sink_recent")  # the policies whose kept set is a window (block protocol)
@@ -82,9 +82,9 @@ class MeasureConfig:
         device, dtype, max_batch_tokens: where and how the model runs.
         protocol: "exact" (one pass per target and window) or "block" (K consecutive targets per
             pass, K = max(1, min(block_size, floor(w * block_fraction))): window sweeps under
-            ``reencode``, :mod:`truncsens.engine.block_plan`; and policy sweeps under ``streaming``
+            ``reencode``, :mod:`truncsens.engine.block.plan`; and policy sweeps under ``streaming``
             (one stream per block of B = K(N) targets) or ``prefill_evict`` (one reference pass and
-            one B-query decode per block and budget), :mod:`truncsens.engine.block_policies`).
+            one B-query decode per block and budget), :mod:`truncsens.engine.block.policies`).
         block_fraction, block_size: the block protocol's K (fraction in (0, 1], size >= 1).
         docs_per_shard, out, resume, overwrite, progress, command: shards, results file (None: see
             :func:`default_out`; an existing one is replaced only with ``overwrite``), progress
@@ -193,7 +193,7 @@ class MeasureConfig:
         for policy in policies:
             semantics.check_policy(policy)
         if self.protocol == "block" and self.semantics != "reencode":
-            from truncsens.engine.block_policies import check_policy_blocks  # (it imports this module)
+            from truncsens.engine.block.policies import check_policy_blocks  # (it imports this module)
 
             check_policy_blocks(self.semantics, policies, self.positions, self.granularity, self.chunk)
         if self.draws > 1 and not any(p.randomized for p in policies):

@@ -27,7 +27,7 @@ and :func:`evict_attention` switches the model's attention implementation for on
 it after. An implementation name that no mask function is registered for makes transformers skip
 mask creation (``attention_mask`` is None), so no T x T mask is built by the model either.
 
-Sliding-window layers (:mod:`truncsens.engine.layer_windows`): the window ``q - j < W`` of each
+Sliding-window layers (:mod:`truncsens.engine.attention_windows`): the window ``q - j < W`` of each
 layer (looked up by the attention module's ``layer_idx``) is applied inside the chunk mask and the
 flex mask. Models that apply their windows themselves on cache indices (GPT-Neo, ``applies_own``)
 are not supported here (:func:`supported` is False; the caller keeps the dense mask for them).
@@ -295,7 +295,7 @@ def evict_kwargs(evict: torch.Tensor, offset: torch.Tensor, windows=None, query_
 
     Args:
         evict: [B, T] or [B, Hkv, T] int64; offset: the same shape, float.
-        windows: the model's :class:`~truncsens.engine.layer_windows.LayerWindows`, or None (full attention).
+        windows: the model's :class:`~truncsens.engine.attention_windows.LayerWindows`, or None (full attention).
         query_chunk: Cq query rows per step of the chunked backend.
         backend: ``auto`` (flex on CUDA when available, else chunked), ``chunked`` or ``flex``.
 

@@ -66,7 +66,7 @@ def next_token_logprobs(model, input_ids: torch.Tensor, position_ids: torch.Tens
         input_ids: [B, T] int64 on the model's device.
         position_ids: [B, T] int64.
         attention_mask: a prepared [B, 1, T, T] additive mask or a dict layer type -> such a mask
-            (:func:`truncsens.engine.layer_windows.kept_attention_mask`), or None.
+            (:func:`truncsens.engine.attention_windows.kept_attention_mask`), or None.
 
     Returns:
         [B, V] float64 log-softmax of the last position's logits.

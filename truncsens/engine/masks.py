@@ -8,7 +8,7 @@ kept set: 0 on kept keys, ``-inf`` on dropped keys, ``log(1/π)`` (Hájek offset
 on randomly kept keys. Every query row must keep at least one key (its own), or softmax gives NaN.
 
 Such a mask replaces the model's own sliding-window mask, so for a model with windowed layers
-(:mod:`truncsens.engine.layer_windows`) the window is put into it: :func:`within_window` keeps a key
+(:mod:`truncsens.engine.attention_windows`) the window is put into it: :func:`within_window` keeps a key
 only if ``q - j < W`` (transformers' ``sliding_window_overlay``), and :func:`layer_masks` builds one
 mask per layer type (transformers 5.x models with ``config.layer_types`` take them as a dict).
 

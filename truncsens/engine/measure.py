@@ -30,10 +30,10 @@ import numpy as np
 import truncsens
 from truncsens import results
 from truncsens.engine.config import MeasureConfig, MeasureError
-from truncsens.engine.distributed import current_ranks, process_device
+from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import KernelOutput, draws_measured, measure_draws
-from truncsens.engine.shards import check_output, run_shards
+from truncsens.engine.run.shards import check_output, run_shards
 from truncsens.engine.sweep import Sweep, resolve_sweep
 from truncsens.models import LoadedModel, load_model
 from truncsens.policies import policy_params
@@ -166,14 +166,14 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     Args:
         cfg: the configuration (validated at construction).
         loaded: an already loaded model (else ``cfg.model`` is loaded).
-        stop_after_shards: raise :class:`~truncsens.engine.shards.MeasureInterrupted` after writing
+        stop_after_shards: raise :class:`~truncsens.engine.run.shards.MeasureInterrupted` after writing
             this many new shards (to test resuming).
 
     Raises:
         MeasureError: ``cfg.out`` exists (without overwrite), bad windows / reference context / corpus,
             shards of another run.
-        truncsens.engine.output_lock.OutputLockedError: another run is writing ``cfg.out``.
-        truncsens.engine.distributed.LaunchError: the launch environment and the process group disagree.
+        truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.
+        truncsens.engine.run.distributed.LaunchError: the launch environment and the process group disagree.
         PolicyError: a budget a policy cannot take, poisson scores all zero.
         truncsens.engine.semantics.SemanticsError: a model that cannot run the semantics.
         truncsens.models.ModelLoadError, truncsens.corpora.CorpusError: loading failed.
@@ -191,7 +191,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
     if cfg.protocol == "block":
-        from truncsens.engine.block_runs import run_block_shards
+        from truncsens.engine.block.runs import run_block_shards
 
         path, reused, n_targets = run_block_shards(cfg, loaded, N, sweep, docs, attrs, ranks, stop_after_shards)
         extra["protocol"] = "block"

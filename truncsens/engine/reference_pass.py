@@ -10,7 +10,7 @@ read from the attention modules (``*.self_attn`` and similar) with forward hooks
 ``eager`` attention implementation (the only one that returns them); the previous implementation
 is restored afterwards. Only the decode step needs eager unless the full matrix is asked for.
 
-For a model with sliding-window layers (:mod:`truncsens.engine.layer_windows`) the cache keeps every
+For a model with sliding-window layers (:mod:`truncsens.engine.attention_windows`) the cache keeps every
 key of every layer, so statistics and prefill-evict see all T keys; the model's own masks apply the
 windows (attention outside a layer's window is 0).
 
@@ -30,7 +30,7 @@ import torch
 
 from truncsens.engine import kvcache
 from truncsens.engine.forward import rows_logprobs
-from truncsens.engine.layer_windows import layer_windows
+from truncsens.engine.attention_windows import layer_windows
 
 
 @dataclass
@@ -165,7 +165,7 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
         keep_cache: return the cache of the first T - 1 tokens.
         heads: None (statistics averaged over heads) or Hkv: statistics per key/value head (module docstring).
         queries: q, the last positions whose outputs are returned (1 <= q < T; the block protocol,
-            :mod:`truncsens.engine.block_policies`): the pass runs as a prefill of T - q tokens and one
+            :mod:`truncsens.engine.block.policies`): the pass runs as a prefill of T - q tokens and one
             causal step of the last q, ``logprobs`` is then [B, q, V] and ``last_attention`` [B, q, T]
             (rows of the last q queries, zeros beyond each query; [B, Hkv, q, T] per head). The
             cache is still that of the first T - 1 tokens. With q = 1 the shapes are those of

@@ -13,7 +13,7 @@ Two exact ways to run the same decisions, chosen by what the policy reads:
   so the cache holds O(k + C) slots; then the chunk's tokens are appended,
   each query reading the cached keys (with their Hájek offsets) and the chunk's tokens up to itself,
   within each layer's window on original positions
-  (:func:`truncsens.engine.layer_windows.kept_attention_mask`). Models that apply their windows on
+  (:func:`truncsens.engine.attention_windows.kept_attention_mask`). Models that apply their windows on
   cache indices (GPT-Neo) keep every slot instead, so indices stay positions. The statistics the
   policy reads are those of this run: attention probabilities from the attention modules (eager
   attention, forward hooks) and the norms of the new keys in the cache.
@@ -33,7 +33,7 @@ import torch
 
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs, rows_logprobs, model_dtype
-from truncsens.engine.layer_windows import kept_attention_mask
+from truncsens.engine.attention_windows import kept_attention_mask
 from truncsens.engine.reference_pass import AttentionCollector, eager_attention
 from truncsens.policies import Policy
 from truncsens.policies.streaming import ChunkStats, Evictions, run_stream
@@ -67,7 +67,7 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
     """Run ``policy`` over ``input_ids`` [B, T] sequentially in chunks of ``chunk`` tokens.
 
     Args:
-        model: transformers causal LM; windows: its :class:`~truncsens.engine.layer_windows.LayerWindows`.
+        model: transformers causal LM; windows: its :class:`~truncsens.engine.attention_windows.LayerWindows`.
         policy: a policy with online scores; budget: k (per key/value head under head granularity);
         seeds: one per row: B sequences, or B·Hkv (sequence, KV head) rows in the order of
             :func:`~truncsens.policies.base.head_seeds` when ``heads`` is set.
@@ -76,7 +76,7 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
             statistics per KV head: attention mean over layers and the group's query heads, key
             norms mean over layers); groups: query heads per KV head (H / Hkv).
         keep: 1 (the target's query only) or k > 1: the log-probabilities after each of the last k
-            tokens of this one run (the block protocol, :mod:`truncsens.engine.block_policies`; with
+            tokens of this one run (the block protocol, :mod:`truncsens.engine.block.policies`; with
             ``chunk`` 1, row q is what a run over the prefix x[0..q] gives).
 
     Returns:

@@ -5,7 +5,7 @@ docs/method.md, section 5. The certain set is the attention sinks, the most rece
 top slice by score; every other (tail) key i is kept independently with probability
 ``π_i = min(1, c·score_i)``, ``c`` found by bisection so that the expected kept count equals the
 budget k; each kept tail key gets the logit offset ``log(1/π_i)`` (the Hájek estimator, see
-:mod:`truncsens.certificates`).
+:mod:`truncsens.policies.poisson_design`).
 
 [ours] The paper keeps the 32 most recent tokens; budgets here go down to 16 tokens, so the recent
 and top slices are fractions of the budget (defaults 1/4 each), which keeps half of each budget for
@@ -41,7 +41,7 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.certificates import PoissonDesignError, draw, hajek_offsets, inclusion_probabilities
+from truncsens.policies.poisson_design import PoissonDesignError, draw, hajek_offsets, inclusion_probabilities
 from truncsens.policies.base import (
     LOGIT_OFFSETS, Kept, Policy, PolicyError, StreamStep, StreamView, causal, not_full, recent, sinks, smallest_k,
     top_per_row, uniforms,

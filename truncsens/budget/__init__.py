@@ -1,0 +1,1 @@
+"""Budgets: windows w(eps), recommendations from a fit, KV-cache bytes."""

@@ -1,0 +1,65 @@
+"""``truncsens compare-policies RESULTS...``: retention policies at equal budget, side by side (one run, or
+several runs of other policies on the same targets)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from truncsens.cli.errors import user_errors
+
+
+def compare_policies(
+    results_file: List[Path] = typer.Argument(..., help="Results file of `truncsens measure --policy ...` (a budget sweep); several files: runs of other policies on the same targets and settings, compared side by side."),
+    metrics: Optional[List[str]] = typer.Option(None, "--metrics", "--metric", "-m", help="Metrics to summarize and fit, repeated or comma-separated (default: kl, tv)."),
+    numerator: Optional[str] = typer.Option(None, help="Policy on top of the ratio of means (default random)."),
+    denominator: Optional[str] = typer.Option(None, help="Policy at the bottom of the ratio of means (default sink_recent)."),
+    bootstrap: int = typer.Option(1000, help="Bootstrap resamples over documents (0: no intervals)."),
+    seed: int = typer.Option(0, help="Seed of the resampling."),
+    fit_range: Optional[str] = typer.Option(None, help="Budgets LO:HI of the power-law fits (default: as truncsens fit)."),
+    truncation: Optional[Path] = typer.Option(None, help="A window results file (truncsens measure) whose power-law alpha is listed beside the policies'."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON to stdout instead of the table."),
+    json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the comparison as JSON to this file."),
+    plot: bool = typer.Option(False, "--plot/--no-plot", help="Draw the log-log plot (default prefix: <results>-policies next to the results)."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Plot prefix: PREFIX.png and PREFIX.pdf (implies --plot; a .png or .pdf suffix is dropped)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing JSON file or plot."),
+) -> None:
+    """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot;
+    with several draws (measure --draws R): means over draws per target, and the spread between draws."""
+    from truncsens.cli.options import split_list
+    from truncsens.fit.fit_file import check_new_files, write_json
+    from truncsens.fit.fitting import parse_range
+    from truncsens.report.plots import figure_paths, plot_comparison
+    from truncsens.report.policy_comparison import CompareConfig, compare_policies_file, default_plot_stem
+    from truncsens.report.printed import format_comparison, format_draw_spread
+
+    with user_errors():
+        names = tuple(split_list(metrics, "--metrics") or ("kl", "tv"))
+        cfg = CompareConfig(metrics=names, numerator=numerator, denominator=denominator, n_boot=bootstrap, seed=seed,
+                            fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
+        plot = plot or plot_out is not None
+        stem = plot_out or default_plot_stem(results_file[0])
+        check_new_files([json_out, *(figure_paths(stem) if plot else [])], overwrite)  # before the bootstrap
+        cmp = compare_policies_file(results_file, cfg, truncation)
+        wrote = []
+        if plot:
+            wrote += [str(p) for p in plot_comparison(cmp, stem, names[0])]
+        if json_out:
+            wrote.append(str(write_json(cmp.to_json(), json_out)))
+        if as_json:
+            typer.echo(json.dumps(cmp.to_json(), indent=1))
+            if wrote:
+                typer.echo("wrote " + ", ".join(wrote), err=True)
+        else:
+            typer.echo(format_comparison(cmp))
+            if cmp.spread:
+                typer.echo(format_draw_spread(cmp))
+            if wrote:
+                typer.echo("wrote " + ", ".join(wrote))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare-policies")(compare_policies)

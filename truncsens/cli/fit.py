@@ -1,0 +1,56 @@
+"""``truncsens fit RESULTS [RESULTS...]``: decay laws of D(w) with bootstrap intervals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from truncsens.cli.errors import user_errors
+
+
+def fit(
+    results_files: List[Path] = typer.Argument(..., metavar="RESULTS...", help="Results file(s) from `truncsens measure`; several are fitted side by side."),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric(s) to fit, repeated or comma-separated (default: tv, kl, kl_reverse, js)."),
+    family: Optional[List[str]] = typer.Option(None, "--family", "--families", help="Law families, repeated or comma-separated (default: power, exponential, power_floor)."),
+    fit_range: Optional[str] = typer.Option(None, "--fit-range", help="Windows LO:HI to fit, inclusive (default: smallest window >= 4 up to N/8, widened to 4 windows when it holds fewer)."),
+    holdout_range: Optional[str] = typer.Option(None, "--holdout-range", help="Held-out windows LO:HI for the extrapolation test (default: above the fit range up to N/2)."),
+    bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples over documents (0: no intervals)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
+    level: float = typer.Option(0.95, "--level", help="Confidence level of the percentile intervals."),
+    out: Optional[Path] = typer.Option(None, "--out", "--json-out", help="Fit file to write (JSON; default: <results>.fit.json next to the first results file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fit JSON to stdout instead of the table (the fit file is written too)."),
+    plot: bool = typer.Option(False, "--plot/--no-plot", help="Also draw D(w) with the fitted laws (PNG and PDF; default prefix: the fit file without .json)."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Figure prefix: PREFIX.png and PREFIX.pdf (implies --plot; a .png or .pdf suffix is dropped)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing fit file or figure."),
+) -> None:
+    """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""
+    from truncsens.cli.options import split_list
+    from truncsens.fit.fitting import DEFAULT_METRICS, FitConfig, parse_range
+    from truncsens.fit.laws import FAMILIES
+    from truncsens.api.pipelines import fit_to_file
+    from truncsens.report.printed import format_fit_report
+
+    with user_errors():
+        metrics, families = split_list(metric, "--metric"), split_list(family, "--family")
+        cfg = FitConfig(
+            metrics=tuple(metrics) if metrics else DEFAULT_METRICS,
+            families=tuple(families) if families else FAMILIES,
+            fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
+            holdout_range=parse_range(holdout_range, "--holdout-range") if holdout_range else None,
+            n_boot=bootstrap, seed=seed, level=level,
+        )
+        doc, path, plots = fit_to_file(results_files, cfg, out, plot, plot_out, overwrite)
+        wrote = f"wrote {path}" + "".join(f", {p}" for p in plots)
+        if as_json:
+            typer.echo(json.dumps(doc, indent=1))
+            typer.echo(wrote, err=True)
+        else:
+            typer.echo(format_fit_report(doc))
+            typer.echo(wrote)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fit")(fit)

@@ -1,0 +1,1 @@
+"""The block protocol: K consecutive targets per pass (docs/method.md section 7)."""

@@ -1,0 +1,161 @@
+"""``truncsens measure --protocol block``: the driver's block branch (targets drawn in blocks, shards
+measured by :func:`truncsens.engine.block.passes.measure_blocks`).
+
+Results are those of a window sweep (dims ``target``, ``window``) plus the coords
+``actual_window`` [target, window] (int32, tokens of window each value was measured with; sinks
+not counted) and ``actual_context`` [target] (int32, tokens of each target's reference context);
+a sweep of ``--policy suffix`` or ``sink_recent`` under reencode (dims ``target``, ``budget``) has
+``actual_budget`` [target, budget] (sinks + actual window) instead of ``actual_window``,
+and the attrs ``protocol`` ("block"), ``block_fraction``, ``block_size``, ``block_length`` (B,
+targets per block) and ``attention_implementation``. A file without these coords is an exact run:
+actual = nominal (how :mod:`truncsens.fit.curves` reads them).
+
+A policy sweep under ``streaming`` or ``prefill_evict`` (:func:`run_policy_block_shards`,
+:mod:`truncsens.engine.block.policies`) has the layout of an exact policy sweep plus
+``actual_context`` and the block attrs (no ``actual_budget``: budgets are exact).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import xarray as xr
+
+from truncsens.engine.block.plan import (
+    block_length, check_block_windows, extra_context, forward_tokens, policy_forward_tokens,
+)
+from truncsens.engine.block.passes import check_block_model, choose_attention, measure_blocks
+from truncsens.engine.kernel import KernelOutput
+from truncsens.engine.measure import shard_results
+from truncsens.engine.run.shards import run_shards
+from truncsens.targets import TargetSet, select_block_targets
+
+
+def block_sizes(ds: xr.Dataset) -> list[int]:
+    """Targets per block of a block-protocol results dataset, in target order: a new block starts
+    where the document changes or the actual reference context does not grow (the targets of a
+    block are consecutive, with contexts c, c+1, ...). An exact run (no ``actual_context``) gives
+    one block per target."""
+    docs = [str(d) for d in ds["doc"].values]
+    context = (np.asarray(ds["actual_context"].values, np.int64) if "actual_context" in ds.coords
+               else np.zeros(len(docs), np.int64))  # [n]; an exact run: every target its own block
+    sizes: list[int] = []
+    for i in range(len(docs)):
+        if i == 0 or docs[i] != docs[i - 1] or context[i] != context[i - 1] + 1:
+            sizes.append(0)
+        sizes[-1] += 1
+    return sizes
+
+
+def block_attrs(cfg, B: int, room: int) -> dict:
+    """The attrs every block-protocol results file carries: ``protocol``, ``block_fraction``,
+    ``block_size``, ``block_length`` (B) and ``block_extra_context`` (tokens its reference passes read
+    beyond N, :func:`~truncsens.engine.block.plan.extra_context`)."""
+    return {"protocol": "block", "block_fraction": float(cfg.block_fraction), "block_size": int(cfg.block_size),
+            "block_length": B, "block_extra_context": extra_context(B, room)}
+
+
+def _run_blocks(cfg, docs, N: int, B: int, sweep, compute_shard, per_block: Callable[[int], int], label: str,
+                ranks, stop_after_shards: int | None) -> tuple:
+    """The shards of a block run (:func:`~truncsens.engine.run.shards.run_shards` with targets drawn in
+    blocks of B); ``per_block(size)`` gives the forward tokens of one block of ``size`` targets (the
+    progress estimate)."""
+    size = min(B, cfg.targets_per_doc or B)  # a document's block: B targets, fewer when fewer are asked for
+    per_target = max(1, per_block(size) // size)
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
+    return run_shards(
+        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
+        compute_shard, per_target, label, cfg.progress, stop_after_shards, ranks, cfg.overwrite,
+        select=partial(select_block_targets, block=B))
+
+
+def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: dict, ranks=None,
+                     stop_after_shards: int | None = None) -> tuple:
+    """Run a window sweep by the block protocol and write ``cfg.out`` (see :func:`truncsens.engine.measure.run_measure`).
+
+    Returns:
+        (path, shards reused, number of targets).
+
+    Raises:
+        MeasureError: a window that does not fit the shortest actual reference context, or a model
+            with sliding-window layers; and what :func:`~truncsens.engine.run.shards.run_shards` raises.
+    """
+    if not sweep.is_window_sweep and sweep.semantics.name != "reencode":
+        return run_policy_block_shards(cfg, loaded, reference_context, sweep, docs, attrs, ranks, stop_after_shards)
+    N = reference_context
+    B = block_length(N, cfg.block_fraction, cfg.block_size)
+    room = max(0, loaded.max_context - N)  # positions the model has beyond N
+    n_sink = getattr(sweep.policies[0], "n_sink", 0) if sweep.policies else 0  # suffix: 0; sink_recent: its sinks
+    windows = [k - n_sink for k in sweep.budgets]  # window w is budget n_sink + w (truncsens.engine.sweep)
+    check_block_windows(windows, N, n_sink, B, room)
+    check_block_model(loaded.model, loaded.name)
+    attrs = {**attrs, **block_attrs(cfg, B, room), "attention_implementation": choose_attention(loaded.model, loaded.device)}
+    batch_tokens = cfg.batch_tokens(loaded.device)
+
+    def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
+        out = measure_blocks(loaded.model, plan, windows, n_sink, cfg.positions, cfg.block_fraction,
+                             cfg.block_size, loaded.device, batch_tokens, on_tokens, room)
+        kept = (out.actual_window + n_sink).astype(np.int32)[None, None]  # [1, 1, n, S] keys the target's query read
+        kernel = KernelOutput({m: v[None, None] for m, v in out.metrics.items()}, kept, None, out.n_clamped)  # [P=1, R=1, n, S]
+        ds = shard_results(kernel, plan, sweep, attrs, docs.bos_id)
+        actual = out.actual_window if sweep.is_window_sweep else out.actual_window + n_sink  # [n, S]
+        return ds.assign_coords({f"actual_{sweep.dim}": (("target", sweep.dim), actual.astype(np.int32)),
+                                 "actual_context": ("target", out.actual_context.astype(np.int32))})
+
+    def per_block(size: int) -> int:
+        return forward_tokens([size], N, windows, n_sink, cfg.block_fraction, cfg.block_size, room)
+
+    return _run_blocks(cfg, docs, N, B, sweep, compute_shard, per_block, "measure (block protocol)", ranks,
+                       stop_after_shards)
+
+
+STREAM_DRAW_SEEDS = ("one seed per (policy seed, doc, first position of the block, policy, draw): the targets of one "
+                     "block share their stream's draws (one stream per block); common to every budget")
+
+
+def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: dict, ranks=None,
+                            stop_after_shards: int | None = None) -> tuple:
+    """Run a policy sweep under streaming or prefill_evict by the block protocol
+    (:func:`truncsens.engine.block.policies.measure_policy_blocks`) and write ``cfg.out``.
+
+    Results are those of an exact policy sweep (dims, ``kept_tokens``, ``evicted_attention_mass``,
+    ``draw``) plus the coord ``actual_context`` [target] (int32) and the attrs of :func:`block_attrs`;
+    budgets are exact (no ``actual_budget``). Under streaming ``draw_seeds`` says that a block's
+    targets share their stream's draws. Progress counts forward tokens: L = N + e per block for the
+    reference, L per streaming pass, B per prefill-evict decode.
+
+    Returns:
+        (path, shards reused, number of targets).
+
+    Raises:
+        MeasureError: a budget above the shortest actual reference context
+            (:func:`~truncsens.engine.block.policies.check_block_budgets`); and what
+            :func:`~truncsens.engine.run.shards.run_shards` raises.
+    """
+    from truncsens.engine.block.policies import check_block_budgets, measure_policy_blocks
+    from truncsens.engine.kernel import draws_measured
+
+    N = reference_context
+    B = block_length(N, cfg.block_fraction, cfg.block_size)
+    room = max(0, loaded.max_context - N)
+    check_block_budgets(sweep.budgets, N, B, room)  # the rest was checked by MeasureConfig (check_policy_blocks)
+    attrs = {**attrs, **block_attrs(cfg, B, room)}
+    if sweep.semantics.name == "streaming":
+        attrs["draw_seeds"] = STREAM_DRAW_SEEDS
+    batch_tokens = cfg.batch_tokens(loaded.device)
+
+    def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
+        out = measure_policy_blocks(loaded.model, plan, sweep.policies, sweep.budgets, sweep.semantics, cfg.draw_seed,
+                                    loaded.device, batch_tokens, on_tokens, cfg.draws, room)
+        ds = shard_results(out.kernel, plan, sweep, attrs, docs.bos_id)
+        return ds.assign_coords(actual_context=("target", out.actual_context.astype(np.int32)))
+
+    passes = sum(draws_measured(sweep.policies, cfg.draws)) * len(sweep.budgets)
+
+    def per_block(size: int) -> int:
+        return policy_forward_tokens([size], N, passes, sweep.semantics.name == "streaming", room)
+
+    return _run_blocks(cfg, docs, N, B, sweep, compute_shard, per_block,
+                       f"measure {sweep.semantics.name} (block protocol)", ranks, stop_after_shards)

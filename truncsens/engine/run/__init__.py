@@ -1,0 +1,1 @@
+"""The run skeleton: documents -> shards -> lock -> resume -> merge -> provenance."""

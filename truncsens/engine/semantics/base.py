@@ -1,0 +1,186 @@
+"""The base of the semantics objects (:mod:`truncsens.engine.semantics` holds the three semantics and
+their registry): what a semantics declares (positions, capabilities it provides, cost, reference and
+kept passes) and the checks every semantics shares (positions, policies, granularity, model).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Sequence
+
+import torch
+
+from truncsens.engine.granularity import fold_reference, heads_of
+from truncsens.engine.attention_windows import WindowError, layer_windows
+from truncsens.engine.reference_pass import ReferencePass, reference_pass
+from truncsens.results import POSITIONS
+from truncsens.policies.base import (
+    ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS, Kept, Policy, PolicyError,
+    check_granularity, head_seeds, unfold_heads,
+)
+from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
+
+
+def _registered() -> dict:
+    """The registry of :mod:`truncsens.engine.semantics` (imported when a check names the alternatives:
+    that module imports this one)."""
+    from truncsens.engine.semantics import SEMANTICS
+
+    return SEMANTICS
+
+
+_CAPABILITY_TEXT = {
+    LOGIT_OFFSETS: "attention-logit offsets on kept keys",
+    ATTENTION_SCORES: "attention scores",
+    KEY_NORM_SCORES: "key norms",
+    OBSERVATION_WINDOW: "the attention of an observation window of a full prefill",
+    PER_QUERY_DRAWS: "an independent kept set per query (--per-query; a streaming cache evicts once per key)",
+    PREFILL_LAYERS: "each attention layer's inputs and keys of a full prefill (a kvpress press)",
+}
+ATTENTION_KINDS = ("attention", "last_attention", "window_attention")
+
+
+class SemanticsError(ValueError):
+    """A semantics cannot run as asked (positions, model); the message names the fix."""
+
+
+class Semantics:
+    """Base of the three semantics.
+
+    Class attributes:
+        name: registry name (``--semantics NAME``, the ``semantics`` attr).
+        positions: position modes it supports.
+        provides: capabilities it offers policies.
+        needs_transformers: whether it needs a transformers model (4D masks, caches, attention weights).
+        keeps_cache: whether the reference pass keeps the full-context cache (``prefill_evict`` decodes on it).
+        reference_state: whether the kept passes read state of the reference pass of the same batch
+            (a cache or attention statistics); if not, reference and kept passes are batched apart.
+    """
+
+    name: ClassVar[str] = ""
+    positions: ClassVar[tuple[str, ...]] = ("original",)
+    provides: ClassVar[frozenset[str]] = frozenset()
+    needs_transformers: ClassVar[bool] = True
+    reference_state: ClassVar[bool] = True
+    keeps_cache: ClassVar[bool] = False  # the reference pass keeps its cache for the kept passes
+
+    def check_positions(self, positions: str) -> None:
+        """Raise :class:`SemanticsError` for an unknown or unsupported position mode."""
+        if positions not in POSITIONS:
+            raise SemanticsError(f"--positions must be one of {POSITIONS}, got {positions!r}")
+        if positions not in self.positions:
+            able = " or ".join(s.name for s in _registered().values() if positions in s.positions)
+            raise SemanticsError(
+                f"semantics {self.name} keeps original positions (keys are computed once, at their own position); "
+                f"--positions {positions} works only with --semantics {able}")
+
+    def check_policy(self, policy: Policy) -> None:
+        """Raise :class:`~truncsens.policies.PolicyError` when the policy needs what this semantics lacks."""
+        missing = sorted(policy.requirements() - self.provides)
+        if missing:
+            what = ", ".join(_CAPABILITY_TEXT.get(m, m) for m in missing)
+            able = [s.name for s in _registered().values() if policy.requirements() <= s.provides]
+            raise PolicyError(f"policy {policy.name} cannot be run with semantics {self.name}: it needs {what}, "
+                              f"which {self.name} does not provide; use --semantics {' or '.join(able) or '?'}")
+
+    def check_model(self, model, name: str) -> None:
+        """Raise :class:`SemanticsError` when ``model`` cannot run this semantics: not a transformers
+        model, or attention layers whose windows the kept masks cannot express (the message names them)."""
+        if self.needs_transformers and not hasattr(model, "set_attn_implementation"):
+            raise SemanticsError(
+                f"semantics {self.name} needs a transformers model (masked attention and attention statistics); "
+                f"{name!r} is not one: use --semantics reencode")
+        if self.needs_transformers:
+            windows_of(model, self.name, name)
+
+    def check_granularity(self, granularity: str) -> None:
+        """Raise :class:`~truncsens.policies.PolicyError` for an unknown granularity, or
+        :class:`SemanticsError` for ``head`` under a semantics without per-head caches."""
+        check_granularity(granularity)
+        if granularity == "head" and not self.needs_transformers:
+            raise SemanticsError(f"--granularity head needs a per-head cache; semantics {self.name} re-encodes one "
+                                 "sequence of kept tokens, which has a single kept set: use --granularity token")
+
+    def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
+        """[Q] int64 query positions a policy decides kept keys for: the target's query (T - 1) only."""
+        return torch.tensor([context_len - 1], device=device)
+
+    def cost(self, context_len: int, budget: int) -> int:
+        """Forward tokens per target of one kept pass at ``budget`` (the reference pass not included)."""
+        raise NotImplementedError
+
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
+                  granularity: str = "token", queries: int = 1) -> ReferencePass:
+        """Full-context pass over ``input_ids`` [B, T] with what ``policies`` and the kept passes need
+        (statistics per key/value head under head granularity); the outputs of the last ``queries``
+        positions (the block protocol: :func:`~truncsens.engine.reference_pass.reference_pass`)."""
+        kinds = {p.score_kind() for p in policies}
+        return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
+                              key_norm="key_norm" in kinds, keep_cache=self.keeps_cache, heads=heads_of(model, granularity),
+                              queries=queries)
+
+    def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor) -> torch.Tensor | None:
+        """[B, Q, T] scores for ``policy`` from the full-context reference pass, or None when it needs none
+        (with a per-head ``ref`` folded by :func:`fold_reference`, B counts (sequence, KV head) rows).
+
+        ``attention``: attention each key received, accumulated over layers, heads and the queries
+        up to each query (H2O-style, arXiv 2306.14048); ``last_attention``: the attention row of the
+        query before each query (TOVA, arXiv 2401.06104; zeros for query 0); ``window_attention``: the
+        policy's :meth:`~truncsens.policies.base.Policy.window_scores` of the attention rows (SnapKV,
+        arXiv 2404.14469); ``key_norm``: mean L2 norm of each key.
+        """
+        kind = policy.score_kind()
+        if kind is None:
+            return None
+        if kind == "attention":
+            return ref.attention.cumsum(1)[:, queries, :]  # [B, Q, T]
+        if kind == "last_attention":
+            rows = ref.attention[:, (queries - 1).clamp(min=0), :]  # [B, Q, T]
+            return torch.where((queries > 0).view(1, -1, 1), rows, torch.zeros_like(rows))
+        if kind == "window_attention":
+            return policy.window_scores(ref.attention, queries)  # [B, Q, T]
+        B, T = ref.key_norm.shape
+        return ref.key_norm.unsqueeze(1).expand(B, queries.numel(), T)  # [B, Q, T]
+
+    def policy_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
+                        ref: ReferencePass | None, positions: str, chunk: int = 1,
+                        granularity: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``policy`` at ``budget`` on ``input_ids`` [B, T]: per-query kept sets from the reference
+        pass's scores (:meth:`scores`), then :meth:`kept_logprobs`. Under head granularity the policy
+        runs on B·Hkv rows (scores of ``ref`` computed with ``heads``, seeds from
+        :func:`~truncsens.policies.base.head_seeds`), k keys kept per KV head.
+
+        Returns:
+            (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read;
+            [B, Hkv, T] under head granularity).
+        """
+        T = input_ids.shape[1]
+        queries = self.queries(T, input_ids.device)  # [Q]
+        heads = heads_of(model, granularity)
+        if heads:
+            rows = head_seeds(seeds, heads)  # B·Hkv seeds
+            scores = self.scores(policy, fold_reference(ref), queries) if ref is not None else None  # [B·Hkv, Q, T]
+            kept = policy.keep(T, budget, queries, rows, scores)  # [B·Hkv, Q, T]
+            kept = Kept(unfold_heads(kept.keep, heads), unfold_heads(kept.offset, heads), kept.queries)  # [B, Hkv, Q, T]
+        else:
+            kept = policy.keep(T, budget, queries, seeds, self.scores(policy, ref, queries) if ref is not None else None)
+        return self.kept_logprobs(model, input_ids, kept, ref, positions), kept.last()
+
+    def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
+                      positions: str) -> torch.Tensor:  # pragma: no cover - abstract
+        """[B, V] float64 log-probabilities after the last token of ``input_ids`` [B, T] under ``kept``."""
+        raise NotImplementedError
+
+
+def windows_of(model, semantics: str, name: str | None = None):
+    """The model's :class:`~truncsens.engine.attention_windows.LayerWindows`, checked for ``semantics``.
+
+    Raises:
+        SemanticsError: the model's attention layers cannot be masked per layer (see
+            :meth:`~truncsens.engine.attention_windows.LayerWindows.check_supported`).
+    """
+    try:
+        windows = layer_windows(model)
+        windows.check_supported(name or getattr(getattr(model, "config", None), "_name_or_path", "") or "model", semantics)
+    except WindowError as exc:
+        raise SemanticsError(str(exc)) from None
+    return windows

@@ -1,0 +1,379 @@
+"""Fit decay laws to the curves of results files, with bootstrap intervals over documents, and
+compare the families by held-out extrapolation.
+
+The laws and their fits are :mod:`truncsens.fit.laws`; the clustered statistics and the percentile
+interval are :mod:`truncsens.stats`; the fit file format is :mod:`truncsens.fit.fit_file`.
+
+Per curve and metric: the mean curve and its cluster-robust se (documents as clusters) give the
+WLS weights; points whose mean is zero or not finite are excluded and listed. Each family is fitted
+on the fit range and predicts the held-out points; the extrapolation error is the mean absolute
+error of log D there. Intervals: percentile bootstrap (Efron & Tibshirani 1993, ch. 13) resampling
+**documents** with replacement; each resample recomputes the means and standard errors, refits
+every family, and recomputes the extrapolation errors and ``alpha_kl / alpha_tv`` (arXiv
+2605.25085); the same document resamples are used for all metrics of one curve.
+
+Default ranges (N = ``reference_context`` attr): fit on points from the smallest one >= 4 up to
+N/8 (the finite reference context bends the curve near N); hold out the points above that, up
+to N/2.
+
+Comparison: ``factor`` = runner-up error / winner error, its interval from the same resamples (it
+may reach below 1 when the two are close); ``power_vs_exponential`` = exponential error / power
+error (> 1: the power law extrapolates better, the paper's comparison). With no held-out point the
+comparison falls back to AIC (``factor`` = exp(dAIC / 2), the inverse relative likelihood; Burnham & Anderson, *Model Selection
+and Multimodel Inference*, 2002).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import xarray as xr
+
+from truncsens.fit.points import PointClasses, classify_points, usable_mask
+from truncsens.fit.curves import Curve, curves_of
+from truncsens.fit.fit_file import fit_document
+from truncsens.fit.laws import (FAMILIES, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
+                            log_weights)
+from truncsens.results import load, utc_now
+from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
+
+DEFAULT_METRICS = ("tv", "kl", "kl_reverse", "js")
+
+
+def parse_range(text: str, what: str = "range") -> tuple[int, int]:
+    """``"4:128"`` -> (4, 128) (inclusive bounds in tokens).
+
+    Raises:
+        ValueError: not two whole numbers ``LO:HI`` with 1 <= LO <= HI.
+    """
+    parts = str(text).split(":")
+    try:
+        lo, hi = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{what} must look like LO:HI with whole numbers of tokens (e.g. 4:128), got {text!r}") from None
+    if lo < 1 or hi < lo:
+        raise ValueError(f"{what} {text!r} is empty or starts below 1: need 1 <= LO <= HI")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """What :func:`fit_results` does; validated once, on construction.
+
+    Attributes:
+        metrics: metric names (data vars of the results file), at least one.
+        families: law families, a subset of :data:`truncsens.fit.laws.FAMILIES`.
+        fit_range: (lo, hi) sweep points in tokens, inclusive; None = [smallest point >= 4, N/8].
+        holdout_range: (lo, hi) inclusive; None = points above the fit range up to N/2.
+        n_boot: bootstrap resamples over documents (0: no intervals).
+        seed: seed of the resampling.
+        level: confidence level of the percentile intervals, in (0, 1).
+
+    Raises:
+        FitError: no metric, or an unknown family.
+        ValueError: n_boot < 0, level outside (0, 1), or a range with lo < 1 or hi < lo.
+    """
+
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    families: tuple[str, ...] = FAMILIES
+    fit_range: tuple[int, int] | None = None
+    holdout_range: tuple[int, int] | None = None
+    n_boot: int = 1000
+    seed: int = 0
+    level: float = 0.95
+
+    def __post_init__(self) -> None:
+        if not self.metrics:
+            raise FitError("no metric to fit")
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise FitError(f"unknown law family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
+        if self.n_boot < 0:
+            raise ValueError(f"--bootstrap must be >= 0, got {self.n_boot}")
+        if not 0 < self.level < 1:
+            raise ValueError(f"--level must lie in (0, 1), got {self.level}")
+        for name, r in (("--fit-range", self.fit_range), ("--holdout-range", self.holdout_range)):
+            if r is not None and not (len(r) == 2 and 1 <= r[0] <= r[1]):
+                raise ValueError(f"{name} {r} is empty or starts below 1: need 1 <= LO <= HI")
+
+
+MIN_DEFAULT_FIT_POINTS = 4
+
+
+def default_ranges(points: np.ndarray, reference_context: int) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """Default fit range and holdout range (N = ``reference_context``).
+
+    Fit: [smallest point >= 4, N/8] when it holds at least :data:`MIN_DEFAULT_FIT_POINTS` points;
+    otherwise that range is widened, one point at a time, first up to N/4, then down towards 1,
+    then up to N/2, until it holds 4 points (or every point up to N/2). Holdout: the points
+    above the fit range up to N/2 (None when the fit range reaches N/2).
+
+    Raises:
+        FitError: N unknown (0), or fewer than 2 points up to N/2; the message names ``--fit-range``.
+    """
+    if reference_context <= 0:
+        raise FitError("the results file states no reference_context; give --fit-range LO:HI")
+    hi8, hi4, hi2 = reference_context // 8, reference_context // 4, reference_context // 2
+    pts = sorted({int(w) for w in points})
+    chosen = [w for w in pts if 4 <= w <= hi8]
+    if len(chosen) < MIN_DEFAULT_FIT_POINTS:
+        order = ([w for w in pts if max(hi8, 3) < w <= hi4] + [w for w in reversed(pts) if w < 4 and w <= hi2]
+                 + [w for w in pts if max(hi4, 3) < w <= hi2])
+        for w in order:
+            if len(chosen) >= MIN_DEFAULT_FIT_POINTS:
+                break
+            chosen.append(w)
+    if len(chosen) < 2:
+        raise FitError(f"the default fit range needs at least 2 windows up to N/2 = {hi2}, the run has "
+                       f"{list(map(int, points))}; give --fit-range LO:HI")
+    fit_range = (min(chosen), max(max(chosen), hi8))
+    hold = (fit_range[1] + 1, hi2) if hi2 > fit_range[1] else None
+    return fit_range, hold
+
+
+@dataclass
+class CurveFits:
+    """Everything fitted for one curve (all metrics and families); dict entries as in :mod:`truncsens.fit.fit_file`."""
+
+    curve: Curve
+    fit_range: tuple[int, int]
+    holdout_range: tuple[int, int] | None
+    metrics: dict[str, dict]  # metric -> {"points", "mean", "se", "excluded_points", "excluded", "n_inf", "n_nan", ...}
+    fits: list[dict]
+    comparisons: list[dict]
+    alpha_ratio: dict | None
+    notes: list[str]
+
+
+def _ranges(curve: Curve, cfg: FitConfig) -> tuple[tuple[int, int], tuple[int, int] | None, list[str]]:
+    notes = []
+    if cfg.fit_range is None:
+        fit_range, default_hold = default_ranges(curve.points, curve.reference_context)
+        hi8 = curve.reference_context // 8
+        if fit_range[0] < 4 or fit_range[1] > hi8:
+            notes.append(f"default fit range widened to {fit_range[0]}:{fit_range[1]} (fewer than {MIN_DEFAULT_FIT_POINTS} "
+                         f"{curve.sweep}s in [4, N/8 = {hi8}]); --fit-range LO:HI sets it")
+    else:
+        fit_range = tuple(cfg.fit_range)
+        hold_hi = curve.reference_context // 2
+        default_hold = (fit_range[1] + 1, hold_hi) if hold_hi > fit_range[1] else None
+    holdout_range = tuple(cfg.holdout_range) if cfg.holdout_range is not None else default_hold
+    if holdout_range is not None and holdout_range[0] <= fit_range[1] and holdout_range[1] >= fit_range[0]:
+        notes.append(f"holdout range {holdout_range[0]}:{holdout_range[1]} overlaps the fit range: its error is not an extrapolation")
+    return fit_range, holdout_range, notes
+
+
+def _exclusion_notes(metric: str, sweep: str, cls: PointClasses, n_inf: np.ndarray, points: np.ndarray) -> list[str]:
+    notes = []
+    if cls.exact_zero_at is not None:
+        notes.append(f"{metric}: D reaches exactly 0 at {sweep} {cls.exact_zero_at} (every target 0): a measured answer; "
+                     f"fits use only the {sweep}s before it")
+    if cls.infinite:
+        counts = {int(p): int(c) for p, c in zip(points, n_inf) if int(p) in cls.infinite}
+        notes.append(f"{metric}: {sweep}s {cls.infinite} have an infinite mean (targets with +inf per {sweep}: {counts}); "
+                     "left out of the fits")
+    if cls.noise_floor:
+        notes.append(f"{metric}: {sweep}s {cls.noise_floor} lie at the float32 noise floor (mean <= {cls.floor:g}, "
+                     "docs/precision.md): zero sensitivity, left out of the fits")
+    if cls.no_values:
+        notes.append(f"{metric}: {sweep}s {cls.no_values} have no value (every target NaN); left out of the fits")
+    return notes
+
+
+def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFits:
+    """Fit every metric and family of one curve, with bootstrap intervals.
+
+    Points are sorted by :func:`truncsens.fit.points.classify_points`: infinite means, points
+    without values, zeros and points at the float32 noise floor are left out of the fits and
+    listed; when the curve reaches exactly 0 the fits use only the points before it. A curve
+    that has too few usable points for that reason (an exact zero, the noise floor, infinite
+    means) gets "skipped" fits with the reason, not an error: it is a measured answer.
+
+    Args:
+        curve: from :func:`truncsens.fit.curves.curves_of`.
+        cfg: the configuration.
+        seed: resampling seed (default ``cfg.seed``).
+
+    Returns:
+        :class:`CurveFits` (its dicts are the JSON entries of :mod:`truncsens.fit.fit_file`).
+
+    Raises:
+        FitError: bad ranges, too few points in the fit range (the message names ``--fit-range``),
+            a curve with no finite value, or bootstrapping one document.
+    """
+    x = curve.fit_x  # [S] mean actual windows of a block-protocol file, else the points
+    pts = curve.points
+    fit_range, holdout_range, notes = _ranges(curve, cfg)
+    in_fit = (pts >= fit_range[0]) & (pts <= fit_range[1])
+    in_hold = np.zeros_like(in_fit) if holdout_range is None else (pts >= holdout_range[0]) & (pts <= holdout_range[1])
+    if in_fit.sum() < 2:
+        raise FitError(
+            f"{curve.label}: the fit range {fit_range[0]}:{fit_range[1]} holds {int(in_fit.sum())} measured "
+            f"{curve.sweep}(s) of {pts.tolist()}; need at least 2: give a wider --fit-range LO:HI")
+    if cfg.n_boot > 0 and curve.n_docs < 2:
+        raise FitError(f"{curve.label}: bootstrap over documents needs at least 2 documents, the file has {curve.n_docs}; "
+                       "pass --bootstrap 0 to fit without intervals")
+    B = int(cfg.n_boot)
+    mult = resample_weights(curve.n_docs, B, cfg.seed if seed is None else seed)  # [1+B, G]
+    metrics_out: dict[str, dict] = {}
+    fits: list[dict] = []
+    comparisons: list[dict] = []
+    power_alpha: dict[str, np.ndarray] = {}
+    for metric in cfg.metrics:
+        mean_all, se_all = resampled_mean_se(mult, curve.sums[metric], curve.counts[metric])  # [1+B, S]
+        pos, neg = curve.inf_counts(metric)
+        mean_all = mean_with_inf(mean_all, pos, neg)  # a point with a +inf target is infinite in every resample
+        cls = classify_points(pts, mean_all[0], metric)
+        usable_all = usable_mask(pts, mean_all, metric, cls.exact_zero_at)  # [1+B, S]
+        y_all, w_all = log_weights(np.where(usable_all, mean_all, np.nan), se_all)
+        mean, se = mean_all[0], se_all[0]
+        if not np.isfinite(mean).any():
+            raise FitError(f"{curve.label}: no {curve.sweep} has a finite mean {metric} (infinite at {cls.infinite}, "
+                           f"no values at {cls.no_values}): nothing to fit")
+        n_inf = pos + neg
+        notes += _exclusion_notes(metric, curve.sweep, cls, n_inf, pts)
+        metrics_out[metric] = {"points": pts.tolist(), "mean": mean.tolist(), "se": se.tolist(),
+                               "excluded_points": cls.excluded, "excluded": cls.to_json(), "n_inf": n_inf.tolist(),
+                               "n_nan": curve.n_nan.get(metric, np.zeros(pts.shape, int)).tolist()}
+        if curve.x is not None:  # block protocol: the abscissa the fits used (mean actual windows)
+            metrics_out[metric]["fit_x"] = x.tolist()
+        if B:
+            metrics_out[metric]["bootstrap_mean"] = mean_all[1:].tolist()  # [B, S]: measured crossings per resample
+        fw = in_fit & cls.usable
+        hw = in_hold & cls.usable
+        skip = None
+        if fw.sum() < 2:
+            reason = (f"{metric} has {int(fw.sum())} usable {curve.sweep}(s) in the fit range {fit_range[0]}:{fit_range[1]}"
+                      f" (excluded: {cls.excluded})")
+            if cls.exact_zero_at is None and not cls.noise_floor and not cls.infinite:
+                raise FitError(f"{curve.label}: {reason}; need at least 2: give a wider --fit-range LO:HI")
+            skip = reason + ("; the curve reaches exactly 0 at " + f"{curve.sweep} {cls.exact_zero_at}" if cls.exact_zero_at is not None
+                             else "; the curve is at the noise floor or infinite there") + ": no law to fit, the measurement is the answer"
+        fam_mae: dict[str, np.ndarray] = {}
+        fam_point: dict[str, dict] = {}
+        for family in cfg.families:
+            base = {
+                "curve": None, "results_file": curve.results_file, "label": curve.label, "policy": curve.policy,
+                "metric": metric, "family": family, "fit_range": list(fit_range),
+                "fit_points": [int(v) for v in pts[fw]],
+                "holdout_range": list(holdout_range) if holdout_range else None,
+                "holdout_points": [int(v) for v in pts[hw]], "excluded_points": cls.excluded,
+                "n_docs": curve.n_docs, "n_targets": curve.n_targets, "n_boot": B,
+            }
+            skipped = {"status": "skipped", "params": {}, "aic": None, "wrss": None, "extrapolation_mae": None,
+                       "n_boot_failed": 0, "converged": None, "optimizer": None}
+            if skip:
+                fits.append({**base, **skipped, "reason": skip})
+                continue
+            try:
+                point = fit_family(family, x[fw], y_all[0, fw], w_all[0, fw])
+            except FitError as exc:
+                fits.append({**base, **skipped, "reason": str(exc)})
+                continue
+            if not point["converged"]:  # marked, kept for inspection, never compared or used for a recommendation
+                fits.append({**base, "status": "not_converged", "reason": f"the optimizer did not converge ({point['optimizer']})",
+                             "params": {n: {"value": point[n], "ci": None} for n in PARAM_NAMES[family]},
+                             "aic": point["aic"], "wrss": point["wrss"], "extrapolation_mae": None, "n_boot_failed": 0,
+                             "converged": False, "optimizer": point["optimizer"]})
+                continue
+            boot = fit_family_batch(family, x[fw], y_all[1:, fw], np.where(usable_all[1:, fw], w_all[1:, fw], 0.0), start=point) if B else None
+            params = {name: {"value": point[name], "ci": interval_or_none(boot[name] if boot else None, cfg.level)}
+                      for name in PARAM_NAMES[family]}
+            mae_point = mae_boot = None
+            if hw.any():
+                mae_point = float(extrapolation_mae(family, {k: point[k] for k in PARAM_NAMES[family]}, x[hw], y_all[0, hw], np.ones(hw.sum(), bool)))
+                if boot:
+                    mae_boot = extrapolation_mae(family, boot, x[hw], y_all[1:, hw], usable_all[1:, hw])  # [B]
+                fam_mae[family] = np.concatenate([[mae_point], mae_boot if mae_boot is not None else []])
+            n_failed = int(np.sum(~np.isfinite(boot[PARAM_NAMES[family][1]]))) if boot else 0
+            entry = {**base, "status": "ok", "reason": None, "params": params, "aic": point["aic"], "wrss": point["wrss"],
+                     "extrapolation_mae": None if mae_point is None else {"value": mae_point, "ci": interval_or_none(mae_boot, cfg.level)},
+                     "n_boot_failed": n_failed, "converged": True, "optimizer": point["optimizer"]}
+            if family == "power" and boot:
+                entry["bootstrap_samples"] = {"C": boot["C"].tolist(), "alpha": boot["alpha"].tolist()}
+            if family == "power":
+                power_alpha[metric] = np.concatenate([[point["alpha"]], boot["alpha"] if boot else []])
+            fam_point[family] = point
+            fits.append(entry)
+        comparisons.append(_compare(curve, metric, fam_mae, fam_point, cfg.level))
+    alpha_ratio = None
+    if "tv" in power_alpha and "kl" in power_alpha:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = power_alpha["kl"] / power_alpha["tv"]  # [1+B]
+        alpha_ratio = {"curve": None, "label": curve.label, "results_file": curve.results_file, "value": float(ratio[0]),
+                       "ci": interval_or_none(ratio[1:], cfg.level)}
+    return CurveFits(curve, fit_range, holdout_range, metrics_out, fits, comparisons, alpha_ratio, notes)
+
+
+def ratio_undecided(ci: Sequence[float | None] | None) -> bool:
+    """Whether an error-ratio interval contains 1 (the data do not tell the two families apart)."""
+    return bool(ci) and all(c is not None and math.isfinite(c) for c in ci) and ci[0] <= 1.0 <= ci[1]
+
+
+def _compare(curve: Curve, metric: str, mae: dict[str, np.ndarray], point: dict[str, dict], level: float) -> dict:
+    """Rank the converged families of one metric: by held-out error ([1+B] per family), else by AIC.
+    ``undecided``: the interval of the error ratio runner-up / winner contains 1."""
+    out = {"curve": None, "label": curve.label, "results_file": curve.results_file, "metric": metric,
+           "mae": {f: float(v[0]) for f, v in mae.items()}, "aic": {f: p["aic"] for f, p in point.items()},
+           "basis": None, "winner": None, "runner_up": None, "factor": None, "power_vs_exponential": None,
+           "undecided": None}
+    usable = {f: v for f, v in mae.items() if np.isfinite(v[0])}
+    if len(usable) >= 2:
+        ranked = sorted(usable, key=lambda f: usable[f][0])
+        win, run = ranked[0], ranked[1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fac = usable[run] / usable[win]
+        ci = interval_or_none(fac[1:], level)
+        out.update(basis="extrapolation", winner=win, runner_up=run, factor={"value": float(fac[0]), "ci": ci},
+                   undecided=ratio_undecided(ci))
+        if "power" in usable and "exponential" in usable:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                pve = usable["exponential"] / usable["power"]
+            pci = interval_or_none(pve[1:], level)
+            out["power_vs_exponential"] = {"value": float(pve[0]), "ci": pci, "undecided": ratio_undecided(pci)}
+    elif sum(not math.isnan(p["aic"]) for p in point.values()) >= 2:
+        ranked = sorted((f for f in point if not math.isnan(point[f]["aic"])), key=lambda f: point[f]["aic"])
+        win, run = ranked[0], ranked[1]
+        diff = point[run]["aic"] - point[win]["aic"]
+        out.update(basis="aic", winner=win, runner_up=run,
+                   factor={"value": float(math.exp(min(diff / 2, 700))) if math.isfinite(diff) else math.inf, "ci": None})
+    return out
+
+
+@dataclass
+class FitReport:
+    """Fits of one or more results files; :meth:`to_json` gives the fit file dict."""
+
+    config: FitConfig
+    results: list[CurveFits]
+    created: str = ""
+
+    def to_json(self) -> dict:
+        """The fit file as a dict (:func:`truncsens.fit.fit_file.fit_document`; non-finite numbers -> None)."""
+        return fit_document(self)
+
+
+def curve_labels(paths: Sequence[str | Path]) -> list[str]:
+    """Table labels of results files: the file stem, or ``parent/stem`` where two stems collide."""
+    stems = [Path(p).stem for p in paths]
+    return [s if stems.count(s) == 1 else f"{Path(p).parent.name}/{s}" for s, p in zip(stems, paths)]
+
+
+def fit_results(paths: Sequence[str | Path], cfg: FitConfig = FitConfig(), datasets: Sequence[xr.Dataset] | None = None) -> FitReport:
+    """Load results files (or use ``datasets``) and fit them side by side.
+
+    Each curve gets its own resampling seed ``cfg.seed + index`` so that curves are independent.
+
+    Raises:
+        FileNotFoundError, ResultsError: a path is missing or not a results file.
+        FitError: see :func:`fit_curve`.
+    """
+    curves: list[Curve] = []
+    for i, (p, label) in enumerate(zip(paths, curve_labels(paths))):
+        ds = datasets[i] if datasets is not None else load(p)
+        curves.extend(curves_of(ds, cfg.metrics, str(p), label))
+    return FitReport(cfg, [fit_curve(c, cfg, seed=cfg.seed + i) for i, c in enumerate(curves)], utc_now())

@@ -1,0 +1,152 @@
+"""Where a model spec comes from: a small registry of model sources.
+
+Each source says whether it ``matches`` a spec, ``load``\\ s it as a
+:class:`~truncsens.models.loaded.LoadedModel`, and whether it ``has_own_corpus`` (samples its own token
+documents, :meth:`ModelSource.documents`). :func:`model_source` tries them in the order of
+:data:`SOURCES`:
+
+- :class:`ReferenceSource` ("reference"): the small Llama bundled in ``truncsens/models/reference/weights``;
+- :class:`SyntheticSource` ("synthetic"): ``synthetic:ALPHA[:L]`` or ``synthetic-geometric:RATE[:L]``,
+  the process of :mod:`truncsens.models.synthetic` with a known decay law, and the only source with its own
+  corpus;
+- :class:`LocalFolderSource` ("local"): an existing path, or anything that looks like one
+  (``./x``, ``/x``, ``~/x``, ``a/b/c``);
+- :class:`HubSource` ("hub"): everything else, read as a Hugging Face hub id such as
+  ``Qwen/Qwen2.5-0.5B`` (needs the hub, or a cached copy).
+
+Callers ask ``model_source(spec).has_own_corpus`` instead of testing prefixes of the spec.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from truncsens.models.huggingface import check_hub_or_cache, load_hf_checkpoint
+from truncsens.models.loaded import LoadedModel, ModelLoadError, resolve_device, resolve_dtype
+from truncsens.models.synthetic import load_synthetic, synthetic_documents
+from truncsens.targets import TokenDoc
+
+REFERENCE_DIR = Path(__file__).parent / "reference" / "weights"
+
+
+class ModelSource:
+    """One kind of model spec. Subclasses set :attr:`kind` and implement :meth:`matches` and :meth:`_load`.
+
+    Attributes:
+        kind: "reference", "synthetic", "local" or "hub" (recorded in ``LoadedModel.source``).
+        has_own_corpus: True when the source samples its own token documents (:meth:`documents`).
+    """
+
+    kind: str = ""
+    has_own_corpus: bool = False
+
+    def matches(self, spec: str) -> bool:
+        """Whether ``spec`` names a model of this source."""
+        raise NotImplementedError
+
+    def load(self, spec: str, device: str = "cpu", dtype: str = "float32", revision: str | None = None) -> LoadedModel:
+        """The model of ``spec`` in eval mode on ``device`` in precision ``dtype``.
+
+        Raises:
+            ValueError: bad device or dtype name (or a malformed synthetic spec).
+            ModelLoadError: the model cannot be found or read; the message says what to do.
+        """
+        torch_dtype = resolve_dtype(dtype)
+        return self._load(spec, resolve_device(device), dtype, torch_dtype, revision)
+
+    def _load(self, spec, device, dtype, torch_dtype, revision) -> LoadedModel:
+        raise NotImplementedError
+
+    def documents(self, spec: str, n_docs: int, length: int, seed: int = 0) -> list[TokenDoc]:
+        """``n_docs`` token documents of ``length`` tokens sampled by the source itself.
+
+        Raises:
+            ValueError: the source has no corpus of its own (``has_own_corpus`` is False).
+        """
+        raise ValueError(f"model {spec!r} ({self.kind} source) has no corpus of its own; pass a text corpus")
+
+
+class ReferenceSource(ModelSource):
+    """The bundled reference model (spec "reference")."""
+
+    kind = "reference"
+
+    def matches(self, spec: str) -> bool:
+        return spec == "reference"
+
+    def _load(self, spec, device, dtype, torch_dtype, revision) -> LoadedModel:
+        if not (REFERENCE_DIR / "config.json").is_file():
+            raise ModelLoadError(f"the reference model is missing from {REFERENCE_DIR}; reinstall truncsens or run `truncsens train-reference`")
+        return load_hf_checkpoint(str(REFERENCE_DIR), "reference", device, torch_dtype, dtype, revision, self.kind)
+
+
+class SyntheticSource(ModelSource):
+    """The synthetic process of :mod:`truncsens.models.synthetic` (``synthetic:ALPHA``, ``synthetic-geometric:RATE``).
+
+    Matches a spec whose first ``:``-field starts with "synthetic" and that holds no "/" (so a hub
+    id such as ``synthetic-org/model`` is not taken for it); malformed ones then fail in
+    :func:`truncsens.models.synthetic.parse_spec` with the accepted forms.
+    """
+
+    kind = "synthetic"
+    has_own_corpus = True
+
+    def matches(self, spec: str) -> bool:
+        return spec.split(":")[0].startswith("synthetic") and "/" not in spec and "\\" not in spec
+
+    def _load(self, spec, device, dtype, torch_dtype, revision) -> LoadedModel:
+        return load_synthetic(spec, device=device, dtype=dtype)
+
+    def documents(self, spec: str, n_docs: int, length: int, seed: int = 0) -> list[TokenDoc]:
+        """Sequences sampled from the process of ``spec`` (:func:`truncsens.models.synthetic.synthetic_documents`).
+
+        Returns:
+            ``n_docs`` :class:`~truncsens.targets.TokenDoc`, ids ``"synthetic-{i:05d}"``, each [length] int64.
+
+        Raises:
+            ValueError: bad spec, ``n_docs < 1`` or ``length < 1``.
+        """
+        return [TokenDoc(doc_id, ids) for doc_id, ids in synthetic_documents(spec, n_docs, length, seed)]
+
+
+def looks_like_path(spec: str) -> bool:
+    """Whether ``spec`` is written as a path (``./x``, ``/x``, ``~/x``, ``a/b/c``, backslashes), not a hub id."""
+    return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
+
+
+class LocalFolderSource(ModelSource):
+    """A Hugging Face checkpoint folder (``config.json`` + weights + tokenizer) on this machine."""
+
+    kind = "local"
+
+    def matches(self, spec: str) -> bool:
+        return Path(spec).expanduser().exists() or looks_like_path(spec)
+
+    def _load(self, spec, device, dtype, torch_dtype, revision) -> LoadedModel:
+        local = Path(spec).expanduser()
+        if not local.exists():
+            raise ModelLoadError(f"model path {spec} does not exist; pass an existing checkpoint folder or a hub id like Qwen/Qwen2.5-0.5B")
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{spec} exists but holds no config.json: it is not a Hugging Face checkpoint folder")
+        return load_hf_checkpoint(str(local), spec, device, torch_dtype, dtype, revision, self.kind)
+
+
+class HubSource(ModelSource):
+    """A Hugging Face hub id (the fallback: matches every spec)."""
+
+    kind = "hub"
+
+    def matches(self, spec: str) -> bool:
+        return True
+
+    def _load(self, spec, device, dtype, torch_dtype, revision) -> LoadedModel:
+        check_hub_or_cache(spec, revision)
+        return load_hf_checkpoint(spec, spec, device, torch_dtype, dtype, revision, self.kind)
+
+
+SOURCES: tuple[ModelSource, ...] = (ReferenceSource(), SyntheticSource(), LocalFolderSource(), HubSource())
+
+
+def model_source(spec: str) -> ModelSource:
+    """The first source of :data:`SOURCES` that matches ``spec`` (the hub source when none other does)."""
+    return next(source for source in SOURCES if source.matches(spec))

@@ -1,0 +1,1 @@
+"""Reports: the table renderer, printed reports, summaries, policy comparisons and figures."""

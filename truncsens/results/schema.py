@@ -1,0 +1,341 @@
+"""The results file: an xarray Dataset saved as NetCDF (engine h5netcdf).
+
+Schema (docs/results.md):
+
+- dims: ``target`` and one sweep dim, ``window`` (suffix truncation) or ``budget`` (retention
+  sweeps); retention sweeps over several policies add a leading ``policy`` dim, and runs with
+  ``--draws R`` (R > 1) a ``draw`` dim after it (coord 0..R-1: independent draws of the randomized
+  policies; a deterministic policy holds the same values in every draw). Files without ``draw``
+  are one draw. Readers average over draws per target first (:func:`mean_over_draws`).
+- coords: the sweep dim (int64 tokens); per target ``doc`` (str id), ``position`` (int64, index of
+  the target token in its document) and ``token_id`` (int64); ``policy`` (str) when present.
+  String coords are numpy ``object`` arrays of Python ``str`` in memory and HDF5 variable-length
+  UTF-8 strings on disk, so no id is ever cut to a fixed width. Any ``str`` round-trips exactly
+  (empty, non-ASCII, NUL, the lone surrogates of a non-UTF-8 file name): a variable holding a value
+  HDF5 cannot store is written with the reversible ``backslash-1`` escape of
+  :mod:`truncsens.results.codec` (variable attr ``truncsens_escape``) and unescaped by :func:`load`.
+- block-protocol window sweeps (attr ``protocol`` = "block") add the int32 coords ``actual_window``
+  (target, window) and ``actual_context`` (target): the window and reference context each value
+  was measured with (:mod:`truncsens.engine.block.runs`); without them actual = nominal.
+- data vars: :data:`truncsens.divergences.METRICS`, float32 (``top1_agree`` int8), shape
+  ([policy,] [draw,] target, window|budget).
+- attrs: :data:`REQUIRED_ATTRS` plus any provenance. Strings and numbers are plain NetCDF attrs;
+  ``None``, ``bool``, lists, tuples, dicts, datetimes and paths are stored as JSON text named in
+  the reserved attr ``truncsens_json_attrs`` and restored by :func:`load` as they went in
+  (:mod:`truncsens.results.codec`). Log base e (attr ``log_base``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import xarray as xr
+
+from truncsens.results import codec
+from truncsens.divergences import METRICS
+
+SWEEP_DIMS = ("window", "budget")
+# The vocabulary a results file may use; the engine's registry of semantics
+# (truncsens.engine.semantics) is checked against it when it is built.
+SEMANTICS = ("reencode", "streaming", "prefill_evict")
+POSITIONS = ("original", "reindexed")
+REQUIRED_ATTRS = (
+    "truncsens_version", "model", "model_revision", "tokenizer", "dtype", "device", "semantics",
+    "positions", "n_sink", "reference_context", "corpus", "corpus_sha256", "domain", "seed",
+    "created", "command",
+)
+
+
+class ResultsError(ValueError):
+    """A file or dataset is not a valid truncsens results file."""
+
+
+def utc_now() -> str:
+    """Current time, ISO 8601 in UTC (the ``created`` attr)."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def make_results(
+    metrics: Mapping[str, np.ndarray],
+    sweep: str,
+    sweep_values: Sequence[int],
+    doc: Sequence[str],
+    position: Sequence[int],
+    token_id: Sequence[int],
+    attrs: Mapping[str, object],
+    policies: Sequence[str] | None = None,
+    draws: int | None = None,
+) -> xr.Dataset:
+    """Build a results Dataset.
+
+    Args:
+        metrics: name -> array of shape [target, S], with a leading [policy] with ``policies`` and a
+            [draw] before target with ``draws``: [policy, draw, target, S].
+        sweep: "window" or "budget".
+        sweep_values: the S windows / budgets, in tokens.
+        doc, position, token_id: per-target coords, length ``target``.
+        attrs: provenance; every key of :data:`REQUIRED_ATTRS` must be present. Values are kept
+            as given (``None`` stays ``None``, ``True`` stays ``True``); they must be storable, see
+            :mod:`truncsens.results.codec`.
+        policies: policy names for a leading ``policy`` dim, or None.
+        draws: R for a ``draw`` dim (coord 0..R-1), or None (one draw, no dim).
+
+    Raises:
+        ResultsError: a shape, name or attr does not fit the schema, or an attr value cannot be stored.
+    """
+    if sweep not in SWEEP_DIMS:
+        raise ResultsError(f"sweep dim must be one of {SWEEP_DIMS}, got {sweep!r}")
+    if draws is not None and draws < 1:
+        raise ResultsError(f"draws must be at least 1, got {draws}")
+    dims = (("policy",) if policies is not None else ()) + (("draw",) if draws is not None else ()) + ("target", sweep)
+    data_vars = {}
+    for name in METRICS:
+        if name not in metrics:
+            raise ResultsError(f"metric {name!r} missing")
+        dtype = np.int8 if name == "top1_agree" else np.float32
+        data_vars[name] = (dims, np.asarray(metrics[name]).astype(dtype))
+    coords = {
+        sweep: np.asarray(sweep_values, dtype=np.int64),
+        "doc": ("target", _strings(doc, "doc")),
+        "position": ("target", np.asarray(position, dtype=np.int64)),
+        "token_id": ("target", np.asarray(token_id, dtype=np.int64)),
+    }
+    if policies is not None:
+        coords["policy"] = _strings(policies, "policy")
+    if draws is not None:
+        coords["draw"] = np.arange(draws, dtype=np.int64)
+    ds = xr.Dataset(data_vars, coords=coords, attrs=dict(attrs))
+    ds.attrs.setdefault("log_base", "e")
+    validate(ds)
+    return ds
+
+
+def _strings(values: Sequence[str], name: str) -> np.ndarray:
+    """A 1-D object array of Python ``str`` (no fixed width: nothing is ever cut)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        if isinstance(v, np.str_):
+            v = str(v)
+        if not isinstance(v, str):
+            raise ResultsError(f"coord {name!r} must hold strings, got {type(v).__name__} {v!r} at index {i}")
+        out[i] = v
+    return out
+
+
+def _is_text(var: xr.Variable) -> bool:
+    return var.dtype.kind in "UO"
+
+
+def _text_values(var: xr.Variable, name: str) -> np.ndarray:
+    """The values of a string variable as an object array of ``str`` (same shape)."""
+    flat = [str(v) if isinstance(v, np.str_) else v for v in np.asarray(var.values, dtype=object).ravel()]
+    bad = next((v for v in flat if not isinstance(v, str)), None)
+    if bad is not None:
+        raise ResultsError(f"variable {name!r} must hold strings only, got {type(bad).__name__} {bad!r}")
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(var.shape)
+
+
+def sweep_dim(ds: xr.Dataset) -> str:
+    """The sweep dim of a results dataset: "window" or "budget".
+
+    Raises:
+        ResultsError: neither dim is present.
+    """
+    for d in SWEEP_DIMS:
+        if d in ds.dims:
+            return d
+    raise ResultsError("not a truncsens results file: it has neither a 'window' nor a 'budget' dim")
+
+
+def validate(ds: xr.Dataset) -> None:
+    """Check a dataset against the schema.
+
+    Raises:
+        ResultsError: naming the first thing that does not fit.
+    """
+    sweep = sweep_dim(ds)
+    if "target" not in ds.dims:
+        raise ResultsError("not a truncsens results file: no 'target' dim")
+    missing = [m for m in METRICS if m not in ds.data_vars]
+    if missing:
+        raise ResultsError(f"not a truncsens results file: metrics missing: {', '.join(missing)}")
+    for c in ("doc", "position", "token_id"):
+        if c not in ds.coords:
+            raise ResultsError(f"not a truncsens results file: coord {c!r} missing")
+    for name, value in ds.attrs.items():
+        try:
+            codec.check_attr(name, value)
+        except codec.AttrEncodingError as exc:
+            raise ResultsError(str(exc)) from exc
+    absent = [a for a in REQUIRED_ATTRS if a not in ds.attrs]
+    if absent:
+        raise ResultsError(f"not a truncsens results file: attrs missing: {', '.join(absent)}")
+    if ds.attrs["semantics"] not in SEMANTICS:
+        raise ResultsError(f"attr semantics={ds.attrs['semantics']!r} is not one of {SEMANTICS}")
+    values = ds[sweep].values
+    if values.ndim != 1 or len(np.unique(values)) != len(values):
+        raise ResultsError(f"{sweep} values must be unique, got {values.tolist()}")
+    if "draw" in ds.dims and ("draw" not in ds.coords or ds["draw"].values.tolist() != list(range(ds.sizes["draw"]))):
+        raise ResultsError("the draw coord must be 0..R-1")
+
+
+def mean_over_draws(ds: xr.Dataset) -> xr.Dataset:
+    """Per target, the mean of every data var over the ``draw`` dim (a dataset without one is returned
+    as is): what every reader (curves, fits, ``show``, ``compare-policies``) works on.
+
+    The mean keeps non-finite values (``skipna=False``): a target with KL = +inf in one draw has mean
+    +inf, counted downstream as infinite, never dropped; NaN stays NaN. Every var becomes a float64
+    mean (for ``top1_agree``: the share of draws that agree). The attr
+    ``draws_averaged`` records R.
+    """
+    if "draw" not in ds.dims:
+        return ds
+    R = int(ds.sizes["draw"])
+    out = ds.astype(np.float64).mean("draw", skipna=False, keep_attrs=True)  # float64 sums of float32 values
+    for name in ds.data_vars:
+        out[name].attrs = dict(ds[name].attrs)
+    out.attrs["draws_averaged"] = R
+    return out
+
+
+def save(ds: xr.Dataset, path: str | Path) -> Path:
+    """Validate and write ``ds`` to NetCDF at ``path`` atomically: a temporary file of this process
+    (``.<name>.<pid>.tmp`` beside it, so concurrent writers never share one), then a rename; the
+    temporary file is removed if writing fails.
+
+    Raises:
+        ResultsError: ``ds`` does not fit the schema (nothing is written).
+        OSError: the path cannot be written.
+    """
+    validate(ds)
+    encoded = _encode(ds)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        encoded.to_netcdf(tmp, engine="h5netcdf")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _encode(ds: xr.Dataset) -> xr.Dataset:
+    """A copy ready for NetCDF: string variables as variable-length strings (escaped where a value
+    cannot be stored), attrs through :func:`truncsens.results.codec.encode_attrs`."""
+
+    def one(name: str, var: xr.Variable) -> xr.Variable:
+        attrs = codec.encode_attrs(var.attrs)
+        values = var.data
+        if _is_text(var):
+            values = _text_values(var, name)
+            if not all(codec.storable(v) for v in values.ravel()):
+                values = _map(codec.escape, values)
+                attrs[codec.ESCAPE_ATTR] = codec.ESCAPE_SCHEME
+        new = xr.Variable(var.dims, values, attrs, dict(var.encoding))
+        if _is_text(var):
+            new.encoding = {"dtype": str}  # variable-length: never the width of some earlier shard
+        return new
+
+    try:
+        return _rebuild(ds, one, codec.encode_attrs(ds.attrs))
+    except codec.AttrEncodingError as exc:
+        raise ResultsError(str(exc)) from exc
+
+
+def _decode(ds: xr.Dataset) -> xr.Dataset:
+    """Undo :func:`_encode` on a dataset read from a file."""
+
+    def one(name: str, var: xr.Variable) -> xr.Variable:
+        attrs = dict(var.attrs)
+        scheme = attrs.pop(codec.ESCAPE_ATTR, None)
+        values = var.data
+        encoding = dict(var.encoding)
+        if _is_text(var):
+            values = _text_values(var, name)
+            if scheme is not None:
+                if scheme != codec.ESCAPE_SCHEME:
+                    raise ResultsError(f"variable {name!r} has an unknown string escape {scheme!r}")
+                values = _map(codec.unescape, values)
+            encoding.pop("dtype", None)  # a fixed width read from a file must not bind later saves
+        return xr.Variable(var.dims, values, codec.decode_attrs(attrs), encoding)
+
+    return _rebuild(ds, one, codec.decode_attrs(ds.attrs))
+
+
+def _map(fn, values: np.ndarray) -> np.ndarray:
+    out = np.empty(values.shape, dtype=object)
+    out.ravel()[:] = [fn(v) for v in values.ravel()]
+    return out
+
+
+def _rebuild(ds: xr.Dataset, fn, attrs: dict) -> xr.Dataset:
+    """A dataset with ``fn(name, variable)`` in place of every variable (coords stay coords)."""
+    coords = {n: fn(n, v) for n, v in ds.coords.variables.items()}
+    data_vars = {n: fn(n, ds[n].variable) for n in ds.data_vars}
+    return xr.Dataset(data_vars, coords=coords, attrs=attrs)
+
+
+def load(path: str | Path) -> xr.Dataset:
+    """Read and validate a results file into memory.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ResultsError: the file is not NetCDF or not a truncsens results file, or another process
+            holds it open for writing (HDF5's file lock; the message says how to read it anyway).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"results file not found: {path}")
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as ds:
+            ds = ds.load()
+    except Exception as exc:  # h5py / xarray raise many kinds for a non-NetCDF file
+        if "unable to lock file" in str(exc):
+            raise ResultsError(
+                f"{path} is locked by another process that has it open for writing (HDF5 file lock); wait for it "
+                "to finish, or read it anyway (on a file system without locking, or accepting a partial read) "
+                "with the environment variable HDF5_USE_FILE_LOCKING=FALSE") from exc
+        raise ResultsError(f"{path} is not a NetCDF results file ({type(exc).__name__}: {exc})") from exc
+    try:
+        ds = _decode(ds)
+    except ValueError as exc:  # bad JSON or escape: a damaged or foreign file
+        raise ResultsError(f"{path}: cannot decode its strings or attrs ({exc})") from exc
+    validate(ds)
+    return ds
+
+
+def merge(parts: Sequence[xr.Dataset]) -> xr.Dataset:
+    """Concatenate shards of one run along ``target`` (attrs of the first shard are kept).
+
+    String coords are concatenated as variable-length strings: a long id of a later shard is
+    never cut to the width of the first shard's ids.
+
+    Raises:
+        ResultsError: no parts, or parts with different sweeps.
+    """
+    if not parts:
+        raise ResultsError("nothing to merge: no shards")
+    sweep = sweep_dim(parts[0])
+    first = parts[0][sweep].values
+    for p in parts[1:]:
+        if sweep_dim(p) != sweep or not np.array_equal(p[sweep].values, first):
+            raise ResultsError("shards have different windows/budgets and cannot be merged")
+    out = xr.concat(list(parts), dim="target", combine_attrs="override")
+
+    def plain(name: str, var: xr.Variable) -> xr.Variable:
+        if not _is_text(var):
+            return var
+        encoding = {k: v for k, v in var.encoding.items() if k != "dtype"}  # no fixed width from shard 0
+        return xr.Variable(var.dims, _text_values(var, name), var.attrs, encoding)
+
+    out = _rebuild(out, plain, dict(out.attrs))
+    validate(out)
+    return out
