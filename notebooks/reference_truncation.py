@@ -10,12 +10,12 @@
 # %% [markdown]
 # # Truncation sensitivity of the reference model
 #
-# Reproduces the README's figures from the commands' results files in the repository's `results/`
+# Reproduces the figures of docs/fit.md and docs/policies.md from the commands' results files in the repository's `results/`
 # folder, wherever the notebook is started from. Open it with Jupyter (`pip install jupyter jupytext`,
 # then `jupytext --to notebook notebooks/reference_truncation.py` and open the `.ipynb`), or run it as a
 # script: `python notebooks/reference_truncation.py`. If a window results file is missing, the first
 # cell says so and measures it (about 2 minutes per domain on 2 idle CPU cores). The policy section
-# needs the README's two streaming runs (`results/stream-a.nc`, `results/stream-b.nc`, about an hour);
+# needs docs/policies.md's two streaming runs (`results/stream-a.nc`, `results/stream-b.nc`, about an hour);
 # without them it says so and is skipped.
 
 # %%
@@ -23,7 +23,7 @@ from truncsens.api.notebook import ensure_results, repo_root
 
 RESULTS = repo_root(globals().get("__file__")) / "results"
 code, nl = (ensure_results(RESULTS / f"reference-{d}.nc", ["truncsens", "measure", "--domain", d]) for d in ("code", "nl"))
-policies = [RESULTS / "stream-a.nc", RESULTS / "stream-b.nc"]  # the README's two streaming runs (about 1 hour)
+policies = [RESULTS / "stream-a.nc", RESULTS / "stream-b.nc"]  # docs/policies.md's two streaming runs (about 1 hour)
 
 # %% [markdown]
 # ## Mean divergence per window, and the fitted decay laws
@@ -53,7 +53,7 @@ print(format_recommendations(recommend(doc, [0.01, 0.05], metric="tv")))
 # %%
 missing = [str(p) for p in policies if not p.exists()]
 if missing:
-    print(f"skipped: {', '.join(missing)} not found; the README's section 'Retention policies at equal budget' gives the two "
+    print(f"skipped: {', '.join(missing)} not found; docs/policies.md gives the two "
           "truncsens measure --semantics streaming commands that write them")
 else:
     from truncsens.report.plots import plot_comparison

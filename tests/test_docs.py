@@ -1,0 +1,54 @@
+"""The README and docs/ pages: CI runs exactly the README's test command, and every relative link,
+anchor and repository path the pages name exists (the layout of issue 18 moved modules and pages)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Paths named in backticks or prose: `truncsens/engine/attention_windows.py`, benchmarks/gpu_suite.sh, ...
+REPO_PATH = re.compile(r"(?<![\w/.$-])((?:truncsens|benchmarks|tests|notebooks|docs)/[\w/.-]*)")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    heads = (line.lstrip("#").strip().lower() for line in page.read_text().splitlines() if line.startswith("#"))
+    return {re.sub(r"[^\w\- ]", "", h).replace(" ", "-") for h in heads}
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
+    assert ci == ["pip install torch==2.13.0 -e '.[test]' && python -m pytest -q"]
+    setup = (ROOT / "README.md").read_text().split("## Set-up: two commands", 1)[1].split("\n## ", 1)[0]
+    assert "# 2. install with test dependencies, then run the test suite\n" + ci[0] + "\n" in setup
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_and_anchors_exist(page):
+    missing = []
+    for target in LINK.findall(page.read_text()):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or (anchor and anchor not in _anchors(linked)):
+            missing.append(target)
+    assert missing == []
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "architecture.md"], ids=lambda p: p.name)
+def test_named_repository_paths_exist(page):
+    named = {m.rstrip(".") for m in REPO_PATH.findall(page.read_text())}
+    assert sorted(p for p in named if not (ROOT / p).exists()) == []
+
+
+def test_the_path_check_sees_a_moved_module():
+    text = "windows per layer (`truncsens/engine/layer_windows.py`); see docs/method.md."
+    named = [m.rstrip(".") for m in REPO_PATH.findall(text)]
+    assert named == ["truncsens/engine/layer_windows.py", "docs/method.md"]
+    assert [(ROOT / p).exists() for p in named] == [False, True]
