@@ -22,7 +22,8 @@ Definitions (Cover & Thomas, *Elements of Information Theory*, 2nd ed., eqs. 2.2
 - ``nll(p, y) = -log p(y)``.
 
 Rounding can push TV a hair outside [0, 1] and KL / JS a hair below 0; :func:`clamp_rounding`
-clamps those and counts how many it touched, so a run can report them.
+clamps those to the range of the metric's record (:mod:`truncsens.metrics`) and counts how many
+it touched, so a run can report them. The names, their order and the ranges are those records'.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from truncsens.metrics import NAMES, metric
 
 _FLOAT_TYPES = (torch.float32, torch.float64)
 
@@ -117,7 +120,13 @@ def clamp_rounding(values: torch.Tensor, lo: float, hi: float | None = None, tol
     return Clamped(values.clamp(min=lo, max=hi), n)
 
 
-METRICS = ("tv", "kl", "kl_reverse", "js", "top1_agree", "nll_ref", "nll_kept")
+METRICS = NAMES  # the metric names in results-file order (truncsens.metrics.METRICS holds their records)
+
+
+def _clamp(values: torch.Tensor, name: str) -> Clamped:
+    """:func:`clamp_rounding` to the range [lower, upper] of the record of ``name`` (no upper clamp when unbounded)."""
+    m = metric(name)
+    return clamp_rounding(values, m.lower, m.upper if m.bounded_above else None)
 
 
 def all_metrics(logits_ref: torch.Tensor, logits_kept: torch.Tensor, token_id: torch.Tensor) -> tuple[dict[str, torch.Tensor], int]:
@@ -135,7 +144,8 @@ def all_metrics(logits_ref: torch.Tensor, logits_kept: torch.Tensor, token_id: t
     Returns:
         (metrics, n_clamped): ``metrics`` maps each name of :data:`METRICS` to an [n] tensor
         (float64; ``top1_agree`` int8); ``n_clamped`` counts entries clamped for rounding noise
-        (TV outside [0, 1], KL / JS below 0 or JS above log 2, by at most 1e-4).
+        (outside the range of the metric's record: TV outside [0, 1], KL / JS below 0 or JS above
+        log 2, by at most 1e-4).
 
     Raises:
         ValueError: shapes differ, or a metric is NaN or out of range beyond rounding (non-finite logits).
@@ -144,10 +154,10 @@ def all_metrics(logits_ref: torch.Tensor, logits_kept: torch.Tensor, token_id: t
     logits_ref, logits_kept = _check(logits_ref, logits_kept)
     logp_ref = torch.log_softmax(logits_ref, dim=-1)  # [n, V] float64
     logp_kept = torch.log_softmax(logits_kept, dim=-1)  # [n, V] float64
-    t = clamp_rounding(tv(logp_ref, logp_kept), 0.0, 1.0)
-    k = clamp_rounding(kl(logp_ref, logp_kept), 0.0)
-    kr = clamp_rounding(kl(logp_kept, logp_ref), 0.0)
-    j = clamp_rounding(js(logp_ref, logp_kept), 0.0, math.log(2.0))
+    t = _clamp(tv(logp_ref, logp_kept), "tv")
+    k = _clamp(kl(logp_ref, logp_kept), "kl")
+    kr = _clamp(kl(logp_kept, logp_ref), "kl_reverse")
+    j = _clamp(js(logp_ref, logp_kept), "js")
     out = {
         "tv": t.values,
         "kl": k.values,

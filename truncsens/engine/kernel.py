@@ -25,18 +25,19 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from truncsens.divergences import METRICS, all_metrics
+from truncsens.divergences import all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.granularity import evicted_mass, kept_count
 from truncsens.engine.semantics import Semantics
+from truncsens.metrics import METRICS
 from truncsens.policies import Kept, Policy
 from truncsens.targets import TargetSet, doc_seed
 
 
 def metric_arrays(shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """Zero arrays of ``shape`` for every metric of :data:`~truncsens.divergences.METRICS` (float32;
-    ``top1_agree`` int8): the storage every measurement loop fills."""
-    return {m: np.zeros(shape, dtype=np.int8 if m == "top1_agree" else np.float32) for m in METRICS}
+    """Zero arrays of ``shape`` for every metric of :data:`truncsens.metrics.METRICS`, each in its
+    record's dtype (float32; ``top1_agree`` int8): the storage every measurement loop fills."""
+    return {m.name: np.zeros(shape, dtype=m.dtype) for m in METRICS}
 
 
 def store_metrics(metrics: dict[str, np.ndarray], index, ref_lp: torch.Tensor, lp: torch.Tensor,
@@ -63,7 +64,8 @@ class KernelOutput:
 
     Attributes:
         metrics: name -> [P, R, n, K] from :func:`measure_draws` (R draws), [P, n, K] from
-            :func:`measure_targets` (one draw); float32, ``top1_agree`` int8.
+            :func:`measure_targets` (one draw); each in its record's dtype (:mod:`truncsens.metrics`:
+            float32, ``top1_agree`` int8).
         kept_tokens: int32 keys the target's query kept, shaped as ``metrics``.
         evicted_attention_mass: float32 attention mass of the full-context target query on the
             evicted keys (mean over layers and heads), shaped as ``metrics``, or None when the

@@ -21,8 +21,7 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
-from truncsens.divergences import METRICS
-from truncsens.results import ResultsError, mean_over_draws, sweep_dim
+from truncsens.results import ResultsError, mean_over_draws, metrics_of, sweep_dim
 from truncsens.stats import doc_sums, mean_with_inf, resampled_mean_se
 
 
@@ -113,7 +112,7 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
     sweep = sweep_dim(ds)
     unknown = [m for m in metrics if m not in ds.data_vars]
     if unknown:
-        raise ResultsError(f"{results_file or 'results'}: unknown metric(s) {', '.join(unknown)}; the file has {', '.join(m for m in METRICS if m in ds.data_vars)}")
+        raise ResultsError(f"{results_file or 'results'}: unknown metric(s) {', '.join(unknown)}; the file has {', '.join(metrics_of(ds))}")
     points = np.asarray(ds[sweep].values, dtype=np.int64)
     if points.size < 2:
         raise ResultsError(

@@ -39,7 +39,7 @@ the curve's ``sweep`` says; every interval ``ci`` is a percentile bootstrap inte
     }
 
 Parameters: power {C, alpha}; exponential {C, tau, rate = 1/tau}; power_floor {C, alpha, D_inf};
-C and D_inf in the metric's units (TV: probability; KL, JS: nats). Non-finite numbers are written
+C and D_inf in the metric's unit (:attr:`truncsens.metrics.Metric.unit`; TV: probability; KL, JS: nats). Non-finite numbers are written
 as null (a mean of +inf is null with ``n_inf`` > 0 at that point). The keys ``excluded``,
 ``n_inf``, ``n_nan``, ``bootstrap_mean``, ``converged``, ``optimizer`` and ``undecided`` are absent
 from older schema 2 files; readers treat an "ok" fit without ``converged`` as converged. Points

@@ -14,11 +14,10 @@ A point ``x`` (a window w or a budget k, in tokens) of a mean curve is, in this 
   fits, because their logarithm measures rounding noise, not context sensitivity;
 - usable otherwise.
 
-:data:`NOISE_FLOOR` holds the largest divergences measured in docs/precision.md between two
-float32 forwards that are equal in exact arithmetic (CPU, random Llama weights up to h=512, 4
-layers, T=512), rounded up: TV 1.4e-7 -> 1.5e-7, KL 6.2e-14 -> 1e-13, JS 1.5e-14 -> 2e-14.
-GPUs with reduced-precision reductions have a larger floor (docs/precision.md has the script to
-measure it).
+The floors are those of the metric records (:attr:`truncsens.metrics.Metric.noise_floor`): the
+largest divergences measured in docs/precision.md between two float32 forwards that are equal in
+exact arithmetic, rounded up: TV 1.5e-7, KL 1e-13, JS 2e-14. GPUs with reduced-precision
+reductions have a larger floor (docs/precision.md has the script to measure it).
 """
 
 from __future__ import annotations
@@ -27,17 +26,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from truncsens.metrics import METRICS, find, metric as _record
+
 # Largest |D| between two float32 forwards equal in exact arithmetic (docs/precision.md), rounded up.
-TV_NOISE_FLOOR = 1.5e-7
-KL_NOISE_FLOOR = 1e-13
-JS_NOISE_FLOOR = 2e-14
-NOISE_FLOOR: dict[str, float] = {"tv": TV_NOISE_FLOOR, "kl": KL_NOISE_FLOOR, "kl_reverse": KL_NOISE_FLOOR,
-                                 "js": JS_NOISE_FLOOR}
+NOISE_FLOOR: dict[str, float] = {m.name: m.noise_floor for m in METRICS if m.noise_floor is not None}
+TV_NOISE_FLOOR = _record("tv").noise_floor
+KL_NOISE_FLOOR = _record("kl").noise_floor
+JS_NOISE_FLOOR = _record("js").noise_floor
 
 
 def noise_floor(metric: str) -> float:
-    """The float32 noise floor of ``metric`` (:data:`NOISE_FLOOR`); 0 for metrics without one (NLLs, top-1)."""
-    return NOISE_FLOOR.get(metric, 0.0)
+    """The float32 noise floor of ``metric`` (its record's, :data:`NOISE_FLOOR`); 0 for metrics without
+    one (NLLs, top-1) and for data vars that are no metric."""
+    m = find(metric)
+    return 0.0 if m is None or m.noise_floor is None else m.noise_floor
 
 
 @dataclass(frozen=True)

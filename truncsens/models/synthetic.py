@@ -318,8 +318,8 @@ def curve_results(
     every per-document mean, and hence every per-window mean, equals ``curves[m](w)`` exactly while
     targets still scatter. ``doc_noise > 0`` multiplies each (document, window) by
     ``1 + doc_noise * u`` (u uniform in [-1, 1]), so documents disagree and the mean curve is
-    exact only in expectation (for bootstrap tests). Metrics not in ``curves`` are zero
-    (``top1_agree`` one).
+    exact only in expectation (for bootstrap tests). Metrics not in ``curves`` hold their best value
+    (:attr:`truncsens.metrics.Metric.best`: zero, ``top1_agree`` one).
 
     Args:
         curves: metric name -> function of the windows [S] returning the mean curve [S].
@@ -334,7 +334,7 @@ def curve_results(
         ValueError: odd ``targets_per_doc`` or ``noise`` outside [0, 1).
     """
     from truncsens import __version__
-    from truncsens.divergences import METRICS
+    from truncsens.metrics import METRICS
     from truncsens.results import make_results, utc_now
 
     if targets_per_doc < 2 or targets_per_doc % 2:
@@ -350,10 +350,10 @@ def curve_results(
     mult = mult * np.repeat(per_doc, targets_per_doc, axis=0)  # [n, S]
     data = {}
     for m in METRICS:
-        if m in curves:
-            data[m] = mult * np.asarray(curves[m](w), dtype=np.float64)[None, :]  # [n, S]
+        if m.name in curves:
+            data[m.name] = mult * np.asarray(curves[m.name](w), dtype=np.float64)[None, :]  # [n, S]
         else:
-            data[m] = np.ones((n, w.size)) if m == "top1_agree" else np.zeros((n, w.size))
+            data[m.name] = np.full((n, w.size), m.best)  # [n, S] the value of no loss: 0, top1_agree 1
     base = {
         "truncsens_version": __version__, "model": "synthetic-curve", "model_revision": "", "tokenizer": "none",
         "dtype": "float32", "device": "cpu", "semantics": "reencode", "positions": "original", "n_sink": 0,

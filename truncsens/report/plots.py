@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from truncsens.fit.laws import law_value
+from truncsens.metrics import find
 from truncsens.report.tables import fmt_level
 
 if TYPE_CHECKING:  # type hints only
@@ -23,6 +24,12 @@ if TYPE_CHECKING:  # type hints only
 
 FAMILY_STYLE = {"power": "-", "exponential": "--", "power_floor": ":"}
 FAMILY_LABEL = {"power": "C w^-α", "exponential": "C exp(-w/τ)", "power_floor": "C w^-α + D∞"}
+
+
+def axis_label(metric: str) -> str:
+    """``"mean <metric>"``, with ``" (nats)"`` for a metric whose record's unit is nats (KL, JS, NLL)."""
+    record = find(metric)
+    return f"mean {metric}" + (f" ({record.unit})" if record is not None and record.unit == "nats" else "")
 
 
 def _law_params(fit: dict) -> dict[str, float] | None:
@@ -109,7 +116,7 @@ def build_figure(doc: dict, metrics: Sequence[str] | None = None, families: Sequ
             ax.set_ylim(min(measured) / 4, max(measured) * 2)
         sweep = doc["curves"][0].get("sweep", "window")
         ax.set_xlabel(f"{sweep} {'k' if sweep == 'budget' else 'w'} (tokens)")  # k for budgets, w for windows
-        ax.set_ylabel(f"mean {metric}" + (" (nats)" if metric not in ("tv",) else ""))
+        ax.set_ylabel(axis_label(metric))
         ax.set_title(f"{metric}: D(w) and fitted laws")
         ax.grid(True, which="both", alpha=0.25)
         ax.legend(fontsize=6.5, loc="lower left")
@@ -191,7 +198,7 @@ def plot_comparison(cmp: PolicyComparison, stem: str | Path, metric: str | None 
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("budget k (kept tokens)")
-    ax.set_ylabel(f"mean {metric} (nats)" if metric in ("kl", "kl_reverse", "js", "nll_ref", "nll_kept") else f"mean {metric}")
+    ax.set_ylabel(axis_label(metric))
     ax.set_title(f"{metric} at equal budget: mean and {fmt_level(cmp.level)} interval")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)

@@ -21,10 +21,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from truncsens.divergences import METRICS
 from truncsens.fit.fit_file import sanitize
 from truncsens.report.printed import format_summary
-from truncsens.results import load, mean_over_draws, sweep_dim
+from truncsens.results import load, mean_over_draws, metrics_of, sweep_dim
 from truncsens.stats import cluster_mean_se, quantiles_with_inf
 
 COUNTS = ("n", "n_inf", "n_nan")
@@ -64,7 +63,8 @@ def summarize_values(values: np.ndarray, doc: list[str] | None = None) -> dict[s
 
 def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
     """One row per (policy,) sweep value and metric: ``{"policy"?, sweep, "metric", "n", "n_inf", "n_nan", stats...}``
-    (counts and stats of :func:`summarize_values`).
+    (counts and stats of :func:`summarize_values`). ``metrics`` defaults to every metric the file holds
+    (:func:`truncsens.results.metrics_of`, in the order of :data:`truncsens.metrics.METRICS`).
 
     ``se`` is the document-clustered standard error of the mean (:func:`truncsens.stats.cluster_mean_se`).
     A file with a ``draw`` dim is first averaged over draws per target
@@ -74,10 +74,11 @@ def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
         ValueError: an unknown metric name.
     """
     ds = mean_over_draws(ds)
-    metrics = list(metrics or METRICS)
+    held = metrics_of(ds)
+    metrics = list(metrics or held)
     unknown = [m for m in metrics if m not in ds.data_vars]
     if unknown:
-        raise ValueError(f"unknown metric(s) {', '.join(unknown)}; the file has {', '.join(METRICS)}")
+        raise ValueError(f"unknown metric(s) {', '.join(unknown)}; the file has {', '.join(held)}")
     sweep = sweep_dim(ds)
     policies = list(ds["policy"].values) if "policy" in ds.dims else [None]
     docs = [str(d) for d in ds["doc"].values]

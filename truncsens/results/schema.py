@@ -17,8 +17,10 @@ Schema (docs/results.md):
 - block-protocol window sweeps (attr ``protocol`` = "block") add the int32 coords ``actual_window``
   (target, window) and ``actual_context`` (target): the window and reference context each value
   was measured with (:mod:`truncsens.engine.block.runs`); without them actual = nominal.
-- data vars: :data:`truncsens.divergences.METRICS`, float32 (``top1_agree`` int8), shape
-  ([policy,] [draw,] target, window|budget).
+- data vars: the metrics of :data:`truncsens.metrics.METRICS`, each in its record's dtype (float32;
+  ``top1_agree`` int8), shape ([policy,] [draw,] target, window|budget). :func:`make_results`
+  writes every metric; a file needs only at least one (a file written before a metric existed
+  lacks it), and readers use the metrics the file holds (:func:`metrics_of`).
 - attrs: :data:`REQUIRED_ATTRS` plus any provenance. Strings and numbers are plain NetCDF attrs;
   ``None``, ``bool``, lists, tuples, dicts, datetimes and paths are stored as JSON text named in
   the reserved attr ``truncsens_json_attrs`` and restored by :func:`load` as they went in
@@ -35,8 +37,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import xarray as xr
 
+from truncsens import metrics as _metrics
 from truncsens.results import codec
-from truncsens.divergences import METRICS
 
 SWEEP_DIMS = ("window", "budget")
 # The vocabulary a results file may use; the engine's registry of semantics
@@ -93,11 +95,10 @@ def make_results(
         raise ResultsError(f"draws must be at least 1, got {draws}")
     dims = (("policy",) if policies is not None else ()) + (("draw",) if draws is not None else ()) + ("target", sweep)
     data_vars = {}
-    for name in METRICS:
-        if name not in metrics:
-            raise ResultsError(f"metric {name!r} missing")
-        dtype = np.int8 if name == "top1_agree" else np.float32
-        data_vars[name] = (dims, np.asarray(metrics[name]).astype(dtype))
+    for m in _metrics.METRICS:
+        if m.name not in metrics:
+            raise ResultsError(f"metric {m.name!r} missing")
+        data_vars[m.name] = (dims, np.asarray(metrics[m.name]).astype(m.dtype))
     coords = {
         sweep: np.asarray(sweep_values, dtype=np.int64),
         "doc": ("target", _strings(doc, "doc")),
@@ -153,6 +154,11 @@ def sweep_dim(ds: xr.Dataset) -> str:
     raise ResultsError("not a truncsens results file: it has neither a 'window' nor a 'budget' dim")
 
 
+def metrics_of(ds: xr.Dataset) -> tuple[str, ...]:
+    """The metrics a results dataset holds, in the order of :data:`truncsens.metrics.METRICS`."""
+    return _metrics.present(ds.data_vars)
+
+
 def validate(ds: xr.Dataset) -> None:
     """Check a dataset against the schema.
 
@@ -162,9 +168,13 @@ def validate(ds: xr.Dataset) -> None:
     sweep = sweep_dim(ds)
     if "target" not in ds.dims:
         raise ResultsError("not a truncsens results file: no 'target' dim")
-    missing = [m for m in METRICS if m not in ds.data_vars]
-    if missing:
-        raise ResultsError(f"not a truncsens results file: metrics missing: {', '.join(missing)}")
+    held = metrics_of(ds)
+    if not held:
+        raise ResultsError(f"not a truncsens results file: no metric (it needs at least one of "
+                           f"{', '.join(_metrics.NAMES)})")
+    for name in held:
+        if ds[name].dtype.kind not in "biuf":
+            raise ResultsError(f"metric {name!r} must hold numbers, got dtype {ds[name].dtype}")
     for c in ("doc", "position", "token_id"):
         if c not in ds.coords:
             raise ResultsError(f"not a truncsens results file: coord {c!r} missing")

@@ -32,7 +32,8 @@ class BlockOutput:
     """What :func:`measure_blocks` returns (n targets, S windows).
 
     Attributes:
-        metrics: name -> [n, S] float32 (``top1_agree`` int8).
+        metrics: name -> [n, S], each in its record's dtype (:mod:`truncsens.metrics`: float32,
+            ``top1_agree`` int8).
         actual_window: [n, S] int64 tokens of window each measurement read (sinks not counted).
         actual_context: [n] int64 tokens of each target's reference context.
         n_clamped: values clamped for rounding noise.

@@ -1,0 +1,140 @@
+"""One record per metric: what each value of a results file means, in one place.
+
+A metric compares, at one target, the next-token distribution with the full reference context
+(``p_ref``) and with the kept context (``p_kept``). :data:`METRICS` lists them in the order of a
+results file (``tv, kl, kl_reverse, js, top1_agree, nll_ref, nll_kept``); every other module
+(:mod:`truncsens.divergences`, the results schema, the engine's storage, the fits, the reports)
+reads its facts here. Definitions: :mod:`truncsens.divergences` (Cover & Thomas, *Elements of
+Information Theory*, 2nd ed., eqs. 2.26 and 11.137); log base e, so KL, JS and NLL are in nats.
+
+Storage: float32 (``top1_agree`` int8), computed in float64 first (docs/precision.md).
+
+Noise floors: the largest divergence measured between two float32 forward passes that are equal
+in exact arithmetic (docs/precision.md, "Noise floor of the forward pass itself": CPU, random
+Llama weights up to h=512, 4 layers, T=512), rounded up: TV 1.4e-7 -> 1.5e-7, KL 6.2e-14 ->
+1e-13 (also for reverse KL), JS 1.5e-14 -> 2e-14. A mean at or below it is indistinguishable from
+0 (:mod:`truncsens.fit.points`). The NLLs and top-1 agreement have none.
+
+This module is pure data: it imports no other truncsens module (:mod:`truncsens.divergences`
+imports it for the names and the clamping bounds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+LOWER_IS_BETTER = "lower_is_better"
+HIGHER_IS_BETTER = "higher_is_better"
+DIRECTIONS = (LOWER_IS_BETTER, HIGHER_IS_BETTER)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """The facts of one metric.
+
+    Attributes:
+        name: the data var of a results file.
+        description: what it measures, in words.
+        unit: "nats", "probability", or "" (an indicator).
+        dtype: numpy dtype it is stored with in results files.
+        lower, upper: the range of a value (``math.inf``: unbounded above); values a hair outside
+            from rounding are clamped by :func:`truncsens.divergences.all_metrics`.
+        direction: :data:`LOWER_IS_BETTER` or :data:`HIGHER_IS_BETTER` (closer to the full context).
+        divergence: a divergence D(p_ref, p_kept) between the two distributions, fitted as D(w) by
+            ``truncsens fit`` by default.
+        noise_floor: the float32 noise floor (module docstring), or None.
+        computed_by: the :mod:`truncsens.divergences` function and arguments that compute it.
+
+    Raises:
+        ValueError: an unknown direction, or ``lower > upper``.
+    """
+
+    name: str
+    description: str
+    unit: str
+    dtype: np.dtype
+    lower: float
+    upper: float
+    direction: str
+    divergence: bool
+    noise_floor: float | None
+    computed_by: str
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"metric {self.name!r}: direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        if not self.lower <= self.upper:
+            raise ValueError(f"metric {self.name!r}: lower bound {self.lower} above upper bound {self.upper}")
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether larger values mean closer to the full context (``top1_agree``)."""
+        return self.direction == HIGHER_IS_BETTER
+
+    @property
+    def best(self) -> float:
+        """The best value it can take: ``upper`` if higher is better, else ``lower`` (0 for a divergence,
+        1 for ``top1_agree``)."""
+        return self.upper if self.higher_is_better else self.lower
+
+    @property
+    def bounded_above(self) -> bool:
+        """Whether ``upper`` is finite."""
+        return math.isfinite(self.upper)
+
+
+_F32, _I8 = np.dtype(np.float32), np.dtype(np.int8)
+
+METRICS: tuple[Metric, ...] = (
+    Metric("tv", "total variation distance 1/2 sum_x |p_ref(x) - p_kept(x)|", "probability", _F32,
+           0.0, 1.0, LOWER_IS_BETTER, True, 1.5e-7, "tv(p_ref, p_kept)"),
+    Metric("kl", "KL(p_ref || p_kept) = sum_x p_ref(x) (log p_ref(x) - log p_kept(x)); +inf where p_kept = 0 < p_ref",
+           "nats", _F32, 0.0, math.inf, LOWER_IS_BETTER, True, 1e-13, "kl(p_ref, p_kept)"),
+    Metric("kl_reverse", "KL(p_kept || p_ref); +inf where p_ref = 0 < p_kept",
+           "nats", _F32, 0.0, math.inf, LOWER_IS_BETTER, True, 1e-13, "kl(p_kept, p_ref)"),
+    Metric("js", "Jensen-Shannon divergence 1/2 KL(p_ref || m) + 1/2 KL(p_kept || m), m = (p_ref + p_kept) / 2",
+           "nats", _F32, 0.0, math.log(2.0), LOWER_IS_BETTER, True, 2e-14, "js(p_ref, p_kept)"),
+    Metric("top1_agree", "1 where the most likely next token is the same under p_ref and p_kept, else 0",
+           "", _I8, 0.0, 1.0, HIGHER_IS_BETTER, False, None, "top1_agree(p_ref, p_kept)"),
+    Metric("nll_ref", "-log p_ref(y): negative log-likelihood of the observed next token y with the full context",
+           "nats", _F32, 0.0, math.inf, LOWER_IS_BETTER, False, None, "nll(p_ref, y)"),
+    Metric("nll_kept", "-log p_kept(y): negative log-likelihood of the observed next token y with the kept context",
+           "nats", _F32, 0.0, math.inf, LOWER_IS_BETTER, False, None, "nll(p_kept, y)"),
+)
+NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
+DIVERGENCES: tuple[str, ...] = tuple(m.name for m in METRICS if m.divergence)  # fitted as D(w) by default
+_BY_NAME = {m.name: m for m in METRICS}
+
+
+def find(name: str) -> Metric | None:
+    """The record of ``name``, or None for a name that is no metric (e.g. ``kept_tokens``)."""
+    return _BY_NAME.get(name)
+
+
+def metric(name: str) -> Metric:
+    """The record of ``name``.
+
+    Raises:
+        KeyError: ``name`` is not a metric of :data:`METRICS`.
+    """
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown metric {name!r}; the metrics are {', '.join(NAMES)}") from None
+
+
+def present(names: Iterable[str]) -> tuple[str, ...]:
+    """The metrics among ``names`` (e.g. a dataset's ``data_vars``), in the order of :data:`METRICS`."""
+    have = set(names)
+    return tuple(n for n in NAMES if n in have)
+
+
+def divergences_in(names: Iterable[str]) -> tuple[str, ...]:
+    """The divergences (:data:`DIVERGENCES`) among ``names``, in the order of :data:`METRICS`: what a fit
+    of a results file holding ``names`` fits by default."""
+    have = set(names)
+    return tuple(n for n in DIVERGENCES if n in have)
