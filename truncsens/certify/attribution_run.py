@@ -9,7 +9,8 @@ occurrence of the target token); attrs add ``min_distance``, ``copy_per_doc``, `
 ``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON) and the variables
 ``trajectory_error``, ``trajectory_radius_step`` (EB radius at δ_t), ``trajectory_radius_naive``
 (at δ), dims (step, layer, head), and ``trajectory_token`` (dim step). The run is small (a few
-minutes on 2 CPU cores), so it is written at the end in one piece, not in resumable shards.
+minutes on 2 CPU cores), so it is written at the end in one piece, not in resumable shards
+(:func:`truncsens.engine.run.skeleton.run_single_piece`: the output is locked while the run writes it).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from truncsens import results
 from truncsens.certify.attribution import FAILURE_NLL
 from truncsens.certify.config import CertifyBase, CertifyConfig, CertifyError, parse_budgets, resolve_budgets
 from truncsens.certify.probe import check_model
-from truncsens.certify.run import certify_sweep, compute_arrays, shard_dataset
+from truncsens.certify.run import certify_sweep, certify_tokens_per_target, compute_arrays, shard_dataset
 from truncsens.certify.tasks import build_task_set, copy_vocabulary, default_min_distance
 from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
-from truncsens.engine.run.shards import ShardProgress, check_output
+from truncsens.engine.run.shards import check_output
+from truncsens.engine.run.skeleton import ShardWork, SinglePieceRun, run_single_piece
 from truncsens.models import LoadedModel, load_model
 
 
@@ -107,6 +109,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
         truncsens.certify.tasks.TaskError: D outside [1, N], no target found.
         MeasureError: ``cfg.out`` exists (without ``--overwrite``), bad N or corpus, a model
             without a tokenizer. Nothing is written before every check has passed.
+        truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.
     """
     check_output(cfg.out, cfg.overwrite, False)
     ccfg = cfg.certify_config()
@@ -135,25 +138,29 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
              "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",
              "created": results.utc_now()}
     plan = tasks.targets
-    per_target = N + len(sweep.policies) * len(budgets)
-    with ShardProgress(len(plan) * per_target, "certify-attribution", cfg.progress, 1) as bar:
-        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device,
-                                mcfg.batch_tokens(loaded.device), bar.update)
-        bar.shard_done(0)
-    ds = shard_dataset(arrays, plan, sweep, attrs)
-    ds["task_kind"] = (("target",), np.asarray(tasks.kind, dtype=str))
-    ds["source_position"] = (("target",), tasks.source)
-    ds["source_position"].attrs["description"] = "position of the most recent earlier occurrence of the target token"
-    ds.attrs["n_docs"] = len(set(plan.doc))
-    if cfg.trajectory:
-        poisson = next(p for p in sweep.policies if p.name == "poisson")
-        first = docs.used[0]
-        prefix = first.ids[: N - cfg.trajectory].to(loaded.device)  # the trajectory ends within N tokens
-        traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed)
-        ds.attrs["trajectory"] = json.dumps({"doc": first.id, **trajectory_summary(traj)})
-        for name, values in (("trajectory_error", traj.error), ("trajectory_radius_step", traj.radius_step),
-                             ("trajectory_radius_naive", traj.radius_naive)):
-            ds[name] = (("step", "layer", "head"), values)  # [n, L, H]
-        ds["trajectory_token"] = (("step",), traj.tokens.numpy())
-    path = results.save(ds, cfg.out)
+    batch_tokens = mcfg.batch_tokens(loaded.device)
+
+    def compute_shard(plan, on_tokens):
+        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens)
+        return shard_dataset(arrays, plan, sweep, attrs)
+
+    def finish(ds):  # the task set's variables and the trajectory, outside the progress
+        ds["task_kind"] = (("target",), np.asarray(tasks.kind, dtype=str))
+        ds["source_position"] = (("target",), tasks.source)
+        ds["source_position"].attrs["description"] = "position of the most recent earlier occurrence of the target token"
+        ds.attrs["n_docs"] = len(set(plan.doc))
+        if cfg.trajectory:
+            poisson = next(p for p in sweep.policies if p.name == "poisson")
+            first = docs.used[0]
+            prefix = first.ids[: N - cfg.trajectory].to(loaded.device)  # the trajectory ends within N tokens
+            traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed)
+            ds.attrs["trajectory"] = json.dumps({"doc": first.id, **trajectory_summary(traj)})
+            for name, values in (("trajectory_error", traj.error), ("trajectory_radius_step", traj.radius_step),
+                                 ("trajectory_radius_naive", traj.radius_naive)):
+                ds[name] = (("step", "layer", "head"), values)  # [n, L, H]
+            ds["trajectory_token"] = (("step",), traj.tokens.numpy())
+        return ds
+
+    work = ShardWork(compute_shard, certify_tokens_per_target(N, sweep), "certify-attribution")
+    path = run_single_piece(SinglePieceRun(cfg.out, plan, work, cfg.overwrite, cfg.progress, finish))
     return AttributionRun(path, results.load(path))

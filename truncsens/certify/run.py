@@ -1,5 +1,6 @@
 """The ``truncsens certify`` driver: corpus -> documents -> targets -> probed passes
-(:func:`truncsens.certify.passes.certify_batch`) -> shard files -> results file.
+(:func:`truncsens.certify.passes.certify_batch`) -> shard files -> results file (the shards, lock,
+resume and merge of :func:`truncsens.engine.run.skeleton.run_sharded`).
 
 Results (NetCDF, :mod:`truncsens.results`): dims (policy, target, budget) for the output metrics
 (:data:`truncsens.divergences.METRICS`: KL, TV, top-1 agreement, NLL under the full cache
@@ -29,7 +30,8 @@ from truncsens.engine.documents import prepare_documents
 from truncsens.engine.kernel import metric_arrays, policy_seeds, store_metrics
 from truncsens.engine.measure import provenance, resolve_reference_context
 from truncsens.engine.semantics import SEMANTICS
-from truncsens.engine.run.shards import check_output, run_shards
+from truncsens.engine.run.shards import check_output
+from truncsens.engine.run.skeleton import ShardedRun, ShardWork, run_sharded
 from truncsens.engine.sweep import Sweep
 from truncsens.models import LoadedModel, load_model
 from truncsens.targets import TargetSet
@@ -104,10 +106,16 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
             if name not in records:
                 records[name] = np.full((P, n, K, *v.shape[3:]), np.nan)
             records[name][:, sl] = v.permute(0, 2, 1, 3, 4).numpy()  # [P, K, b, L, H] -> [P, b, K, L, H]
-        on_tokens((sl.stop - sl.start) * (N + P * K))
+        on_tokens((sl.stop - sl.start) * certify_tokens_per_target(N, sweep))
 
     run_in_batches(step, n, N, batch_tokens)
     return {"metrics": metrics, "kept_tokens": kept_tokens, "records": records, **top, "n_clamped": state["n_clamped"]}
+
+
+def certify_tokens_per_target(N: int, sweep: Sweep) -> int:
+    """Forward tokens of one target's certify passes (the progress estimate): its N-token prefill and
+    one decode per (policy, budget), as :func:`compute_arrays` reports them."""
+    return N + len(sweep.policies) * len(sweep.budgets)
 
 
 def certify_sweep(cfg: CertifyConfig, loaded: LoadedModel, N: int, budgets: list[int]):
@@ -134,6 +142,7 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
         truncsens.certify.probe.CertifyModelError: a model that does not use the attention interface.
         MeasureError: ``cfg.out`` exists (without overwrite), bad reference context or corpus, shards of
             another run. Nothing is written before every check has passed.
+        truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.
         truncsens.models.ModelLoadError, truncsens.corpora.CorpusError: loading failed.
     """
     check_output(cfg.out, cfg.overwrite, cfg.resume)
@@ -150,8 +159,7 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
         arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens)
         return shard_dataset(arrays, plan, sweep, attrs)
 
+    work = ShardWork(compute_shard, certify_tokens_per_target(N, sweep), "certify")
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, budgets_tokens=budgets)
-    path, reused, n_targets = run_shards(
-        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, N + len(sweep.policies) * len(budgets), "certify", cfg.progress, overwrite=cfg.overwrite)
-    return CertifySummary(path, n_targets, len(docs.used), budgets, N, reused)
+    done = run_sharded(ShardedRun.of(cfg, docs.used, N, fingerprint, work))
+    return CertifySummary(done.path, done.n_targets, len(docs.used), budgets, N, done.shards_reused)

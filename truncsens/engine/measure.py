@@ -25,26 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 import truncsens
-from truncsens import results
+from truncsens.engine.block.runs import block_work
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.documents import RunDocuments, prepare_documents
-from truncsens.engine.kernel import KernelOutput, draws_measured, measure_draws
-from truncsens.engine.run.shards import check_output, run_shards
+from truncsens.engine.kernel import draws_measured, measure_draws
+from truncsens.engine.run.shard_results import shard_results
+from truncsens.engine.run.shards import check_output
+from truncsens.engine.run.skeleton import ShardedRun, ShardWork, run_sharded
 from truncsens.engine.sweep import Sweep, resolve_sweep
 from truncsens.models import LoadedModel, load_model
 from truncsens.policies import policy_params
 from truncsens.targets import TargetSet
-
-
-SCORE_SOURCES = {  # where policies that read scores take them from, per semantics
-    "streaming": "online: attention and key norms computed by the evicted streaming run itself",
-    "prefill_evict": "the full-context prefill (reference pass)",
-    "reencode": "none (policies that read scores are refused)",
-}
 
 
 @dataclass
@@ -112,9 +105,9 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
             "policy": ",".join(p.name for p in sweep.policies),
             "policy_params": json.dumps({p.name: policy_params(p) for p in sweep.policies}, sort_keys=True),
             "budget_counts": "kept keys of the target's query, its own token included",
-            "score_source": SCORE_SOURCES[sweep.semantics.name],
+            "score_source": sweep.semantics.score_source,
         })
-        if sweep.semantics.name == "streaming":
+        if sweep.semantics.streams:  # decisions every --chunk tokens
             attrs["chunk"] = cfg.chunk
         attrs["granularity"] = cfg.granularity
         attrs.update({
@@ -124,40 +117,6 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
                           "streaming, whose online scores differ between budgets)",
         })
     return attrs
-
-
-def shard_results(out: KernelOutput, plan: TargetSet, sweep: Sweep, attrs: dict, bos_id: int | None = None):
-    """The results Dataset of one shard from ``out`` of :func:`~truncsens.engine.kernel.measure_draws`
-    (arrays [P, R, n, K]; see the module docstring for the layout: the ``policy`` dim only for P > 1,
-    the ``draw`` dim only for R > 1); the per-target coord ``bos_first`` (int8) says whether the
-    reference context began with the tokenizer's BOS."""
-    single = len(sweep.policies) == 1
-    names = [p.name for p in sweep.policies]
-    R = out.kept_tokens.shape[1]
-
-    def layout(values: np.ndarray) -> np.ndarray:  # [P, R, n, K] -> ([P,] [R,] n, K)
-        values = values if R > 1 else values[:, 0]
-        return values[0] if single else values
-
-    ds = results.make_results({m: layout(v) for m, v in out.metrics.items()}, sweep.dim, sweep.values,
-                              plan.doc, plan.position, plan.token_id.numpy(), {**attrs, "n_clamped": out.n_clamped},
-                              policies=None if single else names, draws=R if R > 1 else None)
-    first = plan.context[:, 0].numpy() if len(plan) else np.zeros(0, np.int64)  # [n]
-    bos_first = (first == bos_id) if bos_id is not None else np.zeros(len(plan), bool)
-    ds = ds.assign_coords(bos_first=("target", bos_first.astype(np.int8)))
-    if sweep.is_window_sweep:
-        return ds
-    dims = ds["kl"].dims
-    extras = {"kept_tokens": out.kept_tokens}
-    if out.evicted_attention_mass is not None:
-        extras["evicted_attention_mass"] = out.evicted_attention_mass
-    for name, values in extras.items():
-        ds[name] = (dims, layout(values))
-    ds["kept_tokens"].attrs["units"] = "tokens"
-    if "evicted_attention_mass" in ds:
-        ds["evicted_attention_mass"].attrs["description"] = (
-            "attention probability mass of the full-context target query on the evicted keys, mean over layers and heads")
-    return ds
 
 
 def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_after_shards: int | None = None) -> MeasureSummary:
@@ -191,22 +150,22 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
     if cfg.protocol == "block":
-        from truncsens.engine.block.runs import run_block_shards
-
-        path, reused, n_targets = run_block_shards(cfg, loaded, N, sweep, docs, attrs, ranks, stop_after_shards)
+        work = block_work(cfg, loaded, N, sweep, docs, attrs)
         extra["protocol"] = "block"
     else:
-        path, reused, n_targets = _run_exact_shards(cfg, loaded, N, sweep, docs, attrs, ranks, stop_after_shards)
+        work = exact_work(cfg, loaded, N, sweep, docs, attrs)
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
+    done = run_sharded(ShardedRun.of(cfg, docs.used, N, fingerprint, work), ranks, stop_after_shards)
     return MeasureSummary(
-        path=path, n_targets=n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
+        path=done.path, n_targets=done.n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
         n_docs_skipped=docs.n_short, sweep_dim=sweep.dim, sweep=sweep.values, reference_context=N,
-        shards_reused=reused, extra=extra)
+        shards_reused=done.shards_reused, extra=extra)
 
 
-def _run_exact_shards(cfg: MeasureConfig, loaded: LoadedModel, N: int, sweep: Sweep, docs: RunDocuments, attrs: dict,
-                      ranks, stop_after_shards: int | None) -> tuple:
-    """The exact protocol's shards (the kernel, one pass per target), written to ``cfg.out``:
-    (path, shards reused, number of targets)."""
+def exact_work(cfg: MeasureConfig, loaded: LoadedModel, N: int, sweep: Sweep, docs: RunDocuments,
+               attrs: dict) -> ShardWork:
+    """The exact protocol's shards: the kernel, one pass per target and kept set; progress counts the
+    reference pass (N tokens) and every kept pass (:meth:`~truncsens.engine.semantics.base.Semantics.cost`)."""
     batch_tokens = cfg.batch_tokens(loaded.device)
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
@@ -218,7 +177,4 @@ def _run_exact_shards(cfg: MeasureConfig, loaded: LoadedModel, N: int, sweep: Sw
     passes = sum(draws_measured(sweep.policies, cfg.draws))  # kept passes per budget: R per randomized policy
     per_target = N + passes * sum(sweep.semantics.cost(N, k) for k in sweep.budgets)
     desc = "measure" if sweep.is_window_sweep else f"measure {sweep.semantics.name}"
-    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
-    return run_shards(
-        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, per_target, desc, cfg.progress, stop_after_shards, ranks, cfg.overwrite)
+    return ShardWork(compute_shard, per_target, desc)

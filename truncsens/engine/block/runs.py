@@ -10,9 +10,13 @@ and the attrs ``protocol`` ("block"), ``block_fraction``, ``block_size``, ``bloc
 targets per block) and ``attention_implementation``. A file without these coords is an exact run:
 actual = nominal (how :mod:`truncsens.fit.curves` reads them).
 
-A policy sweep under ``streaming`` or ``prefill_evict`` (:func:`run_policy_block_shards`,
+A policy sweep under ``streaming`` or ``prefill_evict`` (:func:`policy_block_work`,
 :mod:`truncsens.engine.block.policies`) has the layout of an exact policy sweep plus
 ``actual_context`` and the block attrs (no ``actual_budget``: budgets are exact).
+
+This module says what is the block protocol's own (how targets are drawn, how a shard is computed,
+the progress estimate) as a :class:`~truncsens.engine.run.skeleton.ShardWork`; the driver
+(:func:`truncsens.engine.measure.run_measure`) runs it with :func:`~truncsens.engine.run.skeleton.run_sharded`.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from truncsens.engine.block.plan import (
     block_length, check_block_windows, extra_context, forward_tokens, policy_forward_tokens,
 )
 from truncsens.engine.block.passes import check_block_model, choose_attention, measure_blocks
-from truncsens.engine.kernel import KernelOutput
-from truncsens.engine.measure import shard_results
-from truncsens.engine.run.shards import run_shards
+from truncsens.engine.block.policies import check_block_budgets, measure_policy_blocks
+from truncsens.engine.kernel import KernelOutput, draws_measured
+from truncsens.engine.run.shard_results import shard_results
+from truncsens.engine.run.skeleton import ShardWork
 from truncsens.targets import TargetSet, select_block_targets
 
 
@@ -57,33 +62,25 @@ def block_attrs(cfg, B: int, room: int) -> dict:
             "block_length": B, "block_extra_context": extra_context(B, room)}
 
 
-def _run_blocks(cfg, docs, N: int, B: int, sweep, compute_shard, per_block: Callable[[int], int], label: str,
-                ranks, stop_after_shards: int | None) -> tuple:
-    """The shards of a block run (:func:`~truncsens.engine.run.shards.run_shards` with targets drawn in
-    blocks of B); ``per_block(size)`` gives the forward tokens of one block of ``size`` targets (the
-    progress estimate)."""
+def _block_work(cfg, B: int, compute_shard, per_block: Callable[[int], int], label: str) -> ShardWork:
+    """The shards of a block run: targets drawn in blocks of B; ``per_block(size)`` gives the forward
+    tokens of one block of ``size`` targets (the progress estimate)."""
     size = min(B, cfg.targets_per_doc or B)  # a document's block: B targets, fewer when fewer are asked for
     per_target = max(1, per_block(size) // size)
-    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
-    return run_shards(
-        cfg.out, docs.used, N, cfg.targets_per_doc, cfg.seed, cfg.docs_per_shard, fingerprint, cfg.resume,
-        compute_shard, per_target, label, cfg.progress, stop_after_shards, ranks, cfg.overwrite,
-        select=partial(select_block_targets, block=B))
+    return ShardWork(compute_shard, per_target, label, select=partial(select_block_targets, block=B))
 
 
-def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: dict, ranks=None,
-                     stop_after_shards: int | None = None) -> tuple:
-    """Run a window sweep by the block protocol and write ``cfg.out`` (see :func:`truncsens.engine.measure.run_measure`).
-
-    Returns:
-        (path, shards reused, number of targets).
+def block_work(cfg, loaded, reference_context: int, sweep, docs, attrs: dict) -> ShardWork:
+    """The shards of a block-protocol run (see :func:`truncsens.engine.measure.run_measure`): a window
+    sweep (or a reencode policy sweep of suffix / sink_recent) here, a policy sweep under streaming or
+    prefill_evict by :func:`policy_block_work`. Checks before anything is computed.
 
     Raises:
         MeasureError: a window that does not fit the shortest actual reference context, or a model
-            with sliding-window layers; and what :func:`~truncsens.engine.run.shards.run_shards` raises.
+            with sliding-window layers.
     """
-    if not sweep.is_window_sweep and sweep.semantics.name != "reencode":
-        return run_policy_block_shards(cfg, loaded, reference_context, sweep, docs, attrs, ranks, stop_after_shards)
+    if not sweep.is_window_sweep and sweep.semantics.policy_blocks:
+        return policy_block_work(cfg, loaded, reference_context, sweep, docs, attrs)
     N = reference_context
     B = block_length(N, cfg.block_fraction, cfg.block_size)
     room = max(0, loaded.max_context - N)  # positions the model has beyond N
@@ -107,18 +104,16 @@ def run_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: di
     def per_block(size: int) -> int:
         return forward_tokens([size], N, windows, n_sink, cfg.block_fraction, cfg.block_size, room)
 
-    return _run_blocks(cfg, docs, N, B, sweep, compute_shard, per_block, "measure (block protocol)", ranks,
-                       stop_after_shards)
+    return _block_work(cfg, B, compute_shard, per_block, "measure (block protocol)")
 
 
 STREAM_DRAW_SEEDS = ("one seed per (policy seed, doc, first position of the block, policy, draw): the targets of one "
                      "block share their stream's draws (one stream per block); common to every budget")
 
 
-def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, attrs: dict, ranks=None,
-                            stop_after_shards: int | None = None) -> tuple:
-    """Run a policy sweep under streaming or prefill_evict by the block protocol
-    (:func:`truncsens.engine.block.policies.measure_policy_blocks`) and write ``cfg.out``.
+def policy_block_work(cfg, loaded, reference_context: int, sweep, docs, attrs: dict) -> ShardWork:
+    """The shards of a policy sweep under streaming or prefill_evict by the block protocol
+    (:func:`truncsens.engine.block.policies.measure_policy_blocks`).
 
     Results are those of an exact policy sweep (dims, ``kept_tokens``, ``evicted_attention_mass``,
     ``draw``) plus the coord ``actual_context`` [target] (int32) and the attrs of :func:`block_attrs`;
@@ -126,23 +121,16 @@ def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, at
     targets share their stream's draws. Progress counts forward tokens: L = N + e per block for the
     reference, L per streaming pass, B per prefill-evict decode.
 
-    Returns:
-        (path, shards reused, number of targets).
-
     Raises:
         MeasureError: a budget above the shortest actual reference context
-            (:func:`~truncsens.engine.block.policies.check_block_budgets`); and what
-            :func:`~truncsens.engine.run.shards.run_shards` raises.
+            (:func:`~truncsens.engine.block.policies.check_block_budgets`).
     """
-    from truncsens.engine.block.policies import check_block_budgets, measure_policy_blocks
-    from truncsens.engine.kernel import draws_measured
-
     N = reference_context
     B = block_length(N, cfg.block_fraction, cfg.block_size)
     room = max(0, loaded.max_context - N)
     check_block_budgets(sweep.budgets, N, B, room)  # the rest was checked by MeasureConfig (check_policy_blocks)
     attrs = {**attrs, **block_attrs(cfg, B, room)}
-    if sweep.semantics.name == "streaming":
+    if sweep.semantics.streams:  # one stream per block: its targets share its draws
         attrs["draw_seeds"] = STREAM_DRAW_SEEDS
     batch_tokens = cfg.batch_tokens(loaded.device)
 
@@ -155,7 +143,6 @@ def run_policy_block_shards(cfg, loaded, reference_context: int, sweep, docs, at
     passes = sum(draws_measured(sweep.policies, cfg.draws)) * len(sweep.budgets)
 
     def per_block(size: int) -> int:
-        return policy_forward_tokens([size], N, passes, sweep.semantics.name == "streaming", room)
+        return policy_forward_tokens([size], N, passes, sweep.semantics.streams, room)
 
-    return _run_blocks(cfg, docs, N, B, sweep, compute_shard, per_block,
-                       f"measure {sweep.semantics.name} (block protocol)", ranks, stop_after_shards)
+    return _block_work(cfg, B, compute_shard, per_block, f"measure {sweep.semantics.name} (block protocol)")

@@ -1,1 +1,5 @@
-"""The run skeleton: documents -> shards -> lock -> resume -> merge -> provenance."""
+"""The run skeleton every driver uses (:mod:`~truncsens.engine.run.skeleton`: lock, shards, resume,
+merge, write, progress), the shard files and their checks (:mod:`~truncsens.engine.run.shards`), the
+output lock (:mod:`~truncsens.engine.run.lock`), multi-process launches
+(:mod:`~truncsens.engine.run.distributed`) and the results Dataset of one ``measure`` shard
+(:mod:`~truncsens.engine.run.shard_results`)."""

@@ -1,30 +1,27 @@
 """Shard files of a run: ``<out>.shards/shard-00000.nc`` per group of documents, resumable, merged
-into the results file at the end.
+into the results file at the end (by :func:`truncsens.engine.run.skeleton.run_sharded`), and the
+progress a run reports.
 
 An interrupted run loses at most the shard in flight; ``resume`` skips shards already written after
 checking (``run.json``) that they come from the same configuration. Under a multi-process launch each
 process computes the shards it owns (round robin) and rank 0 merges. A run owns its output while it
-runs (:class:`OutputLock`), and the merge refuses any shard set that is not exactly the run's:
-every shard carries the run's configuration hash and must hold exactly the targets planned for it.
+runs (:class:`~truncsens.engine.run.lock.OutputLock`), and the merge refuses any shard set that is
+not exactly the run's: every shard carries the run's configuration hash and must hold exactly the
+targets planned for it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from truncsens import results
 from truncsens.engine.config import MeasureError
-from truncsens.engine.run.distributed import Ranks
-from truncsens.engine.run.lock import OutputLock
-from truncsens.targets import TargetSet, TokenDoc, select_targets
+from truncsens.targets import TargetSet
 
 SHARD_ONLY_ATTRS = ("run_fingerprint", "shard_index")
 
@@ -102,100 +99,6 @@ def prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool, write: b
     if write:
         shard_dir.mkdir(parents=True, exist_ok=True)
         spec.write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
-
-
-def run_shards(
-    out: str | Path, docs: list[TokenDoc], reference_context: int, targets_per_doc: int | None, seed: int,
-    docs_per_shard: int, fingerprint: dict, resume: bool,
-    compute_shard: Callable[[TargetSet, Callable[[int], None]], "results.xr.Dataset"],
-    tokens_per_target: int, desc: str, progress: bool = True, stop_after_shards: int | None = None,
-    ranks: Ranks | None = None, overwrite: bool = False, select: Callable[..., TargetSet] | None = None,
-) -> tuple[Path, int, int]:
-    """Process documents in shards, write each shard file, merge them into ``out``.
-
-    Args:
-        out: results file path.
-        docs: the documents of the run (long enough), in order.
-        reference_context, targets_per_doc, seed: target selection (:func:`truncsens.targets.select_targets`).
-        docs_per_shard: documents per shard.
-        fingerprint: what must match for ``resume`` to reuse shards.
-        resume: continue from shards already written.
-        compute_shard: ``(targets, on_tokens) -> results Dataset`` of one shard; its attr
-            ``n_clamped`` is summed over shards.
-        tokens_per_target: forward tokens per target (progress bar total).
-        desc: progress bar label; progress: show it.
-        stop_after_shards: raise :class:`MeasureInterrupted` after this many new shards (tests).
-        ranks: this process's place in a multi-process run (default: a single process).
-        overwrite: whether an existing ``out`` may be replaced (checked again once the lock is held,
-            so a run that finished in the meantime is never overwritten by one that waited).
-        select: ``(docs, N, targets_per_doc, seed) -> TargetSet`` (default
-            :func:`truncsens.targets.select_targets`; the block protocol draws blocks).
-
-    Returns:
-        (path of the merged file, shards reused, number of targets; -1 on ranks other than 0).
-
-    Raises:
-        MeasureError: shards of another run / without ``resume``, or a shard set that is not this run's.
-        OutputLockedError: another run is writing ``out``.
-    """
-    out = Path(out)
-    shard_dir = shard_dir_for(out)
-    ranks = ranks or Ranks()
-    with OutputLock(out, enabled=ranks.is_main):  # held by rank 0 from the first shard to the merge
-        try:
-            if ranks.is_main:
-                check_output(out, overwrite, resume)
-            return _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard,
-                               fingerprint, resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards,
-                               select or select_targets)
-        except BaseException:
-            if ranks.is_main and shard_dir.is_dir() and not kept_shards(out):  # nothing finished: leave no folder
-                shutil.rmtree(shard_dir, ignore_errors=True)
-            raise
-
-
-def _run_locked(out, shard_dir, ranks, docs, reference_context, targets_per_doc, seed, docs_per_shard, fingerprint,
-                resume, compute_shard, tokens_per_target, desc, progress, stop_after_shards, select=select_targets):
-    prepare_shard_dir(shard_dir, fingerprint, resume, write=False)
-    ranks.barrier()  # every rank has checked before rank 0 writes
-    if ranks.is_main:
-        prepare_shard_dir(shard_dir, fingerprint, resume)
-    ranks.barrier()
-    groups = [docs[i : i + docs_per_shard] for i in range(0, len(docs), docs_per_shard)]
-    plans = [select(g, reference_context, targets_per_doc, seed) for g in groups]
-    run_hash = fingerprint_hash(fingerprint)
-    reused, written = 0, 0
-    mine = [i for i in range(len(plans)) if ranks.owns(i)]
-    total = sum(len(plans[i]) for i in mine) * tokens_per_target
-    with ShardProgress(total, desc, progress and ranks.is_main, len(mine)) as bar:
-        for i in mine:
-            plan = plans[i]
-            path = shard_dir / f"shard-{i:05d}.nc"
-            if path.is_file():
-                reused += 1
-                bar.shard_done(len(plan) * tokens_per_target, reused=True)
-                continue
-            ds = compute_shard(plan, bar.update)
-            ds.attrs.update(run_fingerprint=run_hash, shard_index=i)
-            results.save(ds, path)
-            written += 1
-            bar.shard_done(0)
-            if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
-                raise MeasureInterrupted(f"stopped after {written} shards; resume with --resume")
-    ranks.barrier()
-    if not ranks.is_main:
-        return out, reused, -1
-    parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
-    check_shards(parts, plans, run_hash, shard_dir)
-    merged = results.merge(parts)
-    for name in SHARD_ONLY_ATTRS:
-        merged.attrs.pop(name, None)
-    merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
-    merged.attrs["created"] = results.utc_now()
-    merged.attrs["n_docs"] = len(docs)
-    results.save(merged, out)
-    shutil.rmtree(shard_dir, ignore_errors=True)
-    return out, reused, int(merged.sizes["target"])
 
 
 class ShardProgress:

@@ -1,0 +1,227 @@
+"""The run skeleton every driver uses: lock the output, check it, plan the shards, resume, compute the
+missing shards, merge, write, report progress.
+
+A driver (``truncsens measure``'s exact and block protocols, :mod:`truncsens.engine.measure`;
+``truncsens certify``, :mod:`truncsens.certify.run`) says only what is its own in a
+:class:`ShardWork` (how it draws a shard's targets and computes the shard's results Dataset, and the
+progress estimate), puts it with its documents and resume fingerprint in a :class:`ShardedRun` and
+hands that to :func:`run_sharded`. A run small enough to be written in one piece
+(``truncsens certify-attribution``, :mod:`truncsens.certify.attribution_run`) uses
+:func:`run_single_piece`: the same lock, check and progress, no shard files.
+
+Shard files, their checks and the progress reporter are in :mod:`truncsens.engine.run.shards`; the
+lock in :mod:`truncsens.engine.run.lock`; the processes of a multi-process launch in
+:mod:`truncsens.engine.run.distributed`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import xarray as xr
+
+from truncsens import results
+from truncsens.engine.run.distributed import Ranks
+from truncsens.engine.run.lock import OutputLock
+from truncsens.engine.run.shards import (
+    SHARD_ONLY_ATTRS, MeasureInterrupted, ShardProgress, check_output, check_shards, fingerprint_hash, kept_shards,
+    prepare_shard_dir, shard_dir_for,
+)
+from truncsens.targets import TargetSet, TokenDoc, select_targets
+
+ComputeShard = Callable[[TargetSet, Callable[[int], None]], xr.Dataset]
+"""``(targets, on_tokens) -> results Dataset`` of one shard; ``on_tokens(n)`` reports n forward tokens
+done (progress); the Dataset's attr ``n_clamped`` is summed over shards at the merge."""
+
+SelectTargets = Callable[[list[TokenDoc], int, "int | None", int], TargetSet]
+"""``(docs, N, targets_per_doc, seed) -> TargetSet``: the targets of one shard's documents."""
+
+
+@dataclass
+class ShardWork:
+    """What a driver computes, shard by shard.
+
+    Attributes:
+        compute_shard: see :data:`ComputeShard`.
+        tokens_per_target: forward tokens per target (the progress total is this times the targets).
+        label: progress label (``measure``, ``certify``, ...).
+        select: how a shard's targets are drawn (default :func:`truncsens.targets.select_targets`;
+            the block protocol draws blocks).
+    """
+
+    compute_shard: ComputeShard
+    tokens_per_target: int
+    label: str
+    select: SelectTargets = select_targets
+
+
+@dataclass
+class ShardedRun:
+    """A run written in resumable shards: ``<out>.shards/shard-00000.nc`` per ``docs_per_shard``
+    documents, merged into ``out`` at the end.
+
+    Attributes:
+        out: results file path.
+        docs: the documents of the run (long enough), in order.
+        reference_context: N (tokens); with ``targets_per_doc`` and ``seed`` the target selection.
+        fingerprint: what must match for ``resume`` to reuse shards (written to ``run.json``; its
+            SHA-256 is stamped into every shard).
+        work: how each shard is computed (:class:`ShardWork`).
+        docs_per_shard: documents per shard.
+        resume: continue from shards already written; overwrite: an existing ``out`` may be replaced
+            (checked again once the lock is held, so a run that finished in the meantime is never
+            overwritten by one that waited); progress: show progress.
+    """
+
+    out: Path
+    docs: list[TokenDoc]
+    reference_context: int
+    fingerprint: dict
+    work: ShardWork
+    targets_per_doc: int | None = None
+    seed: int = 0
+    docs_per_shard: int = 8
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+
+    @classmethod
+    def of(cls, cfg, docs: list[TokenDoc], reference_context: int, fingerprint: dict, work: ShardWork) -> "ShardedRun":
+        """The run of a configuration with the run options of :class:`~truncsens.engine.config.MeasureConfig`
+        (``out``, ``targets_per_doc``, ``seed``, ``docs_per_shard``, ``resume``, ``overwrite``, ``progress``;
+        :class:`~truncsens.certify.config.CertifyConfig` has them too)."""
+        return cls(Path(cfg.out), docs, reference_context, fingerprint, work, cfg.targets_per_doc, cfg.seed,
+                   cfg.docs_per_shard, cfg.resume, cfg.overwrite, cfg.progress)
+
+
+class RunOutcome(NamedTuple):
+    """What :func:`run_sharded` did: the merged file, shards reused, targets (-1 on ranks other than 0)."""
+
+    path: Path
+    shards_reused: int
+    n_targets: int
+
+
+def run_sharded(run: ShardedRun, ranks: Ranks | None = None, stop_after_shards: int | None = None) -> RunOutcome:
+    """Lock ``run.out``, check it, compute the shards not yet written, merge them into ``run.out``.
+
+    Rank 0 holds the lock from the first shard to the merge; under a multi-process launch each rank
+    computes the shards it owns (round robin) and rank 0 merges. A run that fails before any shard is
+    finished leaves no shard folder.
+
+    Args:
+        run: the run (:class:`ShardedRun`).
+        ranks: this process's place in a multi-process run (default: a single process).
+        stop_after_shards: raise :class:`~truncsens.engine.run.shards.MeasureInterrupted` after this
+            many new shards (tests).
+
+    Returns:
+        :class:`RunOutcome`. The merged file's attrs are the shards' less ``run_fingerprint`` and
+        ``shard_index``, with ``n_clamped`` summed, ``created`` (now, UTC) and ``n_docs``.
+
+    Raises:
+        MeasureError: ``out`` exists (without ``overwrite``), shards of another run / without
+            ``resume``, or a shard set that is not this run's.
+        OutputLockedError: another run is writing ``out``.
+    """
+    shard_dir = shard_dir_for(run.out)
+    ranks = ranks or Ranks()
+    with OutputLock(run.out, enabled=ranks.is_main):  # held by rank 0 from the first shard to the merge
+        try:
+            if ranks.is_main:
+                check_output(run.out, run.overwrite, run.resume)
+            return _run_locked(run, shard_dir, ranks, stop_after_shards)
+        except BaseException:
+            if ranks.is_main and shard_dir.is_dir() and not kept_shards(run.out):  # nothing finished: leave no folder
+                shutil.rmtree(shard_dir, ignore_errors=True)
+            raise
+
+
+def _run_locked(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shards: int | None) -> RunOutcome:
+    prepare_shard_dir(shard_dir, run.fingerprint, run.resume, write=False)
+    ranks.barrier()  # every rank has checked before rank 0 writes
+    if ranks.is_main:
+        prepare_shard_dir(shard_dir, run.fingerprint, run.resume)
+    ranks.barrier()
+    docs, work = run.docs, run.work
+    groups = [docs[i : i + run.docs_per_shard] for i in range(0, len(docs), run.docs_per_shard)]
+    plans = [work.select(g, run.reference_context, run.targets_per_doc, run.seed) for g in groups]
+    run_hash = fingerprint_hash(run.fingerprint)
+    reused, written = 0, 0
+    mine = [i for i in range(len(plans)) if ranks.owns(i)]
+    total = sum(len(plans[i]) for i in mine) * work.tokens_per_target
+    with ShardProgress(total, work.label, run.progress and ranks.is_main, len(mine)) as bar:
+        for i in mine:
+            plan = plans[i]
+            path = shard_dir / f"shard-{i:05d}.nc"
+            if path.is_file():
+                reused += 1
+                bar.shard_done(len(plan) * work.tokens_per_target, reused=True)
+                continue
+            ds = work.compute_shard(plan, bar.update)
+            ds.attrs.update(run_fingerprint=run_hash, shard_index=i)
+            results.save(ds, path)
+            written += 1
+            bar.shard_done(0)
+            if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
+                raise MeasureInterrupted(f"stopped after {written} shards; resume with --resume")
+    ranks.barrier()
+    if not ranks.is_main:
+        return RunOutcome(run.out, reused, -1)
+    parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
+    check_shards(parts, plans, run_hash, shard_dir)
+    merged = results.merge(parts)
+    for name in SHARD_ONLY_ATTRS:
+        merged.attrs.pop(name, None)
+    merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
+    merged.attrs["created"] = results.utc_now()
+    merged.attrs["n_docs"] = len(docs)
+    results.save(merged, run.out)
+    shutil.rmtree(shard_dir, ignore_errors=True)
+    return RunOutcome(run.out, reused, int(merged.sizes["target"]))
+
+
+@dataclass
+class SinglePieceRun:
+    """A run small enough to be computed as one shard and written at the end (no shard files, no resume).
+
+    Attributes:
+        out: results file path; overwrite: an existing ``out`` may be replaced (checked again once
+            the lock is held); progress: show progress (one line, or a bar, for the one shard).
+        plan: the run's targets.
+        work: how the one shard is computed (``work.select`` is not used: the plan is given).
+        finish: ``Dataset -> Dataset`` applied after the progress is closed and before the file is
+            written (variables computed outside the shard; default: none).
+    """
+
+    out: Path
+    plan: TargetSet
+    work: ShardWork
+    overwrite: bool = False
+    progress: bool = True
+    finish: Callable[[xr.Dataset], xr.Dataset] | None = None
+
+
+def run_single_piece(run: SinglePieceRun) -> Path:
+    """Lock ``run.out``, check it, compute the one shard, finish it and write it as is (its attrs are
+    the Dataset's own: ``created`` and ``n_docs`` are the driver's to set).
+
+    Returns:
+        The path written.
+
+    Raises:
+        MeasureError: ``out`` exists (without ``overwrite``) or is a folder.
+        OutputLockedError: another run is writing ``out``.
+    """
+    with OutputLock(run.out):
+        check_output(run.out, run.overwrite, False)
+        work = run.work
+        with ShardProgress(len(run.plan) * work.tokens_per_target, work.label, run.progress, 1) as bar:
+            ds = work.compute_shard(run.plan, bar.update)
+            bar.shard_done(0)
+        if run.finish is not None:
+            ds = run.finish(ds)
+        return results.save(ds, run.out)
