@@ -18,7 +18,7 @@ from truncsens import results
 from truncsens.cli.main import app
 from truncsens.engine.kernel import metric_arrays
 from truncsens.fit import points
-from truncsens.fit.curves import curves_of
+from truncsens.fit.curves import curves_of, default_metrics
 from truncsens.fit.fitting import DEFAULT_METRICS, FitConfig, fit_curve
 from truncsens.models.synthetic import curve_results
 from truncsens.report.plots import axis_label
@@ -174,9 +174,10 @@ def test_old_file_fits_like_the_full_one(runs):
         cf = fit_curve(curve, FitConfig(metrics=metrics, n_boot=30))
         return [(f["metric"], f["family"], f["status"], {k: v["value"] for k, v in f["params"].items()}) for f in cf.fits]
 
-    old_ds = results.load(runs / "w_old.nc")
-    held = M.divergences_in(old_ds.data_vars)  # the divergences the file holds: what it can fit
-    assert held == ("tv", "kl")
+    old_ds, full_ds = results.load(runs / "w_old.nc"), results.load(runs / "w.nc")
+    held = default_metrics([old_ds])  # the divergences the file holds: what a fit without --metric fits
+    assert held == ("tv", "kl") and default_metrics([full_ds]) == DEFAULT_METRICS
+    assert default_metrics([full_ds, old_ds]) == ("tv", "kl") and default_metrics([]) == ()
     old = fitted("w_old", held)
     assert old == fitted("w", held)
     assert {m for m, _, status, _ in old if status == "ok"} == {"tv", "kl"}

@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
+from truncsens.metrics import divergences_in
 from truncsens.results import ResultsError, mean_over_draws, metrics_of, sweep_dim
 from truncsens.stats import doc_sums, mean_with_inf, resampled_mean_se
 
@@ -97,6 +98,15 @@ def plain(v: object) -> object:
     if isinstance(v, np.ndarray):
         return v.tolist()
     return v
+
+
+def default_metrics(datasets: Sequence[xr.Dataset]) -> tuple[str, ...]:
+    """What a fit of ``datasets`` fits when no metric is named: the divergences
+    (:data:`truncsens.metrics.DIVERGENCES`: tv, kl, kl_reverse, js) that every dataset holds, in that
+    order. A file written before a metric existed (e.g. without ``kl_reverse`` and ``js``) is fitted on
+    those it has; a full file gives all four."""
+    held = [set(metrics_of(ds)) for ds in datasets]
+    return divergences_in(set.intersection(*held)) if held else ()
 
 
 def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", label: str | None = None) -> list[Curve]:
