@@ -61,8 +61,8 @@ def test_record_values_are_what_the_docs_say(name, lower, upper, unit, dtype, di
     assert (m.lower, m.upper, m.unit, m.dtype, m.direction) == (lower, upper, unit, np.dtype(dtype), direction)
     assert m.bounded_above == math.isfinite(upper)
     assert m.best == (1.0 if name == "top1_agree" else 0.0)
-    assert m.description and m.computed_by.split("(")[0] in ("tv", "kl", "js", "top1_agree", "nll")
-    assert callable(getattr(dv, m.computed_by.split("(")[0]))
+    assert m.description and m.function is getattr(dv, m.computed_by.split("(")[0])
+    assert (m.lower, m.upper) == dv.RANGES[name]  # the range all_metrics clamps into
 
 
 def test_noise_floors_are_those_of_docs_precision():
@@ -86,9 +86,9 @@ def test_lookups():
 
 def test_record_checks_itself():
     with pytest.raises(ValueError, match="direction must be one of"):
-        M.Metric("x", "", "", np.dtype(np.float32), 0.0, 1.0, "up", False, None, "")
+        M.Metric("x", "", "", np.dtype(np.float32), 0.0, 1.0, "up", False, None, dv.tv, "")
     with pytest.raises(ValueError, match="lower bound 2.0 above upper bound 1.0"):
-        M.Metric("x", "", "", np.dtype(np.float32), 2.0, 1.0, M.LOWER_IS_BETTER, False, None, "")
+        M.Metric("x", "", "", np.dtype(np.float32), 2.0, 1.0, M.LOWER_IS_BETTER, False, None, dv.tv, "")
 
 
 def test_computed_values_lie_in_their_records_range_with_its_dtype():
@@ -96,8 +96,13 @@ def test_computed_values_lie_in_their_records_range_with_its_dtype():
     ref = torch.randn(64, 50, generator=g, dtype=torch.float64) * 3
     kept = ref + torch.randn(64, 50, generator=g, dtype=torch.float64)
     kept[:8] = ref[:8]  # p = q: every divergence exactly 0, top-1 agrees
-    values, n_clamped = dv.all_metrics(ref.float(), kept.float(), torch.randint(0, 50, (64,), generator=g))
+    token = torch.randint(0, 50, (64,), generator=g)
+    values, n_clamped = dv.all_metrics(ref.float(), kept.float(), token)
     assert tuple(values) == M.NAMES and n_clamped == 0
+    args = {"p_ref": torch.log_softmax(ref.float().double(), -1), "p_kept": torch.log_softmax(kept.float().double(), -1), "y": token}
+    for m in M.METRICS:  # the record's function, called as computed_by says, gives all_metrics' values
+        call = [args[a.strip()] for a in m.computed_by.split("(")[1].rstrip(")").split(",")]
+        assert torch.equal(m.function(*call), values[m.name]), m.name
     for m in M.METRICS:
         v = values[m.name]
         assert v.dtype == (torch.int8 if m.dtype == np.int8 else torch.float64), m.name

@@ -22,8 +22,11 @@ Definitions (Cover & Thomas, *Elements of Information Theory*, 2nd ed., eqs. 2.2
 - ``nll(p, y) = -log p(y)``.
 
 Rounding can push TV a hair outside [0, 1] and KL / JS a hair below 0; :func:`clamp_rounding`
-clamps those to the range of the metric's record (:mod:`truncsens.metrics`) and counts how many
-it touched, so a run can report them. The names, their order and the ranges are those records'.
+clamps those to :data:`RANGES` and counts how many it touched, so a run can report them.
+
+:data:`METRICS` names what :func:`all_metrics` returns, in results-file order, and :data:`RANGES` the
+range of each; :mod:`truncsens.metrics` holds the record of each metric (unit, storage dtype, noise
+floor, ...) and reads its name, range and function here.
 """
 
 from __future__ import annotations
@@ -32,8 +35,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from truncsens.metrics import NAMES, metric
 
 _FLOAT_TYPES = (torch.float32, torch.float64)
 
@@ -120,13 +121,19 @@ def clamp_rounding(values: torch.Tensor, lo: float, hi: float | None = None, tol
     return Clamped(values.clamp(min=lo, max=hi), n)
 
 
-METRICS = NAMES  # the metric names in results-file order (truncsens.metrics.METRICS holds their records)
+# Each metric of all_metrics, in results-file order, with its [lower, upper] range (math.inf: unbounded),
+# into which all_metrics clamps rounding noise.
+RANGES: dict[str, tuple[float, float]] = {
+    "tv": (0.0, 1.0), "kl": (0.0, math.inf), "kl_reverse": (0.0, math.inf), "js": (0.0, math.log(2.0)),
+    "top1_agree": (0.0, 1.0), "nll_ref": (0.0, math.inf), "nll_kept": (0.0, math.inf),
+}
+METRICS = tuple(RANGES)  # ("tv", "kl", "kl_reverse", "js", "top1_agree", "nll_ref", "nll_kept")
 
 
 def _clamp(values: torch.Tensor, name: str) -> Clamped:
-    """:func:`clamp_rounding` to the range [lower, upper] of the record of ``name`` (no upper clamp when unbounded)."""
-    m = metric(name)
-    return clamp_rounding(values, m.lower, m.upper if m.bounded_above else None)
+    """:func:`clamp_rounding` into ``RANGES[name]`` (no upper clamp where it is unbounded)."""
+    lo, hi = RANGES[name]
+    return clamp_rounding(values, lo, hi if math.isfinite(hi) else None)
 
 
 def all_metrics(logits_ref: torch.Tensor, logits_kept: torch.Tensor, token_id: torch.Tensor) -> tuple[dict[str, torch.Tensor], int]:
@@ -144,8 +151,7 @@ def all_metrics(logits_ref: torch.Tensor, logits_kept: torch.Tensor, token_id: t
     Returns:
         (metrics, n_clamped): ``metrics`` maps each name of :data:`METRICS` to an [n] tensor
         (float64; ``top1_agree`` int8); ``n_clamped`` counts entries clamped for rounding noise
-        (outside the range of the metric's record: TV outside [0, 1], KL / JS below 0 or JS above
-        log 2, by at most 1e-4).
+        (outside :data:`RANGES`: TV outside [0, 1], KL / JS below 0 or JS above log 2, by at most 1e-4).
 
     Raises:
         ValueError: shapes differ, or a metric is NaN or out of range beyond rounding (non-finite logits).

@@ -2,9 +2,8 @@
 
 A metric compares, at one target, the next-token distribution with the full reference context
 (``p_ref``) and with the kept context (``p_kept``). :data:`METRICS` lists them in the order of a
-results file (``tv, kl, kl_reverse, js, top1_agree, nll_ref, nll_kept``); every other module
-(:mod:`truncsens.divergences`, the results schema, the engine's storage, the fits, the reports)
-reads its facts here. Definitions: :mod:`truncsens.divergences` (Cover & Thomas, *Elements of
+results file (``tv, kl, kl_reverse, js, top1_agree, nll_ref, nll_kept``); the results schema, the
+engine's storage, the fits and the reports read their facts here. Definitions: :mod:`truncsens.divergences` (Cover & Thomas, *Elements of
 Information Theory*, 2nd ed., eqs. 2.26 and 11.137); log base e, so KL, JS and NLL are in nats.
 
 Storage: float32 (``top1_agree`` int8), computed in float64 first (docs/precision.md).
@@ -15,17 +14,21 @@ Llama weights up to h=512, 4 layers, T=512), rounded up: TV 1.4e-7 -> 1.5e-7, KL
 1e-13 (also for reverse KL), JS 1.5e-14 -> 2e-14. A mean at or below it is indistinguishable from
 0 (:mod:`truncsens.fit.points`). The NLLs and top-1 agreement have none.
 
-This module is pure data: it imports no other truncsens module (:mod:`truncsens.divergences`
-imports it for the names and the clamping bounds).
+The records read three facts from :mod:`truncsens.divergences`, where the math lives: the names
+and their order (:data:`truncsens.divergences.METRICS`, the keys of
+:func:`~truncsens.divergences.all_metrics`), each range (:data:`truncsens.divergences.RANGES`) and
+the function computing it. This module imports nothing else.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
+
+from truncsens import divergences as dv
 
 LOWER_IS_BETTER = "lower_is_better"
 HIGHER_IS_BETTER = "higher_is_better"
@@ -41,13 +44,15 @@ class Metric:
         description: what it measures, in words.
         unit: "nats", "probability", or "" (an indicator).
         dtype: numpy dtype it is stored with in results files.
-        lower, upper: the range of a value (``math.inf``: unbounded above); values a hair outside
-            from rounding are clamped by :func:`truncsens.divergences.all_metrics`.
+        lower, upper: the range of a value (``math.inf``: unbounded above), that of
+            :data:`truncsens.divergences.RANGES`; values a hair outside from rounding are clamped
+            by :func:`truncsens.divergences.all_metrics`.
         direction: :data:`LOWER_IS_BETTER` or :data:`HIGHER_IS_BETTER` (closer to the full context).
         divergence: a divergence D(p_ref, p_kept) between the two distributions, fitted as D(w) by
             ``truncsens fit`` by default.
         noise_floor: the float32 noise floor (module docstring), or None.
-        computed_by: the :mod:`truncsens.divergences` function and arguments that compute it.
+        function: the :mod:`truncsens.divergences` function computing it, called as ``computed_by`` says.
+        computed_by: the call, e.g. ``kl(p_kept, p_ref)`` for ``kl_reverse``, ``nll(p_ref, y)``.
 
     Raises:
         ValueError: an unknown direction, or ``lower > upper``.
@@ -62,6 +67,7 @@ class Metric:
     direction: str
     divergence: bool
     noise_floor: float | None
+    function: Callable
     computed_by: str
 
     def __post_init__(self) -> None:
@@ -87,23 +93,29 @@ class Metric:
         return math.isfinite(self.upper)
 
 
-_F32, _I8 = np.dtype(np.float32), np.dtype(np.int8)
+def _record(name: str, description: str, unit: str, dtype: type, direction: str, divergence: bool,
+            noise_floor: float | None, function: Callable, computed_by: str) -> Metric:
+    """A :class:`Metric` whose range is that of :data:`truncsens.divergences.RANGES`."""
+    lower, upper = dv.RANGES[name]
+    return Metric(name, description, unit, np.dtype(dtype), lower, upper, direction, divergence, noise_floor,
+                  function, computed_by)
+
 
 METRICS: tuple[Metric, ...] = (
-    Metric("tv", "total variation distance 1/2 sum_x |p_ref(x) - p_kept(x)|", "probability", _F32,
-           0.0, 1.0, LOWER_IS_BETTER, True, 1.5e-7, "tv(p_ref, p_kept)"),
-    Metric("kl", "KL(p_ref || p_kept) = sum_x p_ref(x) (log p_ref(x) - log p_kept(x)); +inf where p_kept = 0 < p_ref",
-           "nats", _F32, 0.0, math.inf, LOWER_IS_BETTER, True, 1e-13, "kl(p_ref, p_kept)"),
-    Metric("kl_reverse", "KL(p_kept || p_ref); +inf where p_ref = 0 < p_kept",
-           "nats", _F32, 0.0, math.inf, LOWER_IS_BETTER, True, 1e-13, "kl(p_kept, p_ref)"),
-    Metric("js", "Jensen-Shannon divergence 1/2 KL(p_ref || m) + 1/2 KL(p_kept || m), m = (p_ref + p_kept) / 2",
-           "nats", _F32, 0.0, math.log(2.0), LOWER_IS_BETTER, True, 2e-14, "js(p_ref, p_kept)"),
-    Metric("top1_agree", "1 where the most likely next token is the same under p_ref and p_kept, else 0",
-           "", _I8, 0.0, 1.0, HIGHER_IS_BETTER, False, None, "top1_agree(p_ref, p_kept)"),
-    Metric("nll_ref", "-log p_ref(y): negative log-likelihood of the observed next token y with the full context",
-           "nats", _F32, 0.0, math.inf, LOWER_IS_BETTER, False, None, "nll(p_ref, y)"),
-    Metric("nll_kept", "-log p_kept(y): negative log-likelihood of the observed next token y with the kept context",
-           "nats", _F32, 0.0, math.inf, LOWER_IS_BETTER, False, None, "nll(p_kept, y)"),
+    _record("tv", "total variation distance 1/2 sum_x |p_ref(x) - p_kept(x)|", "probability", np.float32,
+            LOWER_IS_BETTER, True, 1.5e-7, dv.tv, "tv(p_ref, p_kept)"),
+    _record("kl", "KL(p_ref || p_kept) = sum_x p_ref(x) (log p_ref(x) - log p_kept(x)); +inf where p_kept = 0 < p_ref",
+            "nats", np.float32, LOWER_IS_BETTER, True, 1e-13, dv.kl, "kl(p_ref, p_kept)"),
+    _record("kl_reverse", "KL(p_kept || p_ref); +inf where p_ref = 0 < p_kept",
+            "nats", np.float32, LOWER_IS_BETTER, True, 1e-13, dv.kl, "kl(p_kept, p_ref)"),
+    _record("js", "Jensen-Shannon divergence 1/2 KL(p_ref || m) + 1/2 KL(p_kept || m), m = (p_ref + p_kept) / 2",
+            "nats", np.float32, LOWER_IS_BETTER, True, 2e-14, dv.js, "js(p_ref, p_kept)"),
+    _record("top1_agree", "1 where the most likely next token is the same under p_ref and p_kept, else 0",
+            "", np.int8, HIGHER_IS_BETTER, False, None, dv.top1_agree, "top1_agree(p_ref, p_kept)"),
+    _record("nll_ref", "-log p_ref(y): negative log-likelihood of the observed next token y with the full context",
+            "nats", np.float32, LOWER_IS_BETTER, False, None, dv.nll, "nll(p_ref, y)"),
+    _record("nll_kept", "-log p_kept(y): negative log-likelihood of the observed next token y with the kept context",
+            "nats", np.float32, LOWER_IS_BETTER, False, None, dv.nll, "nll(p_kept, y)"),
 )
 NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
 DIVERGENCES: tuple[str, ...] = tuple(m.name for m in METRICS if m.divergence)  # fitted as D(w) by default

@@ -21,8 +21,8 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
-from truncsens.metrics import divergences_in
-from truncsens.results import ResultsError, mean_over_draws, metrics_of, sweep_dim
+from truncsens.metrics import divergences_in, present
+from truncsens.results import ResultsError, mean_over_draws, sweep_dim
 from truncsens.stats import doc_sums, mean_with_inf, resampled_mean_se
 
 
@@ -105,7 +105,7 @@ def default_metrics(datasets: Sequence[xr.Dataset]) -> tuple[str, ...]:
     (:data:`truncsens.metrics.DIVERGENCES`: tv, kl, kl_reverse, js) that every dataset holds, in that
     order. A file written before a metric existed (e.g. without ``kl_reverse`` and ``js``) is fitted on
     those it has; a full file gives all four."""
-    held = [set(metrics_of(ds)) for ds in datasets]
+    held = [set(ds.data_vars) for ds in datasets]
     return divergences_in(set.intersection(*held)) if held else ()
 
 
@@ -122,7 +122,7 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
     sweep = sweep_dim(ds)
     unknown = [m for m in metrics if m not in ds.data_vars]
     if unknown:
-        raise ResultsError(f"{results_file or 'results'}: unknown metric(s) {', '.join(unknown)}; the file has {', '.join(metrics_of(ds))}")
+        raise ResultsError(f"{results_file or 'results'}: unknown metric(s) {', '.join(unknown)}; the file has {', '.join(present(ds.data_vars))}")
     points = np.asarray(ds[sweep].values, dtype=np.int64)
     if points.size < 2:
         raise ResultsError(
