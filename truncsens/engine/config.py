@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from truncsens.corpora.document import SPLITS
-from truncsens.engine.semantics import SemanticsError, semantics_for
+from truncsens.engine.block.plan import check_policy_blocks
+from truncsens.engine.errors import MeasureError  # (defined there, imported from here too)
+from truncsens.engine.semantics import Semantics, SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import check_policy_args
 
@@ -33,10 +35,6 @@ RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device"
 # (with the options that only mean something beside them), so a run from before them still resumes
 LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token", "draws": 1}
 LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
-
-
-class MeasureError(ValueError):
-    """A measurement cannot run as configured; the message names the problem and the fix."""
 
 
 def default_out(model: str, corpus: str | None, domain: str, suffix: str = "") -> Path:
@@ -172,11 +170,12 @@ class MeasureConfig:
                 raise PolicyError(f"a policy is listed twice: {', '.join(self.policies)}")
             self.semantics = self.semantics or "streaming"
             self.n_sink = DEFAULT_POLICY_SINKS if self.n_sink is None else self.n_sink
-        semantics = semantics_for(self.semantics)
-        if self.chunk != 1 and self.semantics != "streaming":
-            raise MeasureError(f"--chunk is the decision interval of --semantics streaming; semantics {self.semantics} "
+        semantics = semantics_for(self.semantics)  # the object: every check below reads its attributes
+        if self.chunk != 1 and not semantics.streams:
+            streaming = " or ".join(semantics.names_where(lambda s: s.streams))
+            raise MeasureError(f"--chunk is the decision interval of --semantics {streaming}; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
-        self._check_protocol()
+        self._check_protocol(semantics)
         if self.granularity == "head" and self.policies is None:
             raise MeasureError("--granularity head needs --policy NAME with --semantics streaming or prefill_evict "
                                "(a window sweep re-encodes one sequence, which has a single kept set)")
@@ -192,10 +191,8 @@ class MeasureConfig:
         policies = self.build_policies()
         for policy in policies:
             semantics.check_policy(policy)
-        if self.protocol == "block" and self.semantics != "reencode":
-            from truncsens.engine.block.policies import check_policy_blocks  # (it imports this module)
-
-            check_policy_blocks(self.semantics, policies, self.positions, self.granularity, self.chunk)
+        if self.protocol == "block" and semantics.policy_blocks:
+            check_policy_blocks(semantics, policies, self.positions, self.granularity, self.chunk)
         if self.draws > 1 and not any(p.randomized for p in policies):
             raise MeasureError(f"--draws {self.draws} repeats the draws of randomized policies (--policy random or "
                                "poisson); " + ("a window sweep is deterministic" if self.policies is None else
@@ -203,7 +200,7 @@ class MeasureConfig:
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, "" if self.policies is None else "-policies"))
 
-    def _check_protocol(self) -> None:
+    def _check_protocol(self, semantics: Semantics) -> None:
         if self.protocol not in PROTOCOLS:
             raise MeasureError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if not 0 < self.block_fraction <= 1:
@@ -218,15 +215,16 @@ class MeasureConfig:
                                    f"(this run uses --protocol {self.protocol})")
             return
         window_like = self.policies is None or (len(self.policies) == 1 and self.policies[0] in BLOCK_POLICIES)
-        if self.semantics == "reencode":
+        if not semantics.policy_blocks:  # reencode: window-like sweeps only
             if not window_like:
+                able = " or ".join(semantics.names_where(lambda s: s.policy_blocks))
                 raise MeasureError(
                     "--protocol block measures re-encode window sweeps (no --policy, or one of --policy "
-                    f"{' / '.join(BLOCK_POLICIES)}) and policy sweeps under --semantics streaming or prefill_evict "
-                    f"(docs/method.md, Block protocol); policy {', '.join(self.policies)} under reencode: use "
+                    f"{' / '.join(BLOCK_POLICIES)}) and policy sweeps under --semantics {able} "
+                    f"(docs/method.md, Block protocol); policy {', '.join(self.policies)} under {semantics.name}: use "
                     "--protocol exact")
             return
-        # under streaming / prefill_evict: checked on the built policies (check_policy_blocks, __post_init__)
+        # with policy_blocks (streaming, prefill_evict): checked on the built policies (check_policy_blocks)
 
     @property
     def sweep_dim(self) -> str:

@@ -14,19 +14,17 @@ both the stored key and the re-rotated one, so the pure rotation by ``inv_freq``
 
 Kept sets come either per token (:class:`~truncsens.policies.base.Kept`, one set for every layer and
 head, possibly of different sizes per row: padded and masked) or per layer and key/value head
-(:class:`HeadKept`, the same number per head, as score-based presses keep).
+(:class:`~truncsens.policies.kept.HeadKept`, the same number per head, as score-based presses keep).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs, model_dtype
 from truncsens.engine.masks import additive_mask
-from truncsens.policies.base import Kept
+from truncsens.policies.kept import HeadKept, Kept  # (HeadKept: plain data of the policies, imported from here too)
 
 # rotary types whose inv_freq depends on the sequence length (a key's rotation is not R(p) for a fixed inv_freq)
 DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -34,19 +32,6 @@ DYNAMIC_ROPE = ("dynamic", "longrope")
 
 class RotaryError(ValueError):
     """Keys of this model cannot be re-rotated (no rotary embedding, or one that changes with length)."""
-
-
-@dataclass
-class HeadKept(Kept):
-    """:class:`~truncsens.policies.base.Kept` plus kept sets per layer and key/value head.
-
-    Attributes:
-        heads: [L, B, H_kv, n] int64 positions (in 0..T-2, increasing along the last axis) of the
-            prefix keys each layer's head keeps; the query's own key (T - 1) is always read. ``keep``
-            is the token-level view the results record (kept tokens, evicted attention mass).
-    """
-
-    heads: torch.Tensor | None = None
 
 
 def rope_inv_freq(model) -> torch.Tensor:

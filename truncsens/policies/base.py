@@ -36,6 +36,10 @@ from typing import ClassVar, Sequence
 
 import torch
 
+from truncsens.policies.errors import PolicyError  # (defined there, imported from here too)
+from truncsens.policies.kept import Kept  # (defined there, imported from here too)
+from truncsens.policies.steps import recent_eviction_steps
+
 # What a policy may need from the semantics it runs under (see truncsens.engine.semantics, whose
 # semantics each declare which of these they provide).
 LOGIT_OFFSETS = "logit_offsets"  # additive attention-logit offsets on kept keys (the Hájek correction)
@@ -47,44 +51,6 @@ CAPABILITIES = (LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WI
 # score kinds (Policy.score_kind) -> the capability they need
 SCORE_KINDS = {"attention": ATTENTION_SCORES, "last_attention": ATTENTION_SCORES, "key_norm": KEY_NORM_SCORES,
                "window_attention": OBSERVATION_WINDOW}
-
-
-class PolicyError(ValueError):
-    """A policy cannot run as asked; the message names the problem and the fix."""
-
-
-@dataclass
-class Kept:
-    """The kept keys of a batch of sequences, per query.
-
-    Attributes:
-        keep: [B, Q, T] bool, key j kept for query ``queries[i]`` (never true for j > query); under
-            head granularity [B, Hkv, Q, T], one kept set per key/value head (shared by its layers).
-        offset: [B, Q, T] (or [B, Hkv, Q, T]) float32 additive logit offsets of kept keys (0 elsewhere).
-        queries: [Q] int64 query positions.
-    """
-
-    keep: torch.Tensor
-    offset: torch.Tensor
-    queries: torch.Tensor
-
-    @property
-    def per_head(self) -> bool:
-        """Whether the kept sets are per key/value head (keep [B, Hkv, Q, T])."""
-        return self.keep.dim() == 4
-
-    def last(self) -> torch.Tensor:
-        """Keys the last query read: [B, T] bool, or [B, Hkv, T] under head granularity."""
-        return self.keep[..., -1, :]
-
-    @property
-    def counts(self) -> torch.Tensor:
-        """[B, Q] (or [B, Hkv, Q]) int64 number of kept keys per query."""
-        return self.keep.sum(-1)
-
-    def has_offsets(self) -> bool:
-        """Whether any kept key carries a non-zero offset."""
-        return bool((self.offset[self.keep] != 0).any())
 
 
 class Policy:
@@ -142,15 +108,13 @@ class Policy:
                        device) -> torch.Tensor | None:
         """[B, T] int64 streaming eviction step of every key of B = ``len(seeds)`` sequences, computed
         without the per-step loop when the policy's decisions need no model statistics: from positions
-        alone for a :meth:`recent_kept_first` policy (:func:`truncsens.policies.streaming.recent_eviction_steps`,
+        alone for a :meth:`recent_kept_first` policy (:func:`truncsens.policies.steps.recent_eviction_steps`,
         the same for every sequence), or from the keys' priorities (``random`` overrides this); None
         when :func:`~truncsens.policies.streaming.run_stream` must decide chunk by chunk. Equal to what
         run_stream decides (tests/test_policies.py)."""
         first = self.recent_kept_first()
         if first is None:
             return None
-        from truncsens.policies.streaming import recent_eviction_steps  # (that module imports this one)
-
         steps = recent_eviction_steps(first, budget, context_len, chunk, device)  # [T]
         return steps.expand(len(seeds), context_len).clone()  # [B, T]
 

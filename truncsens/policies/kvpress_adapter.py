@@ -13,8 +13,12 @@ tokens, and the budget k counts the query's own key (docs/method.md), so the pre
 ``int(T' (1 - r))`` is exactly k - 1. The press is built per budget (some scores depend on the ratio:
 ``StreamingLLMPress`` zeroes the ``T' - n_kept`` keys after its sinks) and scores every layer with
 the inputs the layer saw in the prefill (:mod:`truncsens.engine.prefill_layers`; ``attentions`` is
-None, as under kvpress with SDPA attention). The per-head kept sets are applied exactly, by decoding
-against a cache gathered per layer and head (:func:`truncsens.engine.rerotation.decode_gathered`);
+None, as under kvpress with SDPA attention) and each layer's prefill keys and values, both handed in
+by the engine (a policy never imports the engine: ``prefill_evict``'s
+:meth:`~truncsens.engine.semantics.PrefillEvict.scores` gives the layers and the keys and values read
+from its prefill cache). The per-head kept sets (:class:`~truncsens.policies.kept.HeadKept`) are
+applied exactly, by decoding against a cache gathered per layer and head
+(:func:`truncsens.engine.rerotation.decode_gathered`);
 ``--positions reindexed`` re-rotates them as ``KeyRerotationPress`` does, so that press is not
 wrapped itself (use its inner press with ``--positions reindexed``).
 
@@ -36,9 +40,10 @@ from typing import ClassVar, Sequence
 import torch
 
 from truncsens.policies.base import Policy, PolicyError, top_per_row
+from truncsens.policies.kept import HeadKept
 
 PREFIX = "kvpress:"
-PREFILL_LAYERS = "prefill_layers"  # capability: each attention layer's prefill inputs and the prefill cache
+PREFILL_LAYERS = "prefill_layers"  # capability: each attention layer's prefill inputs, keys and values
 INSTALL_HINT = "pip install 'truncsens[kvpress]'"
 NOT_WRAPPED = {"KeyRerotationPress": "truncsens re-rotates kept keys itself: use the inner press with --positions reindexed"}
 
@@ -165,25 +170,24 @@ class KVPressPolicy(Policy):
         return 2
 
     @torch.no_grad()
-    def head_index(self, budget: int, layers, cache) -> torch.Tensor:
+    def head_index(self, budget: int, layers, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """[L, B, H_kv, k - 1] int64 kept prefix positions per layer and head, increasing.
 
         Args:
-            budget: k; layers: :class:`~truncsens.engine.prefill_layers.PrefillLayers`; cache: the
-                prefill cache (T - 1 positions).
+            budget: k; layers: :class:`~truncsens.engine.prefill_layers.PrefillLayers` (read through its
+                ``model``, ``modules``, ``hidden_states`` and ``kwargs``); kv: L pairs (keys, values)
+                [B, H_kv, T - 1, d] of the prefill cache, layer by layer.
 
         Raises:
             PolicyError: the press refuses to score (e.g. ``StreamingLLMPress`` with more sinks than keys).
         """
-        from truncsens.engine import kvcache
-
-        T1 = kvcache.layer_kv(cache, 0)[0].shape[2]  # T - 1
+        T1 = kv[0][0].shape[2]  # T - 1
         press = self.build(compression_ratio(budget, T1 + 1))
         press.post_init_from_model(layers.model)
         rotary = getattr(getattr(layers.model, "model", None), "rotary_emb", None)
         out = []
         for layer, module in enumerate(layers.modules):
-            keys, values = kvcache.layer_kv(cache, layer)  # [B, H, T-1, d]
+            keys, values = kv[layer]  # [B, H, T-1, d]
             added = rotary is not None and not hasattr(module, "rotary_emb")
             if added:  # kvpress's hook gives every attention module the model's rotary embedding
                 module.rotary_emb = rotary
@@ -203,22 +207,21 @@ class KVPressPolicy(Policy):
 
         Args:
             context_len: T; budget: k (2 <= k <= T); queries: [1] = [T - 1] (``prefill_evict``);
-            seeds: one per sequence (unused); scores: ``(PrefillLayers, cache)`` of the reference pass.
+            seeds: one per sequence (unused); scores: ``(layers, kv)`` of the reference pass, the
+                arguments of :meth:`head_index`.
 
         Returns:
-            :class:`~truncsens.engine.rerotation.HeadKept` (``heads`` [L, B, H_kv, k - 1]; ``keep``
+            :class:`~truncsens.policies.kept.HeadKept` (``heads`` [L, B, H_kv, k - 1]; ``keep``
             [B, 1, T] the token-level view of the module docstring).
 
         Raises:
             PolicyError: budget out of range, queries other than the last position, or no prefill layers.
         """
-        from truncsens.engine.rerotation import HeadKept
-
         self.check(budget, context_len)
         if queries.tolist() != [context_len - 1] or scores is None:
             raise PolicyError(f"policy {self.name} decides for the target's query of a prefill (--semantics prefill_evict)")
-        layers, cache = scores
-        heads = self.head_index(budget, layers, cache)  # [L, B, H, k-1]
+        layers, kv = scores
+        heads = self.head_index(budget, layers, kv)  # [L, B, H, k-1]
         L, B, H, n = heads.shape
         votes = torch.zeros(B, context_len, device=heads.device)
         votes.scatter_add_(1, heads.permute(1, 0, 2, 3).reshape(B, L * H * n),

@@ -14,7 +14,7 @@ from typing import ClassVar, Sequence
 import torch
 
 from truncsens.policies.base import PER_QUERY_DRAWS, Kept, Policy, StreamView, causal, smallest_k, uniforms
-from truncsens.policies.streaming import chunk_bounds
+from truncsens.policies.steps import chunk_bounds
 
 
 @dataclass
@@ -59,7 +59,7 @@ class RandomPolicy(Policy):
         holds; since an evicted key had k - 1 lower priorities in the cache, and the cache only gets
         lower ones, this is the k - 1 lowest priorities of all keys 0..e-1. One max-heap of the kept
         priorities per sequence gives every key's step in O(T log k) (chunk ends of
-        :func:`~truncsens.policies.streaming.chunk_bounds`); keys never evicted get T."""
+        :func:`~truncsens.policies.steps.chunk_bounds`); keys never evicted get T."""
         if self.per_query:
             return None
         T = context_len

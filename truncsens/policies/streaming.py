@@ -13,7 +13,8 @@ A decision is recorded as ``evict[b, j]``: key j is read by the queries q with `
 :func:`run_stream` refuses a policy that tries to bring back an evicted key.
 
 Statistics come only from the evicted run itself (``observe``): attention of the chunk's queries over
-the keys they read, and the norms of the chunk's new keys.
+the keys they read, and the norms of the chunk's new keys. The chunk ends and the closed-form steps of
+recency policies live in :mod:`truncsens.policies.steps` (imported from here too).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, unfold_heads, uniforms
+from truncsens.policies.steps import chunk_bounds, recent_eviction_steps  # noqa: F401 (both importable from here too)
 
 
 @dataclass
@@ -79,43 +81,6 @@ class Evictions:
         q = torch.arange(T - n, T, device=self.evict.device).view(n, 1)  # [n, 1] query positions
         j = torch.arange(T, device=self.evict.device).view(1, T)  # [1, T] key positions
         return (j <= q) & (q < self.evict.unsqueeze(-2))  # [..., n, T]
-
-
-def chunk_bounds(context_len: int, chunk: int) -> list[tuple[int, int]]:
-    """(start, end) of each step: the prompt 0..T-2 in chunks of ``chunk`` tokens, then (T-1, T).
-
-    Raises:
-        PolicyError: chunk < 1 or T < 1.
-    """
-    if chunk < 1:
-        raise PolicyError(f"--chunk must be at least 1 token, got {chunk}")
-    if context_len < 1:
-        raise PolicyError("a streaming run needs at least one token")
-    prompt = context_len - 1
-    return [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)] + [(prompt, context_len)]
-
-
-def recent_eviction_steps(n_first: int, budget: int, context_len: int, chunk: int,
-                          device: torch.device | str = "cpu") -> torch.Tensor:
-    """[T] int64 eviction step of every key under a policy that keeps the first ``n_first`` keys and
-    the most recent others (``suffix``: 0, ``sink_recent``: its sinks), in closed form: what
-    :func:`run_stream` decides, without its O(T) work per step.
-
-    At a chunk end e < T the cache keeps keys j < S (S = ``n_first``) and j >= e - (k - 1 - S), so key
-    j >= S is evicted at the first chunk end e >= j + k - S; chunk ends are the multiples of C below
-    T - 1 and T - 1 itself (:func:`chunk_bounds`); a key no prompt chunk end evicts gets T.
-
-    Raises:
-        PolicyError: chunk < 1 or T < 1 (as :func:`chunk_bounds`).
-    """
-    chunk_bounds(context_len, chunk)  # the same checks
-    T, C = context_len, chunk
-    j = torch.arange(T, device=device)
-    due = j + budget - n_first  # [T] the first chunk end that may evict key j
-    end = torch.div(due + C - 1, C, rounding_mode="floor") * C  # [T] the first multiple of C >= due
-    end = torch.where(end < T - 1, end, torch.full_like(end, T - 1))  # the prompt's last chunk ends at T - 1
-    steps = torch.where(due <= T - 1, end, torch.full_like(end, T))
-    return torch.where(j < n_first, torch.full_like(steps, T), steps)
 
 
 Observe = Callable[[int, int, torch.Tensor, torch.Tensor], ChunkStats]

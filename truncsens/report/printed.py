@@ -39,8 +39,9 @@ def protocol_note(attrs: dict, contexts: tuple[int, int] | None = None) -> str:
     B = attrs.get("block_length")
     span = f"{contexts[0]}..{contexts[1]}" if contexts else "none"
     blocks = f"blocks of up to {B if B is not None else '?'} consecutive targets"
-    passes = {"streaming": "one stream per block and budget, shared by its targets (and, for random policies, its draws)",
-              "prefill_evict": "one prefill per block, one decode of its targets per budget"}.get(attrs.get("semantics", ""))
+    from truncsens.engine.semantics import SEMANTICS  # the semantics named in the file (imported only for block files)
+
+    passes = getattr(SEMANTICS.get(attrs.get("semantics", "")), "block_passes", None)
     if passes:  # a policy sweep: budgets are exact, one pass serves the whole block
         return f"; protocol {attrs['protocol']} ({blocks}, {passes}; reference contexts {span})"
     return (f"; protocol {attrs['protocol']} ({blocks}, "

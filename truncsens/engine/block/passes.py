@@ -21,7 +21,7 @@ from truncsens.engine.batching import run_in_batches
 from truncsens.engine.block.plan import (
     Blocks, actual_contexts, actual_windows, blocks_of, chunks, extra_context, targets_per_pass,
 )
-from truncsens.engine.config import MeasureError
+from truncsens.engine.errors import MeasureError
 from truncsens.engine.forward import rows_logprobs
 from truncsens.engine.kernel import metric_arrays, store_metrics
 from truncsens.targets import TargetSet

@@ -21,16 +21,22 @@ Every measurement is exactly a single-target re-encode (a test checks it to 1e-5
 actual reference context c = t - r and actual window a reads x[r : r+S] and x[t-a : t], at positions
 0 .. S-1 and c-a .. c-1 (``original``) or 0 .. S+a-1 (``reindexed``); its reference reads x[t-c : t]
 at positions 0 .. c-1. Windows within one pass differ by at most ``K(w) - 1 <= block_fraction * w``.
+
+The checks of what a block run can measure exactly also live here (:func:`check_block_windows`,
+:func:`check_policy_blocks`, :func:`check_block_budgets`): :class:`~truncsens.engine.config.MeasureConfig`
+imports them, and this module imports no configuration.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
-from truncsens.engine.config import MeasureError
+from truncsens.engine.errors import MeasureError
+from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 
 
 def targets_per_pass(x: int, block_fraction: float, block_size: int) -> int:
@@ -69,6 +75,58 @@ def check_block_windows(windows: list[int], reference_context: int, n_sink: int,
                 f"window {w} does not fit the block protocol's shortest reference context {shortest} "
                 f"(N {reference_context}, block {block}{f', {n_sink} sinks' if n_sink else ''}): use windows up to "
                 f"{min(shortest - 1, shortest - n_sink)}, a smaller --block-size, or --protocol exact")
+
+
+def check_policy_blocks(semantics, policies: Sequence, positions: str, granularity: str, chunk: int) -> None:
+    """What the block protocol of a policy sweep (:mod:`truncsens.engine.block.policies`) cannot run
+    exactly; checked once, by :class:`~truncsens.engine.config.MeasureConfig` (the budgets, which need
+    N, by :func:`check_block_budgets`).
+
+    Args:
+        semantics: the :class:`~truncsens.engine.semantics.base.Semantics` object, or its name (looked
+            up in :data:`truncsens.engine.semantics.SEMANTICS`); policies: the run's policies.
+
+    Raises:
+        MeasureError: a semantics without ``policy_blocks`` (reencode), a kvpress press, reindexed
+            positions, head granularity or a chunk above 1; each message names the fix
+            (``--protocol exact``).
+    """
+    if isinstance(semantics, str):
+        from truncsens.engine.semantics import semantics_for  # (the registry imports no block module)
+
+        semantics = semantics_for(semantics)
+    fix = "use --protocol exact"
+    if not semantics.policy_blocks:
+        able = " or ".join(semantics.names_where(lambda s: s.policy_blocks))
+        windows = " or ".join(semantics.names_where(lambda s: not s.policy_blocks))
+        raise MeasureError(f"--protocol block runs policy sweeps under --semantics {able} "
+                           f"(under {windows} only --policy suffix or sink_recent, as window sweeps); {fix}")
+    for p in policies:
+        if PREFILL_LAYERS in p.requirements():
+            raise MeasureError(f"--protocol block does not run kvpress presses ({p.name}: per-layer kept sets); {fix}")
+    if positions != "original":
+        raise MeasureError(f"--protocol block keeps original positions (--positions {positions} re-rotates each "
+                           f"target's keys); {fix}")
+    if granularity != "token":
+        raise MeasureError(f"--protocol block measures one kept set per target (--granularity token); {fix}")
+    if chunk != 1:
+        raise MeasureError(f"--protocol block under streaming needs --chunk 1: with chunks of {chunk} tokens a "
+                           "target's own stream evicts at its last prompt token, which a stream shared by a block "
+                           f"does not; {fix} or --chunk 1")
+
+
+def check_block_budgets(budgets: Sequence[int], reference_context: int, block: int, room: int = 0) -> None:
+    """Every budget fits the block protocol's shortest actual reference context (:func:`shortest_context`).
+
+    Raises:
+        MeasureError: a budget above it (the message names the largest that fits and ``--protocol exact``).
+    """
+    shortest = shortest_context(reference_context, block, room)
+    for k in budgets:
+        if k > shortest:
+            raise MeasureError(f"budget {k} is larger than the block protocol's shortest reference context "
+                               f"{shortest} (N {reference_context}, block {block}): use budgets up to {shortest}, "
+                               "a smaller --block-size, or use --protocol exact")
 
 
 def chunks(size: int, per_pass: int) -> list[tuple[int, int]]:

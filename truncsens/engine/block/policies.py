@@ -29,7 +29,7 @@ Models with sliding-window layers run as under the exact protocol: the reference
 key, and the kept masks apply each layer's window on original positions
 (:func:`~truncsens.engine.attention_windows.kept_attention_mask`; tested on a hybrid Qwen2).
 
-Refused (:func:`check_policy_blocks`, use ``--protocol exact``): ``reencode`` policy sweeps other than
+Refused (:func:`~truncsens.engine.block.plan.check_policy_blocks`, use ``--protocol exact``): ``reencode`` policy sweeps other than
 suffix / sink_recent (those run as window sweeps, :mod:`truncsens.engine.block.passes`), kvpress
 presses, ``--positions reindexed``, ``--granularity head`` and ``--chunk`` above 1.
 """
@@ -43,19 +43,16 @@ import numpy as np
 import torch
 
 from truncsens.engine.batching import run_in_batches
-from truncsens.engine.block.plan import actual_contexts, blocks_of, shortest_context
 from truncsens.engine.block.passes import block_rows, reference_passes
-from truncsens.engine.config import MeasureError
+from truncsens.engine.block.plan import (  # noqa: F401 (the checks: importable from here too)
+    actual_contexts, blocks_of, check_block_budgets, check_policy_blocks,
+)
 from truncsens.engine.kernel import KernelOutput, copy_deterministic, draws_measured, policy_seeds
 from truncsens.engine.reference_pass import ReferencePass
-from truncsens.engine.semantics import decode_kept
 from truncsens.engine.semantics.base import Semantics
+from truncsens.engine.semantics.prefill_evict import decode_kept
 from truncsens.policies import Policy
-from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 from truncsens.targets import TargetSet
-
-BLOCK_SEMANTICS = ("streaming", "prefill_evict")
-
 
 @dataclass
 class PolicyBlockOutput:
@@ -71,50 +68,6 @@ class PolicyBlockOutput:
     kernel: KernelOutput
     actual_context: np.ndarray
     forward_tokens: int = 0
-
-
-def check_policy_blocks(semantics: str, policies: Sequence[Policy], positions: str, granularity: str,
-                        chunk: int) -> None:
-    """What the block protocol of a policy sweep cannot run exactly (module docstring); checked once,
-    by :class:`~truncsens.engine.config.MeasureConfig` (the budgets, which need N, by
-    :func:`check_block_budgets`).
-
-    Raises:
-        MeasureError: a semantics other than streaming / prefill_evict, a kvpress press, reindexed
-            positions, head granularity or a chunk above 1; each message names the fix
-            (``--protocol exact``).
-    """
-    fix = "use --protocol exact"
-    if semantics not in BLOCK_SEMANTICS:
-        raise MeasureError(f"--protocol block runs policy sweeps under --semantics {' or '.join(BLOCK_SEMANTICS)} "
-                           f"(under reencode only --policy suffix or sink_recent, as window sweeps); {fix}")
-    for p in policies:
-        if PREFILL_LAYERS in p.requirements():
-            raise MeasureError(f"--protocol block does not run kvpress presses ({p.name}: per-layer kept sets); {fix}")
-    if positions != "original":
-        raise MeasureError(f"--protocol block keeps original positions (--positions {positions} re-rotates each "
-                           f"target's keys); {fix}")
-    if granularity != "token":
-        raise MeasureError(f"--protocol block measures one kept set per target (--granularity token); {fix}")
-    if chunk != 1:
-        raise MeasureError(f"--protocol block under streaming needs --chunk 1: with chunks of {chunk} tokens a "
-                           "target's own stream evicts at its last prompt token, which a stream shared by a block "
-                           f"does not; {fix} or --chunk 1")
-
-
-def check_block_budgets(budgets: Sequence[int], reference_context: int, block: int, room: int = 0) -> None:
-    """Every budget fits the block protocol's shortest actual reference context
-    (:func:`~truncsens.engine.block.plan.shortest_context`).
-
-    Raises:
-        MeasureError: a budget above it (the message names the largest that fits and ``--protocol exact``).
-    """
-    shortest = shortest_context(reference_context, block, room)
-    for k in budgets:
-        if k > shortest:
-            raise MeasureError(f"budget {k} is larger than the block protocol's shortest reference context "
-                               f"{shortest} (N {reference_context}, block {block}): use budgets up to {shortest}, "
-                               "a smaller --block-size, or use --protocol exact")
 
 
 def _decode_mask_parts(kept_keep: torch.Tensor, kept_offset: torch.Tensor, j: int, L: int, B: int,
@@ -218,7 +171,7 @@ def measure_policy_blocks(
     per_policy = draws_measured(policies, R)
     rows = block_rows(targets.context, targets.token_id, blocks).to(device)  # [b, N + B - 1]
     token_id = targets.token_id.to(device)  # [n]
-    streaming = semantics.name == "streaming"
+    streaming = semantics.streams  # one stream per block, else one prefill-evict decode per target
 
     def progress(tokens: int) -> None:
         out.forward_tokens += tokens

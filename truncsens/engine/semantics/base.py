@@ -1,11 +1,14 @@
-"""The base of the semantics objects (:mod:`truncsens.engine.semantics` holds the three semantics and
-their registry): what a semantics declares (positions, capabilities it provides, cost, reference and
-kept passes) and the checks every semantics shares (positions, policies, granularity, model).
+"""The base of the semantics objects (one module per semantics: :mod:`.reencode`, :mod:`.streaming`,
+:mod:`.prefill_evict`; their registry in :mod:`truncsens.engine.semantics`): what a semantics declares
+(positions, capabilities it provides, options and protocols it runs, the texts its results and reports
+carry, cost, reference and kept passes) and the checks every semantics shares (positions, policies,
+granularity, model). A refusal names the semantics able to run what was asked: each object reads them
+from the registry it is built with (this module never imports the registry).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -18,14 +21,6 @@ from truncsens.policies.base import (
     check_granularity, head_seeds, unfold_heads,
 )
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
-
-
-def _registered() -> dict:
-    """The registry of :mod:`truncsens.engine.semantics` (imported when a check names the alternatives:
-    that module imports this one)."""
-    from truncsens.engine.semantics import SEMANTICS
-
-    return SEMANTICS
 
 
 _CAPABILITY_TEXT = {
@@ -54,6 +49,15 @@ class Semantics:
         keeps_cache: whether the reference pass keeps the full-context cache (``prefill_evict`` decodes on it).
         reference_state: whether the kept passes read state of the reference pass of the same batch
             (a cache or attention statistics); if not, reference and kept passes are batched apart.
+        streams: whether it is one cache evicting as it goes: its decisions are taken every ``--chunk``
+            tokens (the only semantics where ``--chunk`` may differ from 1; the results attr ``chunk``),
+            and under the block protocol a block's targets share one stream (and its draws).
+        policy_blocks: whether the block protocol runs its policy sweeps, one pass serving a block's
+            targets (:mod:`truncsens.engine.block.policies`); if not, the block protocol runs only
+            window-like sweeps, by re-encode passes (:mod:`truncsens.engine.block.passes`).
+        score_source: where policies that read scores take them from (the results attr ``score_source``).
+        block_passes: what one block's passes are under the block protocol of a policy sweep (``show``'s
+            protocol note, :func:`truncsens.report.printed.protocol_note`); None without ``policy_blocks``.
     """
 
     name: ClassVar[str] = ""
@@ -62,13 +66,26 @@ class Semantics:
     needs_transformers: ClassVar[bool] = True
     reference_state: ClassVar[bool] = True
     keeps_cache: ClassVar[bool] = False  # the reference pass keeps its cache for the kept passes
+    streams: ClassVar[bool] = False
+    policy_blocks: ClassVar[bool] = False
+    score_source: ClassVar[str] = ""
+    block_passes: ClassVar[str | None] = None
+
+    def __init__(self, registry: Mapping[str, "Semantics"] | None = None) -> None:
+        """``registry``: every registered semantics by name, this one included (the alternatives its
+        refusals name; :data:`truncsens.engine.semantics.SEMANTICS` passes itself); None: this one alone."""
+        self.registry: Mapping[str, Semantics] = {self.name: self} if registry is None else registry
+
+    def names_where(self, able: Callable[["Semantics"], bool]) -> list[str]:
+        """Names of the registered semantics for which ``able`` holds, in registry order."""
+        return [s.name for s in self.registry.values() if able(s)]
 
     def check_positions(self, positions: str) -> None:
         """Raise :class:`SemanticsError` for an unknown or unsupported position mode."""
         if positions not in POSITIONS:
             raise SemanticsError(f"--positions must be one of {POSITIONS}, got {positions!r}")
         if positions not in self.positions:
-            able = " or ".join(s.name for s in _registered().values() if positions in s.positions)
+            able = " or ".join(self.names_where(lambda s: positions in s.positions))
             raise SemanticsError(
                 f"semantics {self.name} keeps original positions (keys are computed once, at their own position); "
                 f"--positions {positions} works only with --semantics {able}")
@@ -78,7 +95,7 @@ class Semantics:
         missing = sorted(policy.requirements() - self.provides)
         if missing:
             what = ", ".join(_CAPABILITY_TEXT.get(m, m) for m in missing)
-            able = [s.name for s in _registered().values() if policy.requirements() <= s.provides]
+            able = self.names_where(lambda s: policy.requirements() <= s.provides)
             raise PolicyError(f"policy {policy.name} cannot be run with semantics {self.name}: it needs {what}, "
                               f"which {self.name} does not provide; use --semantics {' or '.join(able) or '?'}")
 

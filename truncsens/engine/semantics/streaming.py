@@ -1,0 +1,133 @@
+"""``streaming``: one cache that evicts as it goes (docs/method.md, "Semantics").
+
+Every token was processed when the cache held only the keys its policy had kept so far; an evicted
+key never comes back, and the policy decides only from what this evicted run computed (online
+scores). Decisions are one eviction step per key (:mod:`truncsens.policies.streaming`), taken every
+``chunk`` tokens, and run by :mod:`truncsens.engine.streaming_pass`: one parallel forward when the
+policy reads no scores, attention computed from the eviction steps and ``log(1/π)`` Hájek offsets
+without a T x T mask (:mod:`truncsens.engine.evict_attention`, memory linear in T), else chunk by chunk.
+
+Under the block protocol (:mod:`truncsens.engine.block.policies`) one stream serves a block of
+targets: the log-probabilities after each of its last B tokens (``keep`` = B).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from truncsens.engine import evict_attention
+from truncsens.engine.attention_windows import kept_attention_mask
+from truncsens.engine.forward import model_dtype, rows_logprobs
+from truncsens.engine.granularity import groups_of, heads_of
+from truncsens.engine.masks import check_causal
+from truncsens.engine.reference_pass import ReferencePass, reference_pass
+from truncsens.engine.semantics.base import Semantics, windows_of
+from truncsens.engine.streaming_pass import decide_offline, stream_online
+from truncsens.policies.base import ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, Kept, Policy, head_seeds
+from truncsens.policies.streaming import Evictions
+
+
+class Streaming(Semantics):
+    """One cache evicting as it goes, decisions from online scores (module docstring)."""
+
+    name = "streaming"
+    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
+    streams = True
+    policy_blocks = True
+    score_source = "online: attention and key norms computed by the evicted streaming run itself"
+    block_passes = "one stream per block and budget, shared by its targets (and, for random policies, its draws)"
+
+    def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
+                  granularity: str = "token", queries: int = 1) -> ReferencePass:
+        """Reference log-probabilities and the target query's attention row (for the evicted mass; per
+        key/value head under head granularity), of the last ``queries`` positions; policies take no
+        score from it (their scores are online)."""
+        return reference_pass(model, input_ids, last_attention=True, heads=heads_of(model, granularity), queries=queries)
+
+    def policy_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
+                        ref: ReferencePass | None, positions: str, chunk: int = 1,
+                        granularity: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``policy`` as one evicting cache over ``input_ids`` [B, T] in chunks of ``chunk`` tokens
+        (:mod:`truncsens.engine.streaming_pass`), one cache per key/value head under head granularity.
+
+        Returns:
+            (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read;
+            [B, Hkv, T] under head granularity).
+
+        Raises:
+            PolicyError: a bad chunk or budget (see :func:`truncsens.policies.streaming.run_stream`).
+        """
+        lp, evictions = self.stream(model, input_ids, policy, budget, seeds, chunk, granularity)
+        return lp, evictions.last()
+
+    @torch.no_grad()
+    def stream(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
+               chunk: int = 1, granularity: str = "token", keep: int = 1):
+        """(log-probabilities [B, V] float64, :class:`~truncsens.policies.streaming.Evictions`) of one
+        streaming run: offline decisions and one forward from the eviction steps (:meth:`kept_logprobs`)
+        when the policy reads no scores, else the sequential run with online scores. Under head
+        granularity the decisions are taken on B·Hkv rows (:func:`~truncsens.policies.base.head_seeds`)
+        and ``evict`` is [B, Hkv, T]. With ``keep`` > 1 the log-probabilities after each of the last
+        ``keep`` tokens, [B, keep, V] (the block protocol, :mod:`truncsens.engine.block.policies`)."""
+        B, T = input_ids.shape
+        heads = heads_of(model, granularity)
+        rows = head_seeds(seeds, heads) if heads else seeds
+        if policy.needs_scores:
+            return stream_online(model, input_ids, policy, budget, rows, chunk, windows_of(model, self.name),
+                                 heads=heads, groups=groups_of(model, True), keep=keep)
+        evictions = decide_offline(policy, budget, T, chunk, rows, input_ids.device)  # [B or B·Hkv, T]
+        if heads:
+            evictions = evictions.unfold(heads)
+        return self.kept_logprobs(model, input_ids, evictions, None, "original", keep=keep), evictions
+
+    def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:
+        """Every position 0..T-1: each token was processed under its own kept set."""
+        return torch.arange(context_len, device=device)
+
+    def cost(self, context_len: int, budget: int) -> int:
+        """The whole context: every token is processed again under its kept set."""
+        return context_len
+
+    def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept | Evictions, ref: ReferencePass | None,
+                      positions: str, query_chunk: int = evict_attention.DEFAULT_QUERY_CHUNK,
+                      keep: int = 1) -> torch.Tensor:
+        """One forward over ``input_ids`` [B, T], row q reading the keys kept for it.
+
+        Returns [B, V] float64 log-probabilities after the last token (``keep`` = 1), or [B, keep, V]
+        after each of the last ``keep`` tokens (the block protocol,
+        :mod:`truncsens.engine.block.policies`: row q is the streaming run of the prefix x[0..q]).
+
+        Given :class:`~truncsens.policies.streaming.Evictions` (``evict``/``offset`` [B, T] or
+        [B, Hkv, T]), attention runs from the eviction steps (:mod:`truncsens.engine.evict_attention`:
+        query chunks of ``query_chunk`` rows with SDPA on CPU, FlexAttention on CUDA), each layer's
+        window applied inside; no T x T mask is built, memory grows linearly in T. Models that apply
+        their windows themselves (GPT-Neo) get the dense mask of ``evictions.kept()`` instead.
+        Given a :class:`Kept` ([B, T, T] per-query kept sets, or [B, Hkv, T, T] per key/value head), a
+        dense [B, 1, T, T] additive mask ([B, H, T, T] per head; or a dict of them per layer type) is built.
+
+        Raises:
+            ValueError: a kept set that is not causal, or a query that keeps no key.
+        """
+        B, T = input_ids.shape
+        windows = windows_of(model, self.name)
+        pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+        if isinstance(kept, Evictions):
+            if evict_attention.supported(model, windows):
+                kwargs = evict_attention.evict_kwargs(kept.evict, kept.offset, windows, query_chunk)
+                with evict_attention.evict_attention(model):
+                    out = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=keep, **kwargs)
+                return _kept_rows(out.logits, keep)
+            kept = kept.kept()
+        check_causal(kept.keep)
+        mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model),
+                                   groups_of(model, kept.per_head))
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=keep)
+        return _kept_rows(out.logits, keep)
+
+
+def _kept_rows(logits: torch.Tensor, keep: int) -> torch.Tensor:
+    """[B, V] log-softmax of the last row of ``logits`` [B, L, V] (``keep`` = 1), else [B, keep, V]."""
+    lp = rows_logprobs(logits, keep)  # [B, keep, V]
+    return lp[:, 0] if keep == 1 else lp
