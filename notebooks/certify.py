@@ -19,24 +19,23 @@
 # minutes, attribution: a few minutes on 2 idle CPU cores).
 
 # %%
+import truncsens
+from truncsens.api.certify import Certification
+from truncsens.api.certify_attribution import Attribution
 from truncsens.api.notebook import ensure_results, repo_root, show
 
 RESULTS = repo_root(globals().get("__file__")) / "results"
-certify_nc = ensure_results(RESULTS / "reference-code-certify.nc", ["truncsens", "certify", "--domain", "code"])
-attribution_nc = ensure_results(RESULTS / "reference-code-attribution.nc",
-                                ["truncsens", "certify-attribution", "--domain", "code", "--trajectory", "16"])
+certify_nc = ensure_results(RESULTS / "reference-code-certify.nc", truncsens.certify, domain="code")
+attribution_nc = ensure_results(RESULTS / "reference-code-attribution.nc", truncsens.certify_attribution, domain="code",
+                                trajectory=16)
 
 # %% [markdown]
 # ## Coverage and tightness of the per-step certificates (`truncsens certify`)
 
 # %%
-from truncsens import results
-from truncsens.certify.report import format_summary, save_figures, summarize
-
-certify_ds = results.load(certify_nc)
-certify_summary = summarize(certify_ds)
-print(format_summary(certify_summary))
-show(save_figures(certify_ds, certify_summary, RESULTS / "reference-code-certify"))
+certification = Certification.load(certify_nc)
+print(certification.table())
+show(certification.plot(RESULTS / "reference-code-certify"))
 
 # %% [markdown]
 # ## Attribution of failures and gated recomputation (`truncsens certify-attribution`)
@@ -44,8 +43,6 @@ show(save_figures(certify_ds, certify_summary, RESULTS / "reference-code-certify
 # With `--trajectory`, the last lines give the e-process of a greedy trajectory under eviction.
 
 # %%
-from truncsens.certify.attribution_report import format_attribution, save_curves, summarize_attribution
-
-attribution_ds = results.load(attribution_nc)
-print(format_attribution(summarize_attribution(attribution_ds)))
-show([save_curves(attribution_ds, RESULTS / "reference-code-attribution")])
+attribution = Attribution.load(attribution_nc)
+print(attribution.table())
+show([attribution.plot(RESULTS / "reference-code-attribution")])

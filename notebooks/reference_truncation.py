@@ -19,33 +19,28 @@
 # without them it says so and is skipped.
 
 # %%
+import truncsens
 from truncsens.api.notebook import ensure_results, repo_root
 
 RESULTS = repo_root(globals().get("__file__")) / "results"
-code, nl = (ensure_results(RESULTS / f"reference-{d}.nc", ["truncsens", "measure", "--domain", d]) for d in ("code", "nl"))
+code, nl = (ensure_results(RESULTS / f"reference-{d}.nc", truncsens.measure, domain=d) for d in ("code", "nl"))
 policies = [RESULTS / "stream-a.nc", RESULTS / "stream-b.nc"]  # docs/policies.md's two streaming runs (about 1 hour)
 
 # %% [markdown]
 # ## Mean divergence per window, and the fitted decay laws
 
 # %%
-from truncsens.fit.fitting import FitConfig, fit_results
-from truncsens.report.plots import plot_report
-from truncsens.report.printed import format_fit_report
-
-report = fit_results([code, nl], FitConfig(metrics=("tv", "kl")))
-doc = report.to_json()
-print(format_fit_report(doc))
-print(plot_report(doc, RESULTS / "reference-fit"))
+report = truncsens.fit([code, nl], metrics=("tv", "kl"))
+print(report.table())
+print(report.plot(RESULTS / "reference-fit"))
 
 # %% [markdown]
 # ## Window budgets w(ε) = (C/ε)^(1/α)
 
 # %%
-from truncsens.budget.recommend import recommend
 from truncsens.report.printed import format_recommendations
 
-print(format_recommendations(recommend(doc, [0.01, 0.05], metric="tv")))
+print(format_recommendations(truncsens.recommend_window(report, [0.01, 0.05], metrics="tv")))
 
 # %% [markdown]
 # ## Retention policies at equal budget (streaming semantics)
@@ -56,10 +51,10 @@ if missing:
     print(f"skipped: {', '.join(missing)} not found; docs/policies.md gives the two "
           "truncsens measure --semantics streaming commands that write them")
 else:
-    from truncsens.report.plots import plot_comparison
-    from truncsens.report.policy_comparison import CompareConfig, compare_policies_file
+    from truncsens.report.plots import figure_paths
     from truncsens.report.printed import format_comparison
 
-    cmp = compare_policies_file(policies, CompareConfig(metrics=("kl",)), code)
+    cmp = truncsens.compare_policies(policies, metrics="kl", truncation=code, plot_out=RESULTS / "reference-policies",
+                                     overwrite=True)
     print(format_comparison(cmp))
-    print(plot_comparison(cmp, RESULTS / "reference-policies"))
+    print(figure_paths(RESULTS / "reference-policies"))

@@ -21,7 +21,7 @@ from truncsens.engine.block.plan import (
 from truncsens.engine.block.passes import measure_blocks
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.forward import next_token_logprobs
-from truncsens.fit.fitting import FitConfig, fit_curve, fit_results
+from truncsens.fit.fitting import FitConfig, fit_curve, fit_datasets
 from truncsens.models import load_model
 from truncsens.targets import TokenDoc, draw_blocks, select_block_targets
 
@@ -206,7 +206,8 @@ def test_block_and_exact_alphas_agree_on_the_synthetic_source(tmp_path):
                             block_size=8 if protocol == "block" else 64, windows=[2, 4, 8, 16, 32, 64],
                             out=str(tmp_path / f"{protocol}.nc"), progress=False, docs_per_shard=64)
         run_measure(cfg)
-        report = fit_results([cfg.out], FitConfig(metrics=("tv",), families=("power",), fit_range=(4, 32), n_boot=200))
+        report = fit_datasets([results.load(cfg.out)], FitConfig(metrics=("tv",), families=("power",), fit_range=(4, 32), n_boot=200),
+                              [cfg.out])
         fit = report.results[0].fits[0]
         alpha = fit["params"]["alpha"]
         alphas[protocol] = (alpha["value"], alpha["ci"])

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from truncsens.fit.fit_file import write_fit_file
-from truncsens.fit.fitting import FitConfig, fit_results
+from truncsens.fit.fitting import FitConfig, fit_datasets
 from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model
 from truncsens.fit.laws import FitError
 from truncsens.budget.recommend import load_or_fit, recommend
 from truncsens.report.printed import format_recommendations
 from truncsens.stats import percentile_interval
 from truncsens.budget.windows import check_eps, kv_bytes_per_sequence, measured_window, window_for_eps, window_samples
-from truncsens.results import save
+from truncsens.results import load, save
 from truncsens.models.synthetic import curve_results
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -83,7 +83,7 @@ def _fit_doc(tmp_path, model="synthetic-curve", n_sink=0, C=0.02, alpha=0.5, max
     ds = curve_results({"tv": lambda w: C * w**-alpha, "kl": lambda w: 1e-3 * w**-1.0}, POW2, n_docs=30,
                        doc_noise=0.15, seed=3, attrs=attrs)
     save(ds, tmp_path / "r.nc")
-    return fit_results([tmp_path / "r.nc"], FitConfig(metrics=("tv", "kl"), n_boot=300)).to_json()
+    return fit_datasets([load(tmp_path / "r.nc")], FitConfig(metrics=("tv", "kl"), n_boot=300), [tmp_path / "r.nc"]).to_json()
 
 
 def test_recommend_is_the_law_exactly_with_interval_and_warnings(tmp_path):
@@ -187,6 +187,7 @@ def test_budget_sweeps_count_their_sinks_once(tmp_path):
             ds = ds.rename({"window": "budget"})
             ds.attrs["policy"] = "sink_recent"
         save(ds, tmp_path / f"{sweep}.nc")
-        doc = fit_results([tmp_path / f"{sweep}.nc"], FitConfig(metrics=("tv",), families=("power",), n_boot=50)).to_json()
+        doc = fit_datasets([load(tmp_path / f"{sweep}.nc")], FitConfig(metrics=("tv",), families=("power",), n_boot=50),
+                           [tmp_path / f"{sweep}.nc"]).to_json()
         [rec] = recommend(doc, [0.004], "tv")
         assert rec.n_sink == extra and rec.kv_bytes == per_token * (rec.window + extra), sweep

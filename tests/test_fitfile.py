@@ -1,5 +1,5 @@
 """The fit file format (truncsens.fit.fit_file) and the fit / plot / recommend / show / compare steps
-behind the CLI (truncsens.api.pipelines, truncsens.budget.recommend, truncsens.report.summary, truncsens.report.policy_comparison)."""
+behind the CLI (truncsens.api, truncsens.budget.recommend, truncsens.report.summary, truncsens.report.policy_comparison)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from truncsens import results
 from truncsens.divergences import METRICS
 from truncsens.fit.fit_file import (SCHEMA, is_fit_file, plot_prefix, read_fit_file, same_curve, upgrade_fit_doc, use_fits_from,
                                write_json)
-from truncsens.fit.fitting import FitConfig, curve_labels, fit_results
+from truncsens.fit.fitting import FitConfig, curve_labels, fit_datasets
 from truncsens.fit.laws import FitError
-from truncsens.api.pipelines import fit_to_file, plot_results
+from truncsens.api.fit import fit
+from truncsens.api.plot import plot
 from truncsens.report.policy_comparison import CompareConfig, compare_policies_file, default_plot_stem
 from truncsens.budget.recommend import recommend_windows
 from truncsens.report.printed import format_results_summary
@@ -62,27 +63,28 @@ def test_is_fit_file_and_paths(tmp_path):
     assert curve_labels(["a/r.nc", "b/r.nc", "c/s.nc"]) == ["a/r", "b/r", "s"]
 
 
-def test_fit_to_file_writes_the_doc_and_figures(tmp_path):
+def test_fit_writes_the_doc_and_figures(tmp_path):
     nc = _save(tmp_path / "r.nc")
-    doc, path, figs = fit_to_file([nc], FitConfig(metrics=("tv",), families=("power",), n_boot=20), plot=True)
-    assert path == tmp_path / "r.fit.json" and json.loads(path.read_text()) == doc
-    assert [p.name for p in figs] == ["r.fit.png", "r.fit.pdf"] and all(p.stat().st_size > 1000 for p in figs)
+    path, figs = tmp_path / "r.fit.json", [tmp_path / "r.fit.png", tmp_path / "r.fit.pdf"]
+    doc = fit(nc, metrics="tv", families="power", bootstrap=20, out=path, plot_out=tmp_path / "r.fit").to_json()
+    assert json.loads(path.read_text()) == doc
+    assert all(p.stat().st_size > 1000 for p in figs)
     alpha = doc["fits"][0]["params"]["alpha"]
     assert alpha["value"] == pytest.approx(0.5, abs=0.02) and alpha["ci"][0] <= alpha["value"] <= alpha["ci"][1]
 
 
 def test_same_curve_and_use_fits_from(tmp_path):
     a, b = _save(tmp_path / "a.nc"), _save(tmp_path / "b.nc", seed=1)
-    fa = fit_results([a], FitConfig(metrics=("tv",), n_boot=0, fit_range=(2, 64))).to_json()
-    now = fit_results([a], FitConfig(metrics=("tv",), n_boot=0)).to_json()
-    fb = fit_results([b], FitConfig(metrics=("tv",), n_boot=0)).to_json()
+    fa = fit_datasets([results.load(a)], FitConfig(metrics=("tv",), n_boot=0, fit_range=(2, 64)), [a]).to_json()
+    now = fit_datasets([results.load(a)], FitConfig(metrics=("tv",), n_boot=0), [a]).to_json()
+    fb = fit_datasets([results.load(b)], FitConfig(metrics=("tv",), n_boot=0), [b]).to_json()
     assert same_curve(now["curves"][0], fa["curves"][0]) and not same_curve(now["curves"][0], fb["curves"][0])
     merged = use_fits_from(now, fa, "fa.json")
     assert merged["curves"][0]["fit_range"] == [2, 64] and merged["fits"] == fa["fits"]
     assert now["curves"][0]["fit_range"] == [4, 128]  # the input is not changed
     with pytest.raises(ValueError, match="fb.json was not made from"):
         use_fits_from(now, fb, "fb.json")
-    paths = plot_results([a], tmp_path / "fig", write_json(fa, tmp_path / "fa.json"))
+    paths = plot(a, tmp_path / "fig", fit=write_json(fa, tmp_path / "fa.json"))
     assert [p.name for p in paths] == ["fig.png", "fig.pdf"]
 
 

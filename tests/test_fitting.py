@@ -10,12 +10,13 @@ import pytest
 
 from truncsens.fit.curves import curves_of
 from truncsens.fit.fit_file import default_fit_path, read_fit_file, sanitize, write_fit_file
-from truncsens.fit.fitting import FitConfig, default_ranges, fit_curve, fit_results, parse_range
+from truncsens.api.fit import fit
+from truncsens.fit.fitting import FitConfig, default_ranges, fit_curve, fit_datasets, parse_range
 from truncsens.fit.laws import (FitError, extrapolation_mae, fit_family, fit_family_batch, law_log, law_value, log_weights,
                             weighted_line, wls_aic)
 from truncsens.report.printed import format_fit_report as format_report
 from truncsens.stats import bootstrap_multiplicities, doc_sums, percentile_interval as percentile_ci, resampled_mean_se
-from truncsens.results import ResultsError, make_results, save
+from truncsens.results import ResultsError, load, make_results, save
 from truncsens.models.synthetic import curve_results
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
@@ -117,7 +118,7 @@ def test_law_values_by_hand():
 def test_exact_power_law_recovered_to_1e6(tmp_path):
     ds = curve_results({"tv": power(0.03, 0.45), "kl": power(0.002, 0.9)}, POW2, n_docs=12, targets_per_doc=4, noise=0.6)
     save(ds, tmp_path / "exact.nc")
-    report = fit_results([tmp_path / "exact.nc"], FitConfig(metrics=("tv", "kl"), n_boot=200))
+    report = fit_datasets([load(tmp_path / "exact.nc")], FitConfig(metrics=("tv", "kl"), n_boot=200), [tmp_path / "exact.nc"])
     fits = {(f["metric"], f["family"]): f for f in report.to_json()["fits"]}
     p = fits[("tv", "power")]["params"]
     assert p["C"]["value"] == pytest.approx(0.03, rel=1e-6)
@@ -274,9 +275,9 @@ def test_bad_inputs_have_clear_errors(tmp_path):
         curves_of(ds, ["tvv"])
     (tmp_path / "junk.nc").write_text("not netcdf")
     with pytest.raises(ResultsError, match="not a NetCDF"):
-        fit_results([tmp_path / "junk.nc"])
+        fit(tmp_path / "junk.nc")  # reading is the API's (fitting is pure)
     with pytest.raises(FileNotFoundError):
-        fit_results([tmp_path / "missing.nc"])
+        fit([tmp_path / "missing.nc"])
 
 
 def test_policy_curves_are_fitted_separately():
@@ -301,7 +302,8 @@ def test_fit_file_roundtrip_and_schema(tmp_path):
     b = curve_results({"tv": power(0.04, 0.3), "kl": power(0.003, 0.6)}, POW2, n_docs=10, doc_noise=0.1, seed=2)
     save(a, tmp_path / "code.nc")
     save(b, tmp_path / "nl.nc")
-    report = fit_results([tmp_path / "code.nc", tmp_path / "nl.nc"], FitConfig(metrics=("tv", "kl"), n_boot=100, seed=5))
+    paths = [tmp_path / "code.nc", tmp_path / "nl.nc"]
+    report = fit_datasets([load(p) for p in paths], FitConfig(metrics=("tv", "kl"), n_boot=100, seed=5), paths)
     path = write_fit_file(report, tmp_path / "f.json")
     doc = read_fit_file(path)
     assert doc["kind"] == "truncsens-fit" and doc["settings"]["bootstrap"] == 100 and doc["settings"]["seed"] == 5
@@ -340,7 +342,7 @@ def synthetic_runs(tmp_path_factory):
 
 
 def test_measure_then_fit_recovers_the_synthetic_tv_exponent(synthetic_runs):
-    report = fit_results([synthetic_runs["synthetic:0.5"]], FitConfig(metrics=("tv", "kl"))).to_json()
+    report = fit(synthetic_runs["synthetic:0.5"], metrics=("tv", "kl")).to_json()
     tv_power = next(f for f in report["fits"] if f["metric"] == "tv" and f["family"] == "power")
     assert tv_power["n_docs"] >= 32 and tv_power["fit_range"] == [4, 128]  # defaults: 64 documents x 8 targets, N = 1024
     lo, hi = tv_power["params"]["alpha"]["ci"]
@@ -353,7 +355,7 @@ def test_measure_then_fit_recovers_the_synthetic_tv_exponent(synthetic_runs):
 
 
 def test_measure_then_fit_prefers_exponential_on_geometric_source(synthetic_runs):
-    report = fit_results([synthetic_runs["synthetic-geometric:0.01"]], FitConfig(metrics=("tv",))).to_json()
+    report = fit(synthetic_runs["synthetic-geometric:0.01"], metrics="tv").to_json()
     comp = report["comparisons"][0]
     assert comp["winner"] == "exponential" and comp["factor"]["ci"][0] > 1
     tau = next(f for f in report["fits"] if f["family"] == "exponential")["params"]["tau"]
@@ -363,7 +365,7 @@ def test_measure_then_fit_prefers_exponential_on_geometric_source(synthetic_runs
 def test_window_interval_contains_the_measured_crossing(synthetic_runs):
     from truncsens.budget.recommend import recommend
 
-    doc = fit_results([synthetic_runs["synthetic:0.5"]], FitConfig(metrics=("tv",), families=("power",))).to_json()
+    doc = fit(synthetic_runs["synthetic:0.5"], metrics="tv", families="power").to_json()
     p = doc["fits"][0]["params"]
     for eps in (0.01, 0.005, 0.003):
         [rec] = recommend(doc, [eps], "tv")

@@ -12,7 +12,7 @@ import pytest
 
 from truncsens.fit.points import KL_NOISE_FLOOR, TV_NOISE_FLOOR, classify_points
 from truncsens.fit.curves import curves_of
-from truncsens.fit.fitting import FitConfig, fit_curve, fit_results
+from truncsens.fit.fitting import FitConfig, fit_curve, fit_datasets
 from truncsens.budget.kv_spec import KVSpec, layer_windows_from_config
 from truncsens.fit.laws import fit_family
 from truncsens.budget.recommend import recommend
@@ -40,7 +40,7 @@ def bent_curve(C: float, alpha: float, w0: int, w1: int, eps: float, crossing: f
 def _doc(f, windows, n_ref, n_boot=20, metrics=("tv",), attrs=None, doc_noise=0.0, n_docs=6):
     ds = curve_results({m: f for m in metrics}, windows, n_docs=n_docs, doc_noise=doc_noise, seed=2,
                        reference_context=n_ref, attrs=attrs or {})
-    return fit_results(["x.nc"], FitConfig(metrics=metrics, families=("power",), n_boot=n_boot), datasets=[ds]).to_json()
+    return fit_datasets([ds], FitConfig(metrics=metrics, families=("power",), n_boot=n_boot), ["x.nc"]).to_json()
 
 
 def test_measured_crossing_inside_the_range_not_the_law_543_vs_347():
@@ -88,7 +88,7 @@ def test_window_beyond_the_models_whole_context_is_warned_once():
 
 def test_measured_crossing_interval_from_the_document_bootstrap():
     ds = curve_results({"tv": lambda w: 0.05 * w**-0.5}, POW2, n_docs=30, doc_noise=0.3, seed=7)
-    doc = fit_results(["x.nc"], FitConfig(metrics=("tv",), families=("power",), n_boot=200), datasets=[ds]).to_json()
+    doc = fit_datasets([ds], FitConfig(metrics=("tv",), families=("power",), n_boot=200), ["x.nc"]).to_json()
     [rec] = recommend(doc, [0.005], "tv")  # 0.05 w^-0.5 = 0.005 at w = 100: between 64 and 128
     lo, hi = rec.measured_crossing_ci
     assert 64 <= lo <= rec.measured_crossing <= hi <= 128 and lo < hi

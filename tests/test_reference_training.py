@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import requires_reference
-from truncsens.models.reference.card import doc_clustered_mean_se, write_card
+from truncsens.api.reference import doc_clustered_mean_se
+from truncsens.models.reference.card import write_card
 from truncsens.models.reference.train import TrainConfig, _lr_at
 
 
@@ -68,7 +69,7 @@ def test_build_reference_trains_evaluates_and_installs(tmp_path, monkeypatch):
     import json
 
     import truncsens.models
-    from truncsens.models.reference.build import build_reference
+    from truncsens.api.reference import build_reference
     from truncsens.models.reference.train import TrainConfig
 
     monkeypatch.setattr(truncsens.models, "REFERENCE_DIR", tmp_path / "installed")
@@ -90,7 +91,7 @@ def test_committed_reference_model_uses_long_context():
     card's full sample also has NLL(max) < NLL(256), by 0.017 ± 0.013 nats: too small a margin to
     assert on a sample this size.)"""
     from truncsens.models import load_model
-    from truncsens.models.reference.card import context_nll
+    from truncsens.api.reference import context_nll
 
     ev = context_nll(load_model("reference"), "code", [16, 64], targets_per_doc=2, seed=1)
     nll = {int(k): v[0] for k, v in ev["nll"].items()}

@@ -1,12 +1,11 @@
 """Helpers of the notebooks in ``notebooks/`` (run with Jupyter or as scripts): find the checkout's
-``results/`` folder, measure a missing results file, show figures.
+``results/`` folder, measure a missing results file through the API, show figures.
 """
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 
 def repo_root(start: str | Path | None = None) -> Path:
@@ -23,16 +22,18 @@ def repo_root(start: str | Path | None = None) -> Path:
     raise SystemExit(f"start the notebook inside the truncsens checkout (looked upwards from {here})")
 
 
-def ensure_results(path: Path, command: Sequence[str]) -> Path:
-    """``path``, measured first with ``command --out path --no-progress`` when it is missing.
+def ensure_results(path: str | Path, run: Callable[..., Any], **options: Any) -> Path:
+    """``path``, written first by ``run(out=path, progress=False, **options)`` when it is missing
+    (``run`` is an API function that writes ``out``: :func:`truncsens.measure`, :func:`truncsens.certify`, ...).
 
     Raises:
-        subprocess.CalledProcessError: the command failed.
+        whatever ``run`` raises.
     """
     path = Path(path)
     if not path.exists():
-        print(f"{path} is missing: measuring it now ({' '.join(command)})")
-        subprocess.run([*command, "--out", str(path), "--no-progress"], check=True)
+        call = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        print(f"{path} is missing: measuring it now (truncsens.{run.__name__}({call}))")
+        run(out=path, progress=False, **options)
     return path
 
 

@@ -35,9 +35,10 @@ import numpy as np
 
 from truncsens.fit.points import noise_floor
 from truncsens.fit.fit_file import is_fit_file, read_fit_file, sanitize
-from truncsens.fit.fitting import FitConfig, fit_results
+from truncsens.fit.fitting import FitConfig, fit_datasets
 from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model
 from truncsens.fit.laws import FitError
+from truncsens.results import load
 from truncsens.stats import percentile_interval
 from truncsens.budget.windows import check_eps, measured_crossings, measured_window, window_for_eps, window_samples
 
@@ -268,7 +269,7 @@ def load_or_fit(path: str | Path, metrics: Sequence[str], cfg: FitConfig | None 
     cfg = cfg or FitConfig()
     cfg = FitConfig(metrics=tuple(metrics), families=cfg.families, fit_range=cfg.fit_range,
                     holdout_range=cfg.holdout_range, n_boot=cfg.n_boot, seed=cfg.seed, level=cfg.level)
-    return fit_results([str(path)], cfg).to_json()
+    return fit_datasets([load(path)], cfg, [path]).to_json()
 
 
 def recommend_windows(source: str | Path, eps_values: Sequence[float], metrics: Sequence[str] = ("tv",),

@@ -37,31 +37,21 @@ def certify(
     as_json: AsJson = False,
 ) -> None:
     """Measure the coverage and tightness of Hájek error certificates (poisson vs topk vs random)."""
-    from truncsens import results
-    from truncsens.certify.config import CertifyConfig
-    from truncsens.certify.report import certify_figure_paths, format_summary, save_figures, summarize
-    from truncsens.certify.run import run_certify
-
-    from truncsens.fit.fit_file import check_new_files, sanitize
+    from truncsens.api.certify import certify_config, run_certification
 
     with user_errors():
-        cfg = CertifyConfig(
-            model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context,
-            budgets=budgets, delta=delta, n_sink=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
-            device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
+        cfg = certify_config(
+            model, domain=domain, corpus=corpus, split=split, reference_context=reference_context,
+            budgets=budgets, delta=delta, sinks=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
+            device=device, dtype=dtype, batch_tokens=batch_tokens, out=out,
             resume=resume, overwrite=overwrite, progress=progress, command="truncsens " + " ".join(sys.argv[1:]))
-        # before anything is computed: the figures and (unless resuming) the results file, named together
-        check_new_files([*([] if resume else [cfg.out]), *certify_figure_paths(Path(cfg.out).with_suffix(""))], overwrite)
-        done = run_certify(cfg)
-        ds = results.load(done.path)
-        summary = summarize(ds, seed=cfg.seed)
-        figures = save_figures(ds, summary, Path(done.path).with_suffix(""))
-        summary["files"] = [str(done.path), *map(str, figures)]
+        # the figures and (unless resuming) the results file are checked together before anything is computed
+        done = run_certification(cfg, Path(cfg.out).with_suffix(""))
         if as_json:
-            typer.echo(json.dumps(sanitize(summary), indent=2, allow_nan=False))
+            typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:
-            typer.echo(f"wrote {done.path} and {', '.join(map(str, figures))}")
-            typer.echo(format_summary(summary))
+            typer.echo(f"wrote {done.path} and {', '.join(map(str, done.figures))}")
+            typer.echo(done.table())
 
 
 def register(app: typer.Typer) -> None:

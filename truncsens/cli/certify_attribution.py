@@ -41,30 +41,23 @@ def certify_attribution(
     as_json: AsJson = False,
 ) -> None:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random)."""
-    from truncsens.certify.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
-    from truncsens.certify.attribution_run import AttributionConfig, run_attribution
-
-    from truncsens.fit.fit_file import check_new_files, sanitize
+    from truncsens.api.certify_attribution import attribution_config, run_attribution_report
 
     with user_errors():
-        cfg = AttributionConfig(
-            model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context,
-            budgets=budgets, delta=delta, n_sink=sinks, max_docs=max_docs, copy_per_doc=copy_per_doc, copy_rule=copy_rule,
+        cfg = attribution_config(
+            model, domain=domain, corpus=corpus, split=split, reference_context=reference_context,
+            budgets=budgets, delta=delta, sinks=sinks, max_docs=max_docs, copy_per_doc=copy_per_doc, copy_rule=copy_rule,
             kv_docs=kv_docs,
             min_distance=min_distance, trajectory=trajectory, trajectory_budget=trajectory_budget, seed=seed,
-            device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
+            device=device, dtype=dtype, batch_tokens=batch_tokens, out=out,
             overwrite=overwrite, progress=progress, command="truncsens " + " ".join(sys.argv[1:]))
-        # before anything is computed: the results file and its figure, named together
-        check_new_files([cfg.out, curves_path(Path(cfg.out).with_suffix(""))], overwrite)
-        done = run_attribution(cfg)
-        summary = summarize_attribution(done.dataset, seed=cfg.seed)
-        figure = save_curves(done.dataset, Path(done.path).with_suffix(""))
-        summary["files"] = [str(done.path), str(figure)]
+        # the results file and its figure are checked together before anything is computed
+        done = run_attribution_report(cfg, Path(cfg.out).with_suffix(""))
         if as_json:
-            typer.echo(json.dumps(sanitize(summary), indent=2, allow_nan=False))
+            typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:
-            typer.echo(f"wrote {done.path} and {figure}")
-            typer.echo(format_attribution(summary))
+            typer.echo(f"wrote {done.path} and {done.figure}")
+            typer.echo(done.table())
 
 
 def register(app: typer.Typer) -> None:

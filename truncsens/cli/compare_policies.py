@@ -29,26 +29,22 @@ def compare_policies(
 ) -> None:
     """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot;
     with several draws (measure --draws R): means over draws per target, and the spread between draws."""
+    from truncsens.api.compare import compare_policies as compare
     from truncsens.cli.options import split_list
-    from truncsens.fit.fit_file import check_new_files, write_json
     from truncsens.fit.fitting import parse_range
-    from truncsens.report.plots import figure_paths, plot_comparison
-    from truncsens.report.policy_comparison import CompareConfig, compare_policies_file, default_plot_stem
+    from truncsens.report.plots import figure_paths
+    from truncsens.report.policy_comparison import default_plot_stem
     from truncsens.report.printed import format_comparison, format_draw_spread
 
     with user_errors():
-        names = tuple(split_list(metrics, "--metrics") or ("kl", "tv"))
-        cfg = CompareConfig(metrics=names, numerator=numerator, denominator=denominator, n_boot=bootstrap, seed=seed,
-                            fit_range=parse_range(fit_range, "--fit-range") if fit_range else None)
         plot = plot or plot_out is not None
-        stem = plot_out or default_plot_stem(results_file[0])
-        check_new_files([json_out, *(figure_paths(stem) if plot else [])], overwrite)  # before the bootstrap
-        cmp = compare_policies_file(results_file, cfg, truncation)
-        wrote = []
-        if plot:
-            wrote += [str(p) for p in plot_comparison(cmp, stem, names[0])]
+        stem = (plot_out or default_plot_stem(results_file[0])) if plot else None
+        cmp = compare(results_file, metrics=split_list(metrics, "--metrics"), numerator=numerator, denominator=denominator,
+                      bootstrap=bootstrap, seed=seed, fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
+                      truncation=truncation, json_out=json_out or None, plot_out=stem, overwrite=overwrite)
+        wrote = [str(p) for p in figure_paths(stem)] if plot else []
         if json_out:
-            wrote.append(str(write_json(cmp.to_json(), json_out)))
+            wrote.append(str(json_out))
         if as_json:
             typer.echo(json.dumps(cmp.to_json(), indent=1))
             if wrote:

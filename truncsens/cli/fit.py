@@ -27,28 +27,23 @@ def fit(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing fit file or figure."),
 ) -> None:
     """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""
+    from truncsens.api.fit import fit as fit_results
     from truncsens.cli.options import split_list
-    from truncsens.fit.fitting import DEFAULT_METRICS, FitConfig, parse_range
-    from truncsens.fit.laws import FAMILIES
-    from truncsens.api.pipelines import fit_to_file
-    from truncsens.report.printed import format_fit_report
+    from truncsens.fit.fit_file import default_fit_path, plot_prefix
+    from truncsens.report.plots import figure_paths
 
     with user_errors():
-        metrics, families = split_list(metric, "--metric"), split_list(family, "--family")
-        cfg = FitConfig(
-            metrics=tuple(metrics) if metrics else DEFAULT_METRICS,
-            families=tuple(families) if families else FAMILIES,
-            fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
-            holdout_range=parse_range(holdout_range, "--holdout-range") if holdout_range else None,
-            n_boot=bootstrap, seed=seed, level=level,
-        )
-        doc, path, plots = fit_to_file(results_files, cfg, out, plot, plot_out, overwrite)
-        wrote = f"wrote {path}" + "".join(f", {p}" for p in plots)
+        path = Path(out or default_fit_path(results_files))
+        prefix = (plot_out or plot_prefix(path)) if plot or plot_out is not None else None
+        report = fit_results(results_files, metrics=split_list(metric, "--metric"), families=split_list(family, "--family"),
+                             fit_range=fit_range or None, holdout_range=holdout_range or None, bootstrap=bootstrap, seed=seed,
+                             level=level, out=path, plot_out=prefix, overwrite=overwrite)
+        wrote = f"wrote {path}" + "".join(f", {p}" for p in (figure_paths(prefix) if prefix is not None else []))
         if as_json:
-            typer.echo(json.dumps(doc, indent=1))
+            typer.echo(json.dumps(report.to_json(), indent=1))
             typer.echo(wrote, err=True)
         else:
-            typer.echo(format_fit_report(doc))
+            typer.echo(report.table())
             typer.echo(wrote)
 
 

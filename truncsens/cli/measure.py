@@ -49,30 +49,29 @@ def measure(
     policy_seed: Optional[int] = typer.Option(None, help="Seed of the randomized policies' draws (default: --seed); the targets stay those of --seed."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
+    from truncsens.api.measure import measure_config, run_measurement
     from truncsens.cli.options import int_list, split_list
-    from truncsens.engine.config import MeasureConfig
-    from truncsens.engine.measure import run_measure
     from truncsens.policies.kvpress_adapter import parse_policy_args
 
     with user_errors():
-        cfg = MeasureConfig(
-            model=model, domain=domain, corpus=corpus, split=split, text_field=text_field,
+        cfg = measure_config(
+            model, domain=domain, corpus=corpus, split=split, text_field=text_field,
             reference_context=reference_context, windows=int_list(windows, "--windows"),
             policies=split_list(policy, "--policy"),
-            budgets=int_list(budgets, "--budgets"), semantics=semantics, n_sink=sinks, positions=positions,
+            budgets=int_list(budgets, "--budgets"), semantics=semantics, sinks=sinks, positions=positions,
             score=score, per_query=per_query, policy_args=parse_policy_args(policy_arg), chunk=chunk, granularity=granularity, draws=draws, policy_seed=policy_seed,
             protocol=protocol, block_fraction=block_fraction, block_size=block_size,
             targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
-            device=device, dtype=dtype, max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
-            out=None if out is None else str(out), resume=resume, overwrite=overwrite, progress=progress,
+            device=device, dtype=dtype, batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
+            out=out, resume=resume, overwrite=overwrite, progress=progress,
             command="truncsens " + " ".join(sys.argv[1:]),
         )
-        _run_and_report(run_measure, cfg)
+        _run_and_report(run_measurement, cfg)
 
 
 def _run_and_report(run, cfg) -> None:
     """Run ``run(cfg)``; on failure say which shards were kept; on success print a summary table."""
-    from truncsens import results
+    from truncsens.api.load import load
     from truncsens.engine.run.shards import kept_shards, shard_dir_for
     from truncsens.report.summary import format_table, summarize
 
@@ -99,7 +98,7 @@ def _run_and_report(run, cfg) -> None:
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
         f"{what} {points}"
         + (f", {summary.shards_reused} shard{'s' if summary.shards_reused > 1 else ''} reused" if summary.shards_reused else ""))
-    typer.echo(format_table(summarize(results.load(summary.path), ["tv", "kl"]), summary.sweep_dim))
+    typer.echo(format_table(summarize(load(summary.path), ["tv", "kl"]), summary.sweep_dim))
 
 
 def register(app: typer.Typer) -> None:

@@ -19,13 +19,13 @@ def plot(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing PREFIX.png / PREFIX.pdf."),
 ) -> None:
     """One panel per metric: mean D(w) ± se on log-log axes, with the fitted laws."""
+    from truncsens.api.plot import plot as plot_results
     from truncsens.cli.options import split_list
     from truncsens.fit.fitting import parse_range
-    from truncsens.api.pipelines import plot_results
 
     with user_errors():
-        paths = plot_results(results_files, out, fit_file, split_list(metric, "--metric"),
-                             parse_range(fit_range, "--fit-range") if fit_range else None, overwrite)
+        paths = plot_results(results_files, out, fit=fit_file, metrics=split_list(metric, "--metric"),
+                             fit_range=parse_range(fit_range, "--fit-range") if fit_range else None, overwrite=overwrite)
         typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 

@@ -23,9 +23,9 @@ def recommend_window(
 ) -> None:
     """The window that keeps D(w) <= eps: the measured crossing inside the measured range, the power law
     w(eps) = (C/eps)^(1/alpha) outside it, each with its interval, and the KV memory it implies."""
+    from truncsens.api.recommend import recommend_window as recommend
     from truncsens.cli.options import float_list, split_list
-    from truncsens.fit.fitting import FitConfig, parse_range
-    from truncsens.budget.recommend import recommend_windows
+    from truncsens.fit.fitting import parse_range
     from truncsens.report.printed import format_recommendations
 
     with user_errors():
@@ -33,9 +33,8 @@ def recommend_window(
             raise ValueError("give either RESULTS_OR_FIT or --fit FILE (exactly one)")
         metrics = split_list(metric, "--metric") or ["tv"]
         eps = float_list(eps, "--eps")
-        cfg = FitConfig(metrics=tuple(metrics), fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
-                        n_boot=bootstrap, seed=seed)
-        recs = recommend_windows(fit_file or source, eps, metrics, cfg)
+        recs = recommend(fit_file or source, eps, metrics=metrics,
+                         fit_range=parse_range(fit_range, "--fit-range") if fit_range else None, bootstrap=bootstrap, seed=seed)
         if as_json:
             typer.echo(json.dumps({"source": str(fit_file or source), "recommendations": [r.to_json() for r in recs]}, indent=1))
             for r in recs:

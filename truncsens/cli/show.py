@@ -17,12 +17,12 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Print JSON (attrs and rows) to stdout instead of the table."),
 ) -> None:
     """Print, per window, n, mean ± standard error, median, p90 and p99 of each metric (n_inf / n_nan count non-finite values)."""
+    from truncsens.api.show import show as summarize
     from truncsens.cli.options import split_list
     from truncsens.report.printed import format_results_summary
-    from truncsens.report.summary import summarize_file
 
     with user_errors():
-        summary = summarize_file(file, split_list(metric, "--metric"))
+        summary = summarize(file, metrics=split_list(metric, "--metric"))
         if as_json:
             typer.echo(json.dumps(summary.to_json(), indent=2, allow_nan=False))
         else:

@@ -17,12 +17,10 @@ def train_reference(
     install: bool = typer.Option(False, "--install", help="Copy the result into truncsens/models/reference/weights."),
 ) -> None:
     """Train the reference model on the builtin corpora's training split (about two hours on 2 CPU cores)."""
-    from truncsens.models.reference.build import build_reference
-    from truncsens.models.reference.train import TrainConfig
+    from truncsens.api.reference import train_reference as train
 
     with user_errors():
-        final, installed = build_reference(
-            TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, seed=seed), install)
+        final, installed = train(out_dir, minutes=minutes, max_steps=max_steps, seed=seed, install=install)
         typer.echo(f"trained model and card in {final}")
         if installed:
             typer.echo(f"installed into {installed}")

@@ -1,7 +1,7 @@
-"""Corpora: documents of text from builtin sources, local files, manifests and HF datasets."""
+"""Corpora: documents of text from builtin sources, local files, manifests, HF datasets and Python strings."""
 
 from truncsens.corpora.document import Document, corpus_sha256, select_split, split_of
 from truncsens.corpora.local import CorpusError
-from truncsens.corpora.resolve import Corpus, load_corpus
+from truncsens.corpora.resolve import Corpus, load_corpus, texts_corpus
 
-__all__ = ["Corpus", "CorpusError", "Document", "corpus_sha256", "load_corpus", "select_split", "split_of"]
+__all__ = ["Corpus", "CorpusError", "Document", "corpus_sha256", "load_corpus", "select_split", "split_of", "texts_corpus"]

@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from truncsens.corpora.builtin import BUILTIN
 from truncsens.corpora.document import Document, corpus_sha256, select_split
 from truncsens.corpora.local import (
-    CorpusError, describe_skipped, folder_documents, jsonl_documents, text_file_documents,
+    CorpusError, _has_surrogate, describe_skipped, folder_documents, jsonl_documents, text_file_documents,
 )
 from truncsens.corpora.manifest import hf_documents, read_manifest
 
 DOMAINS = ("code", "nl")
+TEXTS_NAME = "texts"  # name and domain label of a corpus given as Python strings (texts_corpus)
 
 
 @dataclass
@@ -41,13 +43,43 @@ class Corpus:
     skipped: dict[str, int] = field(default_factory=dict)
 
 
-def load_corpus(corpus: str | None = None, domain: str = "code", split: str = "auto",
+def texts_corpus(texts: Sequence[str], name: str = TEXTS_NAME) -> Corpus:
+    """A corpus of documents given as Python strings (``truncsens.measure(texts=[...])``), in their order.
+
+    Document ``i`` has the id ``text-<i>``, zero-padded to at least 5 digits so that ids sort in the
+    order given (``text-00000``, ``text-00001``, ...): a folder of files named by these ids, read with
+    ``--corpus FOLDER``, is the same corpus. Name and domain label (attrs ``corpus`` and ``domain``)
+    are ``name``; the split is "all" until :func:`load_corpus` selects one.
+
+    Raises:
+        CorpusError: no text, a text that is not a ``str``, or one holding lone surrogates (which no
+            tokenizer reads).
+    """
+    if isinstance(texts, str):
+        raise CorpusError("texts must be a list of strings (documents), not one string; wrap it: texts=[text]")
+    texts = list(texts)
+    if not texts:
+        raise CorpusError("texts is empty: give at least one document")
+    width = max(5, len(str(len(texts) - 1)))
+    docs = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise CorpusError(f"texts[{i}] is a {type(text).__name__}, not a string")
+        if _has_surrogate(text):
+            raise CorpusError(f"texts[{i}] holds lone surrogates (\\ud800 escapes), which no tokenizer reads")
+        docs.append(Document(id=f"text-{i:0{width}d}", text=text))
+    return Corpus(name=name, domain=name, split="all", documents=docs, sha256=corpus_sha256(docs))
+
+
+def load_corpus(corpus: str | Corpus | None = None, domain: str = "code", split: str = "auto",
                 text_field: str = "text", glob: str = "**/*") -> Corpus:
     """Load a corpus.
 
     Args:
         corpus: None (the default manifest of ``domain``), a shipped manifest name, a ``.yaml``
-            manifest path, a folder of text files, a ``.txt`` file, or a ``.jsonl`` file.
+            manifest path, a folder of text files, a ``.txt`` file, a ``.jsonl`` file, or a
+            :class:`Corpus` already in memory (:func:`texts_corpus`; ``domain`` and ``text_field``
+            are then unused, and the split is taken from its documents).
         domain: "code" or "nl"; picks the default manifest. The recorded label is the manifest's
             ``domain``, or for a corpus given as a path its own name (see :class:`Corpus`).
         split: "heldout", "train", "all", or "auto" (held-out for builtin corpora, whose train
@@ -59,6 +91,9 @@ def load_corpus(corpus: str | None = None, domain: str = "code", split: str = "a
         CorpusError: unknown domain or corpus, unreadable or empty corpus, every document of the
             split empty, or two documents with the same id.
     """
+    if isinstance(corpus, Corpus):  # documents given in memory
+        return _split_corpus(corpus.name, corpus.domain, corpus.documents, "all" if split == "auto" else split,
+                             Counter(corpus.skipped))
     if domain not in DOMAINS:
         raise CorpusError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")
     spec = corpus or domain
@@ -97,9 +132,16 @@ def load_corpus(corpus: str | None = None, domain: str = "code", split: str = "a
                 docs = text_file_documents(local)
         else:
             docs = hf_documents(m, skipped)
+    return _split_corpus(name, domain, docs, ("heldout" if builtin else "all") if split == "auto" else split, skipped)
+
+
+def _split_corpus(name: str, domain: str, docs: list[Document], split: str, skipped: Counter) -> Corpus:
+    """The :class:`Corpus` of one split of ``docs`` (sorted by id).
+
+    Raises:
+        CorpusError: two documents with one id, no document in the split, or every one empty.
+    """
     _check_unique_ids(docs, name)
-    if split == "auto":
-        split = "heldout" if builtin else "all"
     docs = sorted(select_split(docs, split), key=lambda d: d.id)
     if not docs:
         raise CorpusError(f"corpus {name!r} has no documents in split {split!r}")

@@ -1,6 +1,8 @@
-"""Fit decay laws to the curves of results files, with bootstrap intervals over documents, and
+"""Fit decay laws to the curves of results datasets, with bootstrap intervals over documents, and
 compare the families by held-out extrapolation.
 
+Pure: datasets in (:func:`fit_datasets`), fits out; no file is read or written here (reading results
+files is :func:`truncsens.results.load`, the fit face with files is :func:`truncsens.api.fit.fit`).
 The laws and their fits are :mod:`truncsens.fit.laws`; the clustered statistics and the percentile
 interval are :mod:`truncsens.stats`; the fit file format is :mod:`truncsens.fit.fit_file`.
 
@@ -38,7 +40,6 @@ from truncsens.fit.curves import Curve, curves_of
 from truncsens.fit.fit_file import fit_document
 from truncsens.fit.laws import (FAMILIES, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
                             log_weights)
-from truncsens.results import load, utc_now
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
 from truncsens.metrics import DIVERGENCES as DEFAULT_METRICS  # tv, kl, kl_reverse, js: fitted as D(w) by default
@@ -62,7 +63,7 @@ def parse_range(text: str, what: str = "range") -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class FitConfig:
-    """What :func:`fit_results` does; validated once, on construction.
+    """What :func:`fit_datasets` does; validated once, on construction.
 
     Attributes:
         metrics: metric names (data vars of the results file), at least one.
@@ -346,7 +347,8 @@ def _compare(curve: Curve, metric: str, mae: dict[str, np.ndarray], point: dict[
 
 @dataclass
 class FitReport:
-    """Fits of one or more results files; :meth:`to_json` gives the fit file dict."""
+    """Fits of one or more results datasets; :meth:`to_json` gives the fit file dict (``created``:
+    ISO 8601 UTC time of the fit, or "" to stamp it when :meth:`to_json` runs)."""
 
     config: FitConfig
     results: list[CurveFits]
@@ -357,23 +359,44 @@ class FitReport:
         return fit_document(self)
 
 
-def curve_labels(paths: Sequence[str | Path]) -> list[str]:
-    """Table labels of results files: the file stem, or ``parent/stem`` where two stems collide."""
-    stems = [Path(p).stem for p in paths]
-    return [s if stems.count(s) == 1 else f"{Path(p).parent.name}/{s}" for s, p in zip(stems, paths)]
+def curve_labels(sources: Sequence[str | Path]) -> list[str]:
+    """Table labels of results files: the file stem, or ``parent/stem`` where two stems collide.
+    An empty source (a dataset passed in memory) is labelled ``results``, or ``results-<i>`` (i from 1)
+    when there are several."""
+    stems = [Path(p).stem if str(p) else "" for p in sources]
+    in_memory = sum(1 for p in sources if not str(p))
+    labels, k = [], 0
+    for s, p in zip(stems, sources):
+        if not str(p):
+            k += 1
+            labels.append("results" if in_memory == 1 else f"results-{k}")
+        else:
+            labels.append(s if stems.count(s) == 1 else f"{Path(p).parent.name}/{s}")
+    return labels
 
 
-def fit_results(paths: Sequence[str | Path], cfg: FitConfig = FitConfig(), datasets: Sequence[xr.Dataset] | None = None) -> FitReport:
-    """Load results files (or use ``datasets``) and fit them side by side.
+def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), sources: Sequence[str | Path] | None = None,
+                 created: str = "") -> FitReport:
+    """Fit results datasets side by side.
 
     Each curve gets its own resampling seed ``cfg.seed + index`` so that curves are independent.
 
+    Args:
+        datasets: results datasets (:func:`truncsens.results.load`, or ``truncsens.measure``).
+        cfg: the configuration.
+        sources: the results file of each dataset, as the fit file records it and as labels are
+            made (:func:`curve_labels`); "" (or None for all) for a dataset held in memory.
+        created: the fit's time stamp (ISO 8601 UTC; "" stamps it when the fit file dict is made).
+
     Raises:
-        FileNotFoundError, ResultsError: a path is missing or not a results file.
+        ResultsError: an unknown metric, or a dataset with fewer than two sweep points.
         FitError: see :func:`fit_curve`.
+        ValueError: ``sources`` and ``datasets`` differ in length.
     """
+    sources = [""] * len(datasets) if sources is None else [str(p) for p in sources]
+    if len(sources) != len(datasets):
+        raise ValueError(f"{len(datasets)} datasets but {len(sources)} sources")
     curves: list[Curve] = []
-    for i, (p, label) in enumerate(zip(paths, curve_labels(paths))):
-        ds = datasets[i] if datasets is not None else load(p)
-        curves.extend(curves_of(ds, cfg.metrics, str(p), label))
-    return FitReport(cfg, [fit_curve(c, cfg, seed=cfg.seed + i) for i, c in enumerate(curves)], utc_now())
+    for ds, source, label in zip(datasets, sources, curve_labels(sources)):
+        curves.extend(curves_of(ds, cfg.metrics, source, label))
+    return FitReport(cfg, [fit_curve(c, cfg, seed=cfg.seed + i) for i, c in enumerate(curves)], created)

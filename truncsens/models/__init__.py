@@ -9,23 +9,25 @@
 - a Hugging Face hub id such as ``Qwen/Qwen2.5-0.5B`` (needs the hub, or a cached copy).
 
 ``model_source(spec)`` says which source a spec belongs to (``.kind``, ``.has_own_corpus``,
-``.documents(...)``); ``load_model(spec)`` loads it.
+``.documents(...)``); ``load_model(spec)`` loads it. A model object already loaded with transformers
+and its tokenizer become a :class:`LoadedModel` with ``in_memory_model(model, tokenizer)``.
 """
 
 from __future__ import annotations
 
 from truncsens.models.huggingface import explain_hub_error as _explain_hub_error
 from truncsens.models.loaded import (
-    DTYPES, SOURCE_KINDS, LoadedModel, ModelLoadError, max_context_of, resolve_device, resolve_dtype,
+    DTYPES, IN_MEMORY, SOURCE_KINDS, LoadedModel, ModelLoadError, max_context_of, resolve_device, resolve_dtype,
 )
 from truncsens.models.sources import (
-    REFERENCE_DIR, SOURCES, HubSource, LocalFolderSource, ModelSource, ReferenceSource, SyntheticSource, model_source,
+    REFERENCE_DIR, SOURCES, HubSource, LocalFolderSource, ModelSource, ReferenceSource, SyntheticSource,
+    in_memory_model, model_source,
 )
 
 __all__ = [
-    "DTYPES", "REFERENCE_DIR", "SOURCES", "SOURCE_KINDS", "HubSource", "LoadedModel", "LocalFolderSource",
-    "ModelLoadError", "ModelSource", "ReferenceSource", "SyntheticSource", "load_model", "max_context_of",
-    "model_source", "resolve_device", "resolve_dtype", "_explain_hub_error",
+    "DTYPES", "IN_MEMORY", "REFERENCE_DIR", "SOURCES", "SOURCE_KINDS", "HubSource", "LoadedModel", "LocalFolderSource",
+    "ModelLoadError", "ModelSource", "ReferenceSource", "SyntheticSource", "in_memory_model", "load_model",
+    "max_context_of", "model_source", "resolve_device", "resolve_dtype", "_explain_hub_error",
 ]
 
 

@@ -13,7 +13,10 @@ from typing import Any
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-SOURCE_KINDS = ("reference", "synthetic", "local", "hub")
+SOURCE_KINDS = ("reference", "synthetic", "local", "hub", "memory")
+
+
+IN_MEMORY = " (passed in memory)"  # ends the name of a model object handed to truncsens rather than loaded by it
 
 
 class ModelLoadError(RuntimeError):
@@ -29,13 +32,14 @@ class LoadedModel:
             position_ids [B, T], logits_to_keep=int)`` returns an object with ``.logits``
             [B, T', V] (T' = logits_to_keep).
         tokenizer: turns text into token ids (``None`` for sources that work on token ids).
-        name: the spec as given (recorded as the ``model`` attr).
+        name: the spec as given (recorded as the ``model`` attr); for a model object passed in memory,
+            its ``config._name_or_path`` (or class name) and :data:`IN_MEMORY` (:func:`truncsens.models.in_memory_model`).
         revision: commit hash or "" (the ``model_revision`` attr).
         tokenizer_name: what the ``tokenizer`` attr records.
         max_context: the model's position limit in tokens.
         device, dtype: where and in which precision it runs.
         source: the kind of model source that loaded it, one of :data:`SOURCE_KINDS`
-            ("reference", "synthetic", "local", "hub"); "hub" when built by hand.
+            ("reference", "synthetic", "local", "hub", "memory": a model object passed in); "hub" when built by hand.
     """
 
     model: Any

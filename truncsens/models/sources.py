@@ -14,15 +14,19 @@ documents, :meth:`ModelSource.documents`). :func:`model_source` tries them in th
 - :class:`HubSource` ("hub"): everything else, read as a Hugging Face hub id such as
   ``Qwen/Qwen2.5-0.5B`` (needs the hub, or a cached copy).
 
-Callers ask ``model_source(spec).has_own_corpus`` instead of testing prefixes of the spec.
+Callers ask ``model_source(spec).has_own_corpus`` instead of testing prefixes of the spec. A model
+object already loaded with transformers (no spec) becomes a :class:`LoadedModel` through
+:func:`in_memory_model`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from truncsens.models.huggingface import check_hub_or_cache, load_hf_checkpoint
-from truncsens.models.loaded import LoadedModel, ModelLoadError, resolve_device, resolve_dtype
+from truncsens.models.huggingface import check_hub_or_cache, check_logits_to_keep, load_hf_checkpoint
+from truncsens.models.loaded import (
+    DTYPES, IN_MEMORY, LoadedModel, ModelLoadError, max_context_of, resolve_device, resolve_dtype,
+)
 from truncsens.models.synthetic import load_synthetic, synthetic_documents
 from truncsens.targets import TokenDoc
 
@@ -150,3 +154,54 @@ SOURCES: tuple[ModelSource, ...] = (ReferenceSource(), SyntheticSource(), LocalF
 def model_source(spec: str) -> ModelSource:
     """The first source of :data:`SOURCES` that matches ``spec`` (the hub source when none other does)."""
     return next(source for source in SOURCES if source.matches(spec))
+
+
+def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | None = None) -> LoadedModel:
+    """A :class:`LoadedModel` of a causal LM object already loaded (``AutoModelForCausalLM.from_pretrained``)
+    and its tokenizer, measured where it is and in the precision it has: it is put in eval mode
+    (dropout off) but neither moved nor cast.
+
+    Recorded as ``model`` = ``config._name_or_path`` (the class name when empty) followed by
+    :data:`~truncsens.models.loaded.IN_MEMORY`, ``model_revision`` = ``config._commit_hash`` or "",
+    ``tokenizer`` = the tokenizer's ``name_or_path`` (its class name when empty); source "memory".
+
+    Args:
+        model: a transformers causal LM (``forward`` takes ``logits_to_keep``), or a :class:`LoadedModel`
+            (returned as it is).
+        tokenizer: its tokenizer (required: texts are tokenized with it).
+        device: None or "auto" (where the model is), or a device the model is already on.
+        dtype: None (the model's), or the name of the dtype the model already has (:data:`DTYPES`).
+
+    Raises:
+        ValueError: no tokenizer; a device or dtype other than the model's (the message says how to move it).
+        ModelLoadError: an object without a transformers ``config``, a ``forward`` without
+            ``logits_to_keep``, or a config that states no context limit.
+    """
+    import torch
+
+    if isinstance(model, LoadedModel):
+        return model
+    config = getattr(model, "config", None)
+    if config is None or not callable(getattr(model, "forward", None)):
+        raise ModelLoadError(f"a {type(model).__name__} is not a transformers causal LM (it has no config); pass a model "
+                             "from AutoModelForCausalLM.from_pretrained, or a model spec such as 'reference' or a folder")
+    if tokenizer is None:
+        raise ValueError(f"a model object ({type(model).__name__}) needs its tokenizer: truncsens.measure(model, tokenizer, ...)")
+    name = (getattr(config, "_name_or_path", "") or type(model).__name__) + IN_MEMORY
+    check_logits_to_keep(model, name)
+    first = next(iter(model.parameters()), None)
+    where = first.device if first is not None else torch.device("cpu")
+    if device not in (None, "auto"):
+        asked = torch.device(device)
+        if asked.type != where.type or (asked.index is not None and asked.index != (where.index or 0)):
+            raise ValueError(f"the model is on {where}, not {device}: move it first (model.to({device!r})) or leave device unset")
+    held = first.dtype if first is not None else torch.float32
+    held_name = next((n for n, t in DTYPES.items() if t == held), str(held).removeprefix("torch."))
+    if dtype is not None and dtype != held_name:
+        raise ValueError(f"the model holds {held_name} weights, not {dtype}: cast it first (model.to(torch.{dtype})) or "
+                         "leave dtype unset")
+    tokenizer_name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=getattr(config, "_commit_hash", None) or "",
+                       tokenizer_name=tokenizer_name, max_context=max_context_of(config), device=str(where),
+                       dtype=held_name, source="memory")

@@ -1,9 +1,6 @@
-"""Held-out evaluation of the reference model and its model card.
-
-NLL with context c at target t is -log p(x_t | x[t-c:t]) (nats/token): the ``nll_kept`` of a
-suffix window of c tokens, and ``nll_ref`` for the full reference context N. Standard errors are
-clustered by document (:func:`truncsens.stats.cluster_mean_se`, the estimator every report uses),
-because targets of one document are dependent.
+"""The reference model's card: ``README.md`` and ``eval.json`` in its weights folder, written from the
+held-out evaluations (:func:`truncsens.api.reference.context_nll`, which runs the engine) and the
+training summary. This module only writes text; it imports no engine.
 """
 
 from __future__ import annotations
@@ -11,58 +8,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
-from truncsens.corpora import load_corpus
-from truncsens.engine.documents import tokenize_documents
-from truncsens.engine.kernel import measure_targets
-from truncsens.engine.semantics import semantics_for
-from truncsens.models import LoadedModel
-from truncsens.policies import make_policy
-from truncsens.stats import cluster_mean_se
-from truncsens.targets import select_targets
-
-
-def doc_clustered_mean_se(values: np.ndarray, docs: list[str]) -> tuple[float, float]:
-    """Mean over targets and its standard error clustered by document. values: [n]; docs: [n] ids."""
-    mean, se = cluster_mean_se(np.asarray(values, dtype=np.float64)[:, None], docs)  # [1] each
-    return float(mean[0]), float(se[0])
-
-
-def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_per_doc: int = 16,
-                seed: int = 0, max_batch_tokens: int = 16384) -> dict:
-    """Held-out NLL (nats/token) at each context length, and the gain of the longest over the shortest.
-
-    Args:
-        loaded: the model; its ``max_context`` is the longest context.
-        domain: "code" or "nl" (builtin corpora, held-out split).
-        contexts: shorter contexts (tokens), each < max_context.
-
-    Returns:
-        ``{"domain", "n_docs", "n_targets", "nll": {context: [mean, se]}, "gain_shortest_to_max": [mean, se]}``.
-    """
-    n_max = loaded.max_context
-    corpus = load_corpus(None, domain, "heldout")
-    docs = [d for d in tokenize_documents(corpus.documents, loaded.tokenizer) if d.ids.numel() > n_max]
-    targets = select_targets(docs, n_max, targets_per_doc, seed)
-    out = measure_targets(loaded.model, targets, [make_policy("suffix")], contexts, semantics_for("reencode"),
-                          "original", seed, loaded.device, max_batch_tokens)
-    metrics = {name: values[0] for name, values in out.metrics.items()}  # [n, len(contexts)] each
-    out = {"domain": domain, "n_docs": len(docs), "n_targets": len(targets), "nll": {}}
-    for j, c in enumerate(contexts):
-        out["nll"][str(c)] = doc_clustered_mean_se(metrics["nll_kept"][:, j], targets.doc)
-    out["nll"][str(n_max)] = doc_clustered_mean_se(metrics["nll_ref"][:, 0], targets.doc)
-    gain = metrics["nll_kept"][:, 0] - metrics["nll_ref"][:, 0]  # [n], paired per target
-    out["gain_shortest_to_max"] = doc_clustered_mean_se(gain, targets.doc)
-    out["gain_to_max"] = {
-        str(c): doc_clustered_mean_se(metrics["nll_kept"][:, j] - metrics["nll_ref"][:, 0], targets.doc)
-        for j, c in enumerate(contexts)
-    }
-    return out
+CARD_CONTEXTS = (16, 64, 256)  # shorter contexts evaluated beside the model's maximum
 
 
 def write_card(folder: Path, evaluations: list[dict], summary: dict) -> Path:
-    """Write README.md (the model card) and eval.json into the weights folder."""
+    """Write README.md (the model card) and eval.json into the weights folder.
+
+    Args:
+        folder: the checkpoint folder.
+        evaluations: one dict per domain, as :func:`truncsens.api.reference.context_nll` returns.
+        summary: ``training_summary.json`` of :func:`truncsens.models.reference.train.train`.
+
+    Returns:
+        the README.md path.
+    """
     folder = Path(folder)
     (folder / "eval.json").write_text(json.dumps({"evaluations": evaluations, "training": summary}, indent=2))
     cfg = summary.get("config", {})

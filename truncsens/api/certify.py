@@ -1,0 +1,155 @@
+"""``truncsens.certify``: coverage and tightness of the Hájek error certificates of certainty-plus-Poisson
+eviction, measured against topk and random (arXiv 2607.21475; :mod:`truncsens.certify`).
+
+Keyword names are ``truncsens certify``'s options in snake_case. The run writes a results file
+(:func:`truncsens.certify.run.run_certify`): with ``out=`` it is kept, without it the run goes to a
+temporary folder and only the Dataset comes back. ``truncsens certify`` calls :func:`certify_config`
+and :func:`run_certification` (its default paths are :class:`~truncsens.certify.config.CertifyConfig`'s).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from truncsens import results
+from truncsens.api.measure import python_call
+from truncsens.certify.config import CertifyConfig
+from truncsens.certify.report import certify_figure_paths, format_summary, save_figures, summarize
+from truncsens.certify.run import run_certify
+from truncsens.fit.fit_file import check_new_files, sanitize
+from truncsens.models import LoadedModel, in_memory_model
+
+
+@dataclass
+class Certification:
+    """A finished certify run.
+
+    Attributes:
+        dataset: its results (:mod:`truncsens.certify.run`).
+        summary: coverage, Spearman, relative errors and output KL per policy and budget
+            (:func:`truncsens.certify.report.summarize`), with ``files``: what was written.
+        path: the results file kept (None: held in memory only).
+        figures: the figures written.
+    """
+
+    dataset: xr.Dataset
+    summary: dict
+    path: Path | None
+    figures: list[Path]
+
+    @classmethod
+    def load(cls, path: str | Path, seed: int = 0) -> "Certification":
+        """The certification of a results file written by ``truncsens certify`` (summarized with the
+        bootstrap ``seed`` of the run, 0 by default; no figure drawn).
+
+        Raises:
+            FileNotFoundError, truncsens.results.ResultsError: as :func:`truncsens.load`.
+        """
+        ds = results.load(path)
+        summary = summarize(ds, seed=seed)
+        summary["files"] = [str(path)]
+        return cls(ds, summary, Path(path), [])
+
+    def table(self) -> str:
+        """The text ``truncsens certify`` prints after its first line (:func:`truncsens.certify.report.format_summary`)."""
+        return format_summary(self.summary)
+
+    def to_json(self) -> dict:
+        """The summary as JSON-safe values (what ``truncsens certify --json`` prints)."""
+        return sanitize(self.summary)
+
+    def plot(self, stem: str | Path) -> list[Path]:
+        """Write the reliability, certificate-against-error and recomputation figures as ``<stem>-*.png``
+        (:func:`truncsens.certify.report.save_figures`) and return their paths."""
+        return save_figures(self.dataset, self.summary, stem)
+
+
+def certify_config(model: str = "reference", *, domain: str = "code", corpus: str | None = None, split: str = "auto",
+                   reference_context: int | None = None, budgets: str = "12.5%,25%,50%", delta: float = 0.05,
+                   sinks: int = 4, targets_per_doc: int = 2, max_docs: int | None = 16, seed: int = 0,
+                   device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
+                   out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
+                   command: str = "") -> CertifyConfig:
+    """The validated :class:`~truncsens.certify.config.CertifyConfig` from ``truncsens certify``'s options
+    (``out=None``: ``results/<model>-<corpus or domain>-certify.nc``).
+
+    Raises:
+        truncsens.certify.config.CertifyError, truncsens.engine.config.MeasureError: as the config.
+    """
+    return CertifyConfig(
+        model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context, budgets=budgets,
+        delta=delta, n_sink=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, device=device,
+        dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out), resume=resume,
+        overwrite=overwrite, progress=progress, command=command)
+
+
+def run_certification(cfg: CertifyConfig, plot_out: str | Path | None = None, loaded: LoadedModel | None = None,
+                      keep: bool = True) -> Certification:
+    """Run ``cfg`` (:func:`truncsens.certify.run.run_certify`), load and summarize its results, and
+    draw the figures to ``plot_out`` (None: none).
+
+    Args:
+        keep: whether ``cfg.out`` is kept (False: a temporary file, recorded nowhere).
+
+    Raises:
+        FileExistsError: the results file (unless resuming) or a figure exists and not ``cfg.overwrite``,
+            checked before anything is computed.
+        as :func:`truncsens.certify.run.run_certify`.
+    """
+    check_new_files([*([] if cfg.resume else [cfg.out]), *(certify_figure_paths(plot_out) if plot_out is not None else [])],
+                    cfg.overwrite)
+    done = run_certify(cfg, loaded)
+    ds = results.load(done.path)
+    summary = summarize(ds, seed=cfg.seed)
+    figures = save_figures(ds, summary, plot_out) if plot_out is not None else []
+    summary["files"] = [*([str(done.path)] if keep else []), *map(str, figures)]
+    return Certification(ds, summary, Path(done.path) if keep else None, figures)
+
+
+def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code", corpus: str | None = None,
+            split: str = "auto", reference_context: int | None = None, budgets: str = "12.5%,25%,50%",
+            delta: float = 0.05, sinks: int = 4, targets_per_doc: int = 2, max_docs: int | None = 16, seed: int = 0,
+            device: str | None = None, dtype: str | None = None, batch_tokens: int | None = None, out: str | Path | None = None,
+            plot_out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
+            command: str | None = None) -> Certification:
+    """Measure the certificates of poisson eviction (and topk, random) at every budget.
+
+    Args:
+        model: a spec ("reference", a hub id, a checkpoint folder) or a transformers causal LM object
+            with its ``tokenizer`` (as :func:`truncsens.measure`).
+        device, dtype: None: cpu and float32 for a spec, the model object's own otherwise.
+        budgets: token counts or percentages of N, comma-separated ("12.5%,25%,50%").
+        out: keep the results file here; plot_out: write the figures as ``<plot_out>-*.png``.
+        the others: ``truncsens certify``'s options (``truncsens certify --help``).
+
+    Returns:
+        a :class:`Certification`.
+
+    Raises:
+        ValueError: as :func:`truncsens.measure` for the model; ``resume`` without ``out``.
+        as :func:`run_certification` and :func:`certify_config`.
+    """
+    options = {k: v for k, v in locals().items() if k not in ("model", "tokenizer", "command", "plot_out")}
+    if command is None:
+        command = python_call("truncsens.certify", certify, model, tokenizer, {**options, "plot_out": plot_out})
+    loaded = None
+    if isinstance(model, (str, Path)):  # a spec (a checkpoint folder may be a Path)
+        model = str(model)
+        if tokenizer is not None:
+            raise ValueError(f"tokenizer is for a model object; the model spec {model!r} loads its own")
+        options["device"], options["dtype"] = device or "cpu", dtype or "float32"
+    else:
+        loaded = in_memory_model(model, tokenizer, device, dtype)
+        model, options["device"], options["dtype"] = loaded.name, loaded.device, loaded.dtype
+    if out is not None:
+        return run_certification(certify_config(model, command=command, **options), plot_out, loaded)
+    if resume:
+        raise ValueError("resume continues an interrupted results file: give out=PATH")
+    with tempfile.TemporaryDirectory(prefix="truncsens-certify-") as folder:
+        options["out"] = Path(folder) / "certify.nc"
+        return run_certification(certify_config(model, command=command, **options), plot_out, loaded, keep=False)

@@ -1,0 +1,151 @@
+"""``truncsens.certify_attribution``: do error certificates attribute task failures to eviction, and
+does certificate-gated recomputation pay (arXiv 2607.21475)? Long-range copy targets and synthetic
+key-value recall, measured with the passes of :func:`truncsens.certify` (:mod:`truncsens.certify.attribution_run`).
+
+Keyword names are ``truncsens certify-attribution``'s options in snake_case. Without ``out=`` the run
+goes to a temporary folder and only the Dataset comes back. ``truncsens certify-attribution`` calls
+:func:`attribution_config` and :func:`run_attribution_report`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from truncsens import results
+from truncsens.api.measure import python_call
+from truncsens.certify.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
+from truncsens.certify.attribution_run import AttributionConfig, run_attribution
+from truncsens.fit.fit_file import check_new_files, sanitize
+from truncsens.models import LoadedModel, in_memory_model
+
+
+@dataclass
+class Attribution:
+    """A finished certify-attribution run.
+
+    Attributes:
+        dataset: its results (task set, certificates, trajectory).
+        summary: attribution AUCs, gated recomputation and verdicts
+            (:func:`truncsens.certify.attribution_report.summarize_attribution`), with ``files``: what was written.
+        path: the results file kept (None: held in memory only).
+        figure: the recomputation curves' figure, or None.
+    """
+
+    dataset: xr.Dataset
+    summary: dict
+    path: Path | None
+    figure: Path | None
+
+    @classmethod
+    def load(cls, path: str | Path, seed: int = 0) -> "Attribution":
+        """The attribution of a results file written by ``truncsens certify-attribution`` (summarized with
+        the bootstrap ``seed`` of the run, 0 by default; no figure drawn).
+
+        Raises:
+            FileNotFoundError, truncsens.results.ResultsError: as :func:`truncsens.load`.
+        """
+        ds = results.load(path)
+        summary = summarize_attribution(ds, seed=seed)
+        summary["files"] = [str(path)]
+        return cls(ds, summary, Path(path), None)
+
+    def table(self) -> str:
+        """The text ``truncsens certify-attribution`` prints after its first line."""
+        return format_attribution(self.summary)
+
+    def to_json(self) -> dict:
+        """The summary as JSON-safe values (what ``--json`` prints)."""
+        return sanitize(self.summary)
+
+    def plot(self, stem: str | Path) -> Path:
+        """Write the gated-recomputation curves to ``<stem>-curves.png`` and return the path."""
+        return save_curves(self.dataset, stem)
+
+
+def attribution_config(model: str = "reference", *, domain: str = "code", corpus: str | None = None, split: str = "auto",
+                       reference_context: int = 512, budgets: str = "12.5%,25%,50%", delta: float = 0.05, sinks: int = 4,
+                       max_docs: int | None = 16, copy_per_doc: int = 4, copy_rule: str = "induction", kv_docs: int = 8,
+                       min_distance: int | None = None, trajectory: int = 0, trajectory_budget: str = "25%", seed: int = 0,
+                       device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
+                       out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
+                       command: str = "") -> AttributionConfig:
+    """The validated :class:`~truncsens.certify.attribution_run.AttributionConfig` from the command's
+    options (``out=None``: ``results/<model>-<corpus or domain>-attribution.nc``).
+
+    Raises:
+        truncsens.certify.config.CertifyError, truncsens.engine.config.MeasureError: as the config.
+    """
+    return AttributionConfig(
+        model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context, budgets=budgets,
+        delta=delta, n_sink=sinks, max_docs=max_docs, copy_per_doc=copy_per_doc, copy_rule=copy_rule, kv_docs=kv_docs,
+        min_distance=min_distance, trajectory=trajectory, trajectory_budget=trajectory_budget, seed=seed,
+        device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
+        overwrite=overwrite, progress=progress, command=command)
+
+
+def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None = None,
+                           loaded: LoadedModel | None = None, keep: bool = True) -> Attribution:
+    """Run ``cfg`` (:func:`truncsens.certify.attribution_run.run_attribution`), summarize it, and draw the
+    curves to ``plot_out`` (None: none).
+
+    Args:
+        keep: whether ``cfg.out`` is kept (False: a temporary file, recorded nowhere).
+
+    Raises:
+        FileExistsError: the results file or the figure exists and not ``cfg.overwrite``, checked first.
+        as :func:`truncsens.certify.attribution_run.run_attribution`.
+    """
+    check_new_files([cfg.out, *([curves_path(plot_out)] if plot_out is not None else [])], cfg.overwrite)
+    done = run_attribution(cfg, loaded)
+    summary = summarize_attribution(done.dataset, seed=cfg.seed)
+    figure = save_curves(done.dataset, plot_out) if plot_out is not None else None
+    summary["files"] = [*([str(done.path)] if keep else []), *([str(figure)] if figure is not None else [])]
+    return Attribution(done.dataset, summary, Path(done.path) if keep else None, figure)
+
+
+def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code",
+                        corpus: str | None = None, split: str = "auto", reference_context: int = 512,
+                        budgets: str = "12.5%,25%,50%", delta: float = 0.05, sinks: int = 4, max_docs: int | None = 16,
+                        copy_per_doc: int = 4, copy_rule: str = "induction", kv_docs: int = 8,
+                        min_distance: int | None = None, trajectory: int = 0, trajectory_budget: str = "25%",
+                        seed: int = 0, device: str | None = None, dtype: str | None = None,
+                        batch_tokens: int | None = None, out: str | Path | None = None,
+                        plot_out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
+                        command: str | None = None) -> Attribution:
+    """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random).
+
+    Args:
+        model, tokenizer, device, dtype: as :func:`truncsens.certify`.
+        out: keep the results file here; plot_out: write the curves to ``<plot_out>-curves.png``.
+        the others: ``truncsens certify-attribution``'s options (``--help``).
+
+    Returns:
+        an :class:`Attribution`.
+
+    Raises:
+        ValueError: as :func:`truncsens.measure` for the model.
+        as :func:`run_attribution_report` and :func:`attribution_config`.
+    """
+    options = {k: v for k, v in locals().items() if k not in ("model", "tokenizer", "command", "plot_out")}
+    if command is None:
+        command = python_call("truncsens.certify_attribution", certify_attribution, model, tokenizer,
+                              {**options, "plot_out": plot_out})
+    loaded = None
+    if isinstance(model, (str, Path)):  # a spec (a checkpoint folder may be a Path)
+        model = str(model)
+        if tokenizer is not None:
+            raise ValueError(f"tokenizer is for a model object; the model spec {model!r} loads its own")
+        options["device"], options["dtype"] = device or "cpu", dtype or "float32"
+    else:
+        loaded = in_memory_model(model, tokenizer, device, dtype)
+        model, options["device"], options["dtype"] = loaded.name, loaded.device, loaded.dtype
+    if out is not None:
+        return run_attribution_report(attribution_config(model, command=command, **options), plot_out, loaded)
+    with tempfile.TemporaryDirectory(prefix="truncsens-attribution-") as folder:
+        options["out"] = Path(folder) / "attribution.nc"
+        return run_attribution_report(attribution_config(model, command=command, **options), plot_out, loaded, keep=False)

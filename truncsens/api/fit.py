@@ -1,0 +1,125 @@
+"""``truncsens.fit``: decay laws of D(w) (power law, exponential, power law + floor) with bootstrap
+intervals over documents, compared by held-out extrapolation (:mod:`truncsens.fit.fitting`).
+
+Results go in as files or Datasets; a :class:`FitReport` comes out, which gives the fit file's dict
+(:meth:`FitReport.to_json`), the table ``truncsens fit`` prints (:meth:`FitReport.table`) and the
+figure (:meth:`FitReport.plot`). Keyword names are ``truncsens fit``'s options in snake_case
+(``--metric`` as ``metrics``, ``--family`` as ``families``). Nothing is written unless ``out=``
+(the fit file) or ``plot_out=`` (the figure) is given; ``truncsens fit`` gives both its paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from truncsens.api.load import Results, datasets_of
+from truncsens.fit import fitting
+from truncsens.fit.fit_file import check_new_files, write_fit_file
+from truncsens.fit.fitting import FitConfig, fit_datasets, parse_range
+from truncsens.fit.laws import FAMILIES
+from truncsens.report.plots import figure_paths, plot_report
+from truncsens.report.printed import format_fit_report
+from truncsens.results import utc_now
+
+
+@dataclass
+class FitReport(fitting.FitReport):
+    """The fits of :func:`fit`: ``config``, ``results`` (one :class:`~truncsens.fit.fitting.CurveFits`
+    per curve) and ``created``, with the fit file's dict, its table and its figure."""
+
+    def table(self) -> str:
+        """The text ``truncsens fit`` prints (:func:`truncsens.report.printed.format_fit_report`)."""
+        return format_fit_report(self.to_json())
+
+    def plot(self, out: str | Path, metrics: Sequence[str] | None = None, overwrite: bool = True) -> list[Path]:
+        """Draw D(w) per metric with se bars and the fitted laws into ``<out>.png`` and ``<out>.pdf``
+        (:func:`truncsens.report.plots.plot_report`; ``out`` ending in .png or .pdf stands for its stem).
+
+        Returns:
+            [png path, pdf path].
+
+        Raises:
+            FileExistsError: a figure exists and not ``overwrite``.
+            ValueError: an unknown metric.
+        """
+        check_new_files(figure_paths(out), overwrite)
+        return plot_report(self.to_json(), out, metrics)
+
+    def write(self, path: str | Path, overwrite: bool = True) -> Path:
+        """Write the fit file (JSON, :mod:`truncsens.fit.fit_file`) and return its path.
+
+        Raises:
+            FileExistsError: ``path`` exists and not ``overwrite``.
+        """
+        check_new_files([path], overwrite)
+        return write_fit_file(self.to_json(), path)
+
+
+def fit_config(metrics: str | Sequence[str] | None = None, families: str | Sequence[str] | None = None,
+               fit_range: str | tuple[int, int] | None = None, holdout_range: str | tuple[int, int] | None = None,
+               bootstrap: int = 1000, seed: int = 0, level: float = 0.95) -> FitConfig:
+    """:class:`~truncsens.fit.fitting.FitConfig` from ``truncsens fit``'s options: names as lists or one
+    comma-separated string (None: the defaults), ranges as ``(lo, hi)`` or ``"LO:HI"`` (tokens, inclusive).
+
+    Raises:
+        ValueError: a range that does not parse (:func:`truncsens.fit.fitting.parse_range`), bad bootstrap or level.
+        truncsens.fit.laws.FitError: no metric, an unknown family.
+    """
+    return FitConfig(metrics=tuple(_names(metrics) or fitting.DEFAULT_METRICS), families=tuple(_names(families) or FAMILIES),
+                     fit_range=_range(fit_range, "--fit-range"), holdout_range=_range(holdout_range, "--holdout-range"),
+                     n_boot=bootstrap, seed=seed, level=level)
+
+
+def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | None = None,
+        families: str | Sequence[str] | None = None, fit_range: str | tuple[int, int] | None = None,
+        holdout_range: str | tuple[int, int] | None = None, bootstrap: int = 1000, seed: int = 0, level: float = 0.95,
+        out: str | Path | None = None, plot_out: str | Path | None = None, overwrite: bool = False) -> FitReport:
+    """Fit results side by side (one curve per results, per policy of a policy sweep).
+
+    Args:
+        results: a results file or Dataset, or a list of them (files are labelled by their stem,
+            Datasets ``results`` / ``results-<i>``).
+        metrics: metrics to fit (default: tv, kl, kl_reverse, js).
+        families: law families (default: power, exponential, power_floor).
+        fit_range, holdout_range: ``(lo, hi)`` or ``"LO:HI"`` in tokens, inclusive (default: see
+            :func:`truncsens.fit.fitting.default_ranges`).
+        bootstrap: resamples over documents (0: no intervals); seed: their seed; level: interval level.
+        out: write the fit file (JSON) here; plot_out: draw the figure to ``<plot_out>.png`` / ``.pdf``.
+        overwrite: replace them; without it an existing one is refused before anything is fitted.
+
+    Returns:
+        a :class:`FitReport`.
+
+    Raises:
+        FileExistsError: ``out`` or a figure exists and not ``overwrite``.
+        FileNotFoundError, truncsens.results.ResultsError: a results file is missing or not one; an
+            unknown metric, fewer than two sweep points.
+        truncsens.fit.laws.FitError, ValueError: as :func:`fit_config` and
+            :func:`truncsens.fit.fitting.fit_curve` (too few points in the fit range, ...).
+    """
+    cfg = fit_config(metrics, families, fit_range, holdout_range, bootstrap, seed, level)
+    check_new_files([out, *(figure_paths(plot_out) if plot_out is not None else [])], overwrite)
+    datasets, sources = datasets_of(results)
+    done = fit_datasets(datasets, cfg, sources)
+    report = FitReport(done.config, done.results, utc_now())
+    if out is not None or plot_out is not None:
+        doc = report.to_json()
+        if out is not None:
+            write_fit_file(doc, out)
+        if plot_out is not None:
+            plot_report(doc, plot_out)
+    return report
+
+
+def _names(values: str | Sequence[str] | None) -> list[str] | None:
+    if values is None:
+        return None
+    return [v.strip() for v in values.split(",") if v.strip()] if isinstance(values, str) else list(values)
+
+
+def _range(value: str | tuple[int, int] | None, what: str) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    return parse_range(value, what) if isinstance(value, str) else (int(value[0]), int(value[1]))

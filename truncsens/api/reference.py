@@ -1,0 +1,104 @@
+"""``truncsens train-reference`` as a function: train the bundled reference model, evaluate it on
+held-out text, write its model card and, optionally, install it into the package.
+
+Held-out NLL with context c at target t is -log p(x_t | x[t-c:t]) (nats/token): the ``nll_kept`` of a
+suffix window of c tokens, and ``nll_ref`` for the full reference context N (the model's maximum),
+measured by the engine's kernel (:func:`truncsens.engine.kernel.measure_targets`) on the builtin
+corpora's held-out split. Standard errors are clustered by document
+(:func:`truncsens.stats.cluster_mean_se`, the estimator every report uses), because targets of one
+document are dependent. Training is :mod:`truncsens.models.reference.train`; the card's text
+:mod:`truncsens.models.reference.card`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from truncsens.corpora import load_corpus
+from truncsens.engine.documents import tokenize_documents
+from truncsens.engine.kernel import measure_targets
+from truncsens.engine.semantics import semantics_for
+from truncsens.models import LoadedModel, load_model
+from truncsens.models.reference.build import install_reference
+from truncsens.models.reference.card import CARD_CONTEXTS, write_card
+from truncsens.models.reference.train import TrainConfig, train
+from truncsens.policies import make_policy
+from truncsens.stats import cluster_mean_se
+from truncsens.targets import select_targets
+
+
+def doc_clustered_mean_se(values: np.ndarray, docs: list[str]) -> tuple[float, float]:
+    """Mean over targets and its standard error clustered by document. values: [n]; docs: [n] ids."""
+    mean, se = cluster_mean_se(np.asarray(values, dtype=np.float64)[:, None], docs)  # [1] each
+    return float(mean[0]), float(se[0])
+
+
+def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_per_doc: int = 16,
+                seed: int = 0, max_batch_tokens: int = 16384) -> dict:
+    """Held-out NLL (nats/token) at each context length, and the gain of the longest over the shortest.
+
+    Args:
+        loaded: the model; its ``max_context`` is the longest context.
+        domain: "code" or "nl" (builtin corpora, held-out split).
+        contexts: shorter contexts (tokens), each < max_context.
+
+    Returns:
+        ``{"domain", "n_docs", "n_targets", "nll": {context: [mean, se]}, "gain_shortest_to_max": [mean, se],
+        "gain_to_max": {context: [mean, se]}}``.
+    """
+    n_max = loaded.max_context
+    corpus = load_corpus(None, domain, "heldout")
+    docs = [d for d in tokenize_documents(corpus.documents, loaded.tokenizer) if d.ids.numel() > n_max]
+    targets = select_targets(docs, n_max, targets_per_doc, seed)
+    out = measure_targets(loaded.model, targets, [make_policy("suffix")], contexts, semantics_for("reencode"),
+                          "original", seed, loaded.device, max_batch_tokens)
+    metrics = {name: values[0] for name, values in out.metrics.items()}  # [n, len(contexts)] each
+    out = {"domain": domain, "n_docs": len(docs), "n_targets": len(targets), "nll": {}}
+    for j, c in enumerate(contexts):
+        out["nll"][str(c)] = doc_clustered_mean_se(metrics["nll_kept"][:, j], targets.doc)
+    out["nll"][str(n_max)] = doc_clustered_mean_se(metrics["nll_ref"][:, 0], targets.doc)
+    gain = metrics["nll_kept"][:, 0] - metrics["nll_ref"][:, 0]  # [n], paired per target
+    out["gain_shortest_to_max"] = doc_clustered_mean_se(gain, targets.doc)
+    out["gain_to_max"] = {
+        str(c): doc_clustered_mean_se(metrics["nll_kept"][:, j] - metrics["nll_ref"][:, 0], targets.doc)
+        for j, c in enumerate(contexts)
+    }
+    return out
+
+
+def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path | None]:
+    """Train with ``cfg``, evaluate (:func:`context_nll` on both builtin domains at
+    :data:`~truncsens.models.reference.card.CARD_CONTEXTS`), write the card into the final checkpoint
+    folder and, with ``install``, copy that folder into the package's weights folder.
+
+    Returns:
+        (final checkpoint folder, install folder or None).
+    """
+    final = train(cfg)
+    shutil.copy(Path(cfg.out_dir) / "train_log.csv", final / "train_log.csv")
+    loaded = load_model(str(final))
+    evals = [context_nll(loaded, domain, list(CARD_CONTEXTS)) for domain in ("code", "nl")]
+    write_card(final, evals, json.loads((final / "training_summary.json").read_text()))
+    return final, install_reference(final) if install else None
+
+
+def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 115.0, max_steps: int = 4000,
+                    seed: int = 0, install: bool = False) -> tuple[Path, Path | None]:
+    """``truncsens train-reference``: :func:`build_reference` with the command's options (about two hours
+    on 2 CPU cores).
+
+    Args:
+        out_dir: working folder (checkpoints, training log).
+        minutes: wall-clock budget; the learning rate decays to its floor by then.
+        max_steps: optimizer steps at most.
+        seed: seed of initialisation and batch sampling.
+        install: copy the result into ``truncsens/models/reference/weights``.
+
+    Returns:
+        (final checkpoint folder, install folder or None).
+    """
+    return build_reference(TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, seed=seed), install)
