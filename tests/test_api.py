@@ -148,6 +148,9 @@ def test_fit_of_a_dataset_in_memory_and_its_figure(runs, tmp_path):
         truncsens.fit(ds, metrics="tv", bootstrap=0, plot_out=tmp_path / "fig")
     [rec] = truncsens.recommend_window(ds, 0.05, bootstrap=0)  # a Dataset is fitted on the fly
     assert rec.metric == "tv" and rec.label == "results"
+    assert truncsens.fit(ds, bootstrap=0).config.metrics == ("tv", "kl", "kl_reverse", "js")
+    old = ds.drop_vars(["kl_reverse", "js"])  # a file from before those metrics: fitted on those it holds
+    assert truncsens.fit([old, ds], bootstrap=0).config.metrics == ("tv", "kl")
 
 
 def test_load_and_the_callable_subpackages(runs):

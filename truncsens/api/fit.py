@@ -10,12 +10,13 @@ figure (:meth:`FitReport.plot`). Keyword names are ``truncsens fit``'s options i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 from truncsens.api.load import Results, datasets_of
 from truncsens.fit import fitting
+from truncsens.fit.curves import default_metrics
 from truncsens.fit.fit_file import check_new_files, write_fit_file
 from truncsens.fit.fitting import FitConfig, fit_datasets, parse_range
 from truncsens.fit.laws import FAMILIES
@@ -81,7 +82,7 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
     Args:
         results: a results file or Dataset, or a list of them (files are labelled by their stem,
             Datasets ``results`` / ``results-<i>``).
-        metrics: metrics to fit (default: tv, kl, kl_reverse, js).
+        metrics: metrics to fit (default: the divergences tv, kl, kl_reverse, js that every results holds).
         families: law families (default: power, exponential, power_floor).
         fit_range, holdout_range: ``(lo, hi)`` or ``"LO:HI"`` in tokens, inclusive (default: see
             :func:`truncsens.fit.fitting.default_ranges`).
@@ -102,6 +103,8 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
     cfg = fit_config(metrics, families, fit_range, holdout_range, bootstrap, seed, level)
     check_new_files([out, *(figure_paths(plot_out) if plot_out is not None else [])], overwrite)
     datasets, sources = datasets_of(results)
+    if not metrics:  # the divergences every results holds (all four in a file of today)
+        cfg = replace(cfg, metrics=default_metrics(datasets))
     done = fit_datasets(datasets, cfg, sources)
     report = FitReport(done.config, done.results, utc_now())
     if out is not None or plot_out is not None:

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from truncsens.api.fit import fit_config
 from truncsens.api.load import Results, datasets_of
+from truncsens.fit.curves import default_metrics
 from truncsens.fit.fit_file import check_new_files, read_fit_file, use_fits_from
 from truncsens.fit.fitting import DEFAULT_METRICS, fit_datasets
 from truncsens.report.plots import figure_paths, plot_report
@@ -23,7 +24,8 @@ def plot(results: Results | Sequence[Results], out: str | Path, *, fit: str | Pa
         out: figure prefix (one ending in .png or .pdf stands for its stem).
         fit: a fit file of ``truncsens fit`` made from these very results
             (:func:`truncsens.fit.fit_file.same_curve`) whose laws to draw (None: fit now, no intervals).
-        metrics: panels (default: those of tv, kl, kl_reverse, js that ``fit`` has, or all four without it).
+        metrics: panels (default: those of tv, kl, kl_reverse, js that ``fit`` has, or without it those
+            every results holds).
         fit_range: ``(lo, hi)`` or ``"LO:HI"`` when fitting now.
         overwrite: replace existing figures (checked before anything is read).
 
@@ -36,13 +38,15 @@ def plot(results: Results | Sequence[Results], out: str | Path, *, fit: str | Pa
         FileNotFoundError, truncsens.results.ResultsError, truncsens.fit.laws.FitError: as :func:`truncsens.fit`.
     """
     check_new_files(figure_paths(Path(out)), overwrite)
-    chosen = tuple(metrics.split(",") if isinstance(metrics, str) else metrics) if metrics else DEFAULT_METRICS
-    fitted = None
-    if fit is not None:
-        fitted = read_fit_file(fit)
-        have = {m for c in fitted["curves"] for m in c["metrics"]}
-        chosen = chosen if metrics else tuple(m for m in chosen if m in have)
+    fitted = read_fit_file(fit) if fit is not None else None
     datasets, sources = datasets_of(results)
+    if metrics:
+        chosen = tuple(metrics.split(",") if isinstance(metrics, str) else metrics)
+    elif fitted is not None:
+        have = {m for c in fitted["curves"] for m in c["metrics"]}
+        chosen = tuple(m for m in DEFAULT_METRICS if m in have)
+    else:
+        chosen = default_metrics(datasets)  # the divergences every results holds
     doc = fit_datasets(datasets, fit_config(chosen, fit_range=fit_range, bootstrap=0), sources).to_json()
     if fitted is not None:
         doc = use_fits_from(doc, fitted, fit)

@@ -360,19 +360,12 @@ class FitReport:
 
 
 def curve_labels(sources: Sequence[str | Path]) -> list[str]:
-    """Table labels of results files: the file stem, or ``parent/stem`` where two stems collide.
-    An empty source (a dataset passed in memory) is labelled ``results``, or ``results-<i>`` (i from 1)
-    when there are several."""
+    """Table labels of results files: the file stem, or ``parent/stem`` where two stems collide. An empty
+    source (a dataset held in memory) is ``results``, or ``results-<i>`` (i from 1) when there are several."""
     stems = [Path(p).stem if str(p) else "" for p in sources]
-    in_memory = sum(1 for p in sources if not str(p))
-    labels, k = [], 0
-    for s, p in zip(stems, sources):
-        if not str(p):
-            k += 1
-            labels.append("results" if in_memory == 1 else f"results-{k}")
-        else:
-            labels.append(s if stems.count(s) == 1 else f"{Path(p).parent.name}/{s}")
-    return labels
+    memory = [i for i, p in enumerate(sources) if not str(p)]
+    return [(s if stems.count(s) == 1 else f"{Path(p).parent.name}/{s}") if str(p) else
+            ("results" if len(memory) == 1 else f"results-{memory.index(i) + 1}") for i, (s, p) in enumerate(zip(stems, sources))]
 
 
 def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), sources: Sequence[str | Path] | None = None,
