@@ -2,8 +2,10 @@
 passes -> metrics -> shard files -> results file.
 
 A window sweep and a policy sweep are the same run (:mod:`truncsens.engine.sweep`): the driver
-resolves the sweep, hands every shard of targets to the kernel (:mod:`truncsens.engine.kernel`) and
-writes what it returns with :mod:`truncsens.results`.
+resolves the sweep, hands every shard of targets to the kernel (:mod:`truncsens.engine.kernel`), or
+to the block protocol (:mod:`truncsens.engine.block.runs`), and writes what it returns with
+:mod:`truncsens.results`; the lock, shards, resume and merge are the run skeleton's
+(:func:`truncsens.engine.run.skeleton.run_sharded`).
 
 Results: dims (target, window) for a window sweep; (target, budget), or (policy, target, budget)
 when several policies run, for a policy sweep, whose attrs add ``policy`` (names in order),
