@@ -16,7 +16,7 @@ from truncsens.report.printed import format_recommendations
 from truncsens.stats import percentile_interval
 from truncsens.budget.windows import check_eps, kv_bytes_per_sequence, measured_window, window_for_eps, window_samples
 from truncsens.results import load, save
-from truncsens.models.synthetic import curve_results
+from truncsens.results.constructed import curve_results
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 

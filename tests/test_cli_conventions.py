@@ -18,7 +18,7 @@ from truncsens.cli.errors import BROKEN_PIPE_EXIT, user_errors
 from truncsens.cli.main import app
 from truncsens.cli.options import float_list, int_list, split_list
 from truncsens.results import save
-from truncsens.models.synthetic import curve_results
+from truncsens.results.constructed import curve_results
 
 runner = CliRunner()
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from truncsens.cli.main import app
 from truncsens.results import save
-from truncsens.models.synthetic import curve_results
+from truncsens.results.constructed import curve_results
 
 runner = CliRunner()
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]

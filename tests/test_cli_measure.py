@@ -230,7 +230,7 @@ def test_bad_manifest_through_cli(tiny_llama_dir, tmp_path):
 
 def test_show_json_is_valid_json_with_one_target(tmp_path):
     """The standard error of one target is undefined: --json must print null, not bare NaN."""
-    from truncsens.models.synthetic import curve_results
+    from truncsens.results.constructed import curve_results
 
     ds = curve_results({"tv": lambda w: 0.1 * w**-0.5}, [1, 2, 4], n_docs=1).isel(target=[0])
     results.save(ds, tmp_path / "one.nc")

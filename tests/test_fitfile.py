@@ -21,7 +21,7 @@ from truncsens.report.policy_comparison import CompareConfig, compare_policies_f
 from truncsens.budget.recommend import recommend_windows
 from truncsens.report.printed import format_results_summary
 from truncsens.report.summary import summarize_file
-from truncsens.models.synthetic import curve_results
+from truncsens.results.constructed import curve_results
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 V1 = {"kind": "truncsens-fit", "schema": 1,

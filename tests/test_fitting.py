@@ -17,7 +17,7 @@ from truncsens.fit.laws import (FitError, extrapolation_mae, fit_family, fit_fam
 from truncsens.report.printed import format_fit_report as format_report
 from truncsens.stats import bootstrap_multiplicities, doc_sums, percentile_interval as percentile_ci, resampled_mean_se
 from truncsens.results import ResultsError, load, make_results, save
-from truncsens.models.synthetic import curve_results
+from truncsens.results.constructed import curve_results
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 

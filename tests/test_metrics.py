@@ -20,7 +20,7 @@ from truncsens.engine.kernel import metric_arrays
 from truncsens.fit import points
 from truncsens.fit.curves import curves_of, default_metrics
 from truncsens.fit.fitting import DEFAULT_METRICS, FitConfig, fit_curve
-from truncsens.models.synthetic import curve_results
+from truncsens.results.constructed import curve_results
 from truncsens.report.plots import axis_label
 from truncsens.report.policy_comparison import CompareConfig, compare_policies
 from truncsens.report.summary import summarize

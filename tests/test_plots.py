@@ -8,7 +8,7 @@ import pytest
 from truncsens.fit.curves import curves_of
 from truncsens.fit.fitting import FitConfig, FitReport, fit_curve
 from truncsens.report.plots import build_figure, figure_paths, panel_metrics, plot_report
-from truncsens.models.synthetic import curve_results
+from truncsens.results.constructed import curve_results
 
 
 def _doc(n_curves: int = 1):

@@ -17,7 +17,7 @@ from truncsens.budget.kv_spec import KVSpec, layer_windows_from_config
 from truncsens.fit.laws import fit_family
 from truncsens.budget.recommend import recommend
 from truncsens.report.printed import _comparison_line, format_fit_report, format_recommendations
-from truncsens.models.synthetic import curve_results
+from truncsens.results.constructed import curve_results
 from truncsens.budget.windows import cached_tokens_per_layer, kv_bytes_per_sequence, measured_crossings, window_for_eps, window_samples
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from truncsens.divergences import kl, tv
-from truncsens.models.synthetic import (COPY_STRENGTH, FLOOR, SCALE, SyntheticLM, curve_results, lag_weights,
+from truncsens.results.constructed import curve_results
+from truncsens.models.synthetic import (COPY_STRENGTH, FLOOR, SCALE, SyntheticLM, lag_weights,
                                  load_synthetic, parse_spec, synthetic_documents, tail_mass)
 
 

@@ -22,6 +22,7 @@ from truncsens.engine.errors import MeasureError  # (defined there, imported fro
 from truncsens.engine.semantics import Semantics, SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import check_policy_args
+from truncsens.results.schema import LATER_OPTIONS, LATER_OPTIONS_DEPENDENTS
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block.plan)
@@ -31,10 +32,6 @@ BLOCK_POLICIES = ("suffix", "sink_recent")  # the policies whose kept set is a w
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
-# options added after runs existed, with their defaults: at the default they are left out of the fingerprint
-# (with the options that only mean something beside them), so a run from before them still resumes
-LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token", "draws": 1}
-LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
 
 
 def default_out(model: str, corpus: str | None, domain: str, suffix: str = "") -> Path:

@@ -22,7 +22,7 @@ import numpy as np
 import xarray as xr
 
 from truncsens.metrics import divergences_in, present
-from truncsens.results import ResultsError, mean_over_draws, sweep_dim
+from truncsens.results.schema import ResultsError, mean_over_draws, sweep_dim
 from truncsens.stats import doc_sums, mean_with_inf, resampled_mean_se
 
 

@@ -59,7 +59,7 @@ import numpy as np
 
 import truncsens
 from truncsens.fit.laws import FitError
-from truncsens.results import utc_now
+from truncsens.results.schema import utc_now
 
 FIT_KIND = "truncsens-fit"
 SCHEMA = 2

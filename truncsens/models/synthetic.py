@@ -61,8 +61,8 @@ renormalization by the shown mass. Measured with ``measure`` defaults (64 docume
 N = 1024): alpha_TV = 0.494 [0.484, 0.505] for beta = 0.5, alpha_KL / alpha_TV = 1.96; the KL
 slope on [4, 128] is about 0.97 x 2 beta because of the flattening above.
 
-:func:`curve_results` builds results datasets whose mean curves are given functions exactly (for
-tests of the fitting code, independent of any model).
+Results datasets whose mean curves are given functions exactly (for tests of the fitting code,
+independent of any model) are :func:`truncsens.results.constructed.curve_results`.
 
 Power law and w(eps) as in arXiv 2605.25085 (polynomial truncation sensitivity).
 """
@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -298,69 +297,3 @@ def synthetic_documents(spec: str, n_docs: int, length: int, seed: int = 0) -> l
         copy = (k > 0) & (draws[1, :, t] < s)
         x[:, t] = np.where(copy, src, fresh[:, t])
     return [(f"synthetic-{i:05d}", torch.from_numpy(x[i].copy())) for i in range(n_docs)]
-
-
-def curve_results(
-    curves: Mapping[str, Callable[[np.ndarray], np.ndarray]],
-    windows: Sequence[int],
-    n_docs: int,
-    targets_per_doc: int = 2,
-    noise: float = 0.0,
-    seed: int = 0,
-    reference_context: int = 1024,
-    attrs: Mapping[str, object] | None = None,
-    doc_noise: float = 0.0,
-):
-    """A results dataset (window sweep) whose mean curves are the given functions.
-
-    Each document holds pairs of targets with multipliers ``1 + noise * z`` and ``1 - noise * z``
-    (z uniform in [-1, 1], one draw per pair and window-independent), so with ``doc_noise = 0``
-    every per-document mean, and hence every per-window mean, equals ``curves[m](w)`` exactly while
-    targets still scatter. ``doc_noise > 0`` multiplies each (document, window) by
-    ``1 + doc_noise * u`` (u uniform in [-1, 1]), so documents disagree and the mean curve is
-    exact only in expectation (for bootstrap tests). Metrics not in ``curves`` hold their best value
-    (:attr:`truncsens.metrics.Metric.best`: zero, ``top1_agree`` one).
-
-    Args:
-        curves: metric name -> function of the windows [S] returning the mean curve [S].
-        windows: the S windows in tokens.
-        n_docs: documents; targets_per_doc: targets per document (even).
-        noise: relative scatter of targets in [0, 1).
-        doc_noise: relative scatter of (document, window) means in [0, 1).
-        reference_context: the ``reference_context`` attr (N).
-        attrs: attrs overriding the defaults.
-
-    Raises:
-        ValueError: odd ``targets_per_doc`` or ``noise`` outside [0, 1).
-    """
-    from truncsens import __version__
-    from truncsens.metrics import METRICS
-    from truncsens.results import make_results, utc_now
-
-    if targets_per_doc < 2 or targets_per_doc % 2:
-        raise ValueError("targets_per_doc must be even (targets come in antithetic pairs)")
-    if not (0 <= noise < 1 and 0 <= doc_noise < 1):
-        raise ValueError("noise and doc_noise must lie in [0, 1)")
-    w = np.asarray(windows, dtype=np.float64)
-    n = n_docs * targets_per_doc
-    rng = np.random.default_rng(seed)
-    z = rng.uniform(-1, 1, size=(n // 2, 1))
-    mult = np.concatenate([1 + noise * z, 1 - noise * z], axis=1).reshape(n, 1)  # pairs stay inside a document
-    per_doc = 1 + doc_noise * rng.uniform(-1, 1, size=(n_docs, w.size))
-    mult = mult * np.repeat(per_doc, targets_per_doc, axis=0)  # [n, S]
-    data = {}
-    for m in METRICS:
-        if m.name in curves:
-            data[m.name] = mult * np.asarray(curves[m.name](w), dtype=np.float64)[None, :]  # [n, S]
-        else:
-            data[m.name] = np.full((n, w.size), m.best)  # [n, S] the value of no loss: 0, top1_agree 1
-    base = {
-        "truncsens_version": __version__, "model": "synthetic-curve", "model_revision": "", "tokenizer": "none",
-        "dtype": "float32", "device": "cpu", "semantics": "reencode", "positions": "original", "n_sink": 0,
-        "reference_context": reference_context, "corpus": "constructed", "corpus_sha256": "", "domain": "synthetic",
-        "seed": seed, "created": utc_now(), "command": "truncsens.models.synthetic.curve_results",
-    }
-    base.update(attrs or {})
-    doc = [f"doc{i:04d}" for i in range(n_docs) for _ in range(targets_per_doc)]
-    return make_results(data, "window", [int(v) for v in windows], doc, np.arange(n) + reference_context,
-                        np.zeros(n, dtype=np.int64), base)

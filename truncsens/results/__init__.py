@@ -1,2 +1,9 @@
-"""Results: the NetCDF schema (:mod:`.schema`), exact codecs of strings and attributes (:mod:`.codec`), joins (:mod:`.join`)."""
-from truncsens.results.schema import *  # noqa: F401,F403  (the results file's public functions)
+"""Results: the schema of a results Dataset (:mod:`.schema`), reading and writing it as NetCDF
+(:mod:`.files`), exact codecs of strings and attributes (:mod:`.codec`), joins of runs along
+``policy`` (:mod:`.join`), and constructed datasets with exactly known curves (:mod:`.constructed`).
+
+May import: :mod:`truncsens.metrics`, :mod:`truncsens.policies` (names), :mod:`truncsens.models`
+(provenance) and the math modules; never the engine, fits, budgets or reports.
+"""
+from truncsens.results.files import load, save  # noqa: F401
+from truncsens.results.schema import *  # noqa: F401,F403  (the schema's public names)

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
-from truncsens.engine.config import LATER_OPTIONS
+from truncsens.results.schema import LATER_OPTIONS
 from truncsens.results import ResultsError
 
 # attrs that must agree for two policy runs to be one measurement; an attr a file lacks (it was written before

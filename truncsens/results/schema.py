@@ -30,8 +30,6 @@ Schema (docs/results.md):
 from __future__ import annotations
 
 import datetime as _dt
-import os
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -50,6 +48,14 @@ REQUIRED_ATTRS = (
     "positions", "n_sink", "reference_context", "corpus", "corpus_sha256", "domain", "seed",
     "created", "command",
 )
+
+
+# Options added after results files existed, with their defaults: a file (or a resume fingerprint)
+# from before an option means its default. At the default they are left out of a run's fingerprint
+# (with the options that only mean something beside them), so a run from before them still resumes,
+# and joins of results read a missing attr as its default.
+LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token", "draws": 1}
+LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
 
 
 class ResultsError(ValueError):
@@ -127,11 +133,11 @@ def _strings(values: Sequence[str], name: str) -> np.ndarray:
     return out
 
 
-def _is_text(var: xr.Variable) -> bool:
+def is_text_variable(var: xr.Variable) -> bool:
     return var.dtype.kind in "UO"
 
 
-def _text_values(var: xr.Variable, name: str) -> np.ndarray:
+def text_values(var: xr.Variable, name: str) -> np.ndarray:
     """The values of a string variable as an object array of ``str`` (same shape)."""
     flat = [str(v) if isinstance(v, np.str_) else v for v in np.asarray(var.values, dtype=object).ravel()]
     bad = next((v for v in flat if not isinstance(v, str)), None)
@@ -214,112 +220,11 @@ def mean_over_draws(ds: xr.Dataset) -> xr.Dataset:
     return out
 
 
-def save(ds: xr.Dataset, path: str | Path) -> Path:
-    """Validate and write ``ds`` to NetCDF at ``path`` atomically: a temporary file of this process
-    (``.<name>.<pid>.tmp`` beside it, so concurrent writers never share one), then a rename; the
-    temporary file is removed if writing fails.
-
-    Raises:
-        ResultsError: ``ds`` does not fit the schema (nothing is written).
-        OSError: the path cannot be written.
-    """
-    validate(ds)
-    encoded = _encode(ds)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        encoded.to_netcdf(tmp, engine="h5netcdf")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _encode(ds: xr.Dataset) -> xr.Dataset:
-    """A copy ready for NetCDF: string variables as variable-length strings (escaped where a value
-    cannot be stored), attrs through :func:`truncsens.results.codec.encode_attrs`."""
-
-    def one(name: str, var: xr.Variable) -> xr.Variable:
-        attrs = codec.encode_attrs(var.attrs)
-        values = var.data
-        if _is_text(var):
-            values = _text_values(var, name)
-            if not all(codec.storable(v) for v in values.ravel()):
-                values = _map(codec.escape, values)
-                attrs[codec.ESCAPE_ATTR] = codec.ESCAPE_SCHEME
-        new = xr.Variable(var.dims, values, attrs, dict(var.encoding))
-        if _is_text(var):
-            new.encoding = {"dtype": str}  # variable-length: never the width of some earlier shard
-        return new
-
-    try:
-        return _rebuild(ds, one, codec.encode_attrs(ds.attrs))
-    except codec.AttrEncodingError as exc:
-        raise ResultsError(str(exc)) from exc
-
-
-def _decode(ds: xr.Dataset) -> xr.Dataset:
-    """Undo :func:`_encode` on a dataset read from a file."""
-
-    def one(name: str, var: xr.Variable) -> xr.Variable:
-        attrs = dict(var.attrs)
-        scheme = attrs.pop(codec.ESCAPE_ATTR, None)
-        values = var.data
-        encoding = dict(var.encoding)
-        if _is_text(var):
-            values = _text_values(var, name)
-            if scheme is not None:
-                if scheme != codec.ESCAPE_SCHEME:
-                    raise ResultsError(f"variable {name!r} has an unknown string escape {scheme!r}")
-                values = _map(codec.unescape, values)
-            encoding.pop("dtype", None)  # a fixed width read from a file must not bind later saves
-        return xr.Variable(var.dims, values, codec.decode_attrs(attrs), encoding)
-
-    return _rebuild(ds, one, codec.decode_attrs(ds.attrs))
-
-
-def _map(fn, values: np.ndarray) -> np.ndarray:
-    out = np.empty(values.shape, dtype=object)
-    out.ravel()[:] = [fn(v) for v in values.ravel()]
-    return out
-
-
-def _rebuild(ds: xr.Dataset, fn, attrs: dict) -> xr.Dataset:
+def rebuild_variables(ds: xr.Dataset, fn, attrs: dict) -> xr.Dataset:
     """A dataset with ``fn(name, variable)`` in place of every variable (coords stay coords)."""
     coords = {n: fn(n, v) for n, v in ds.coords.variables.items()}
     data_vars = {n: fn(n, ds[n].variable) for n in ds.data_vars}
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)
-
-
-def load(path: str | Path) -> xr.Dataset:
-    """Read and validate a results file into memory.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ResultsError: the file is not NetCDF or not a truncsens results file, or another process
-            holds it open for writing (HDF5's file lock; the message says how to read it anyway).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"results file not found: {path}")
-    try:
-        with xr.open_dataset(path, engine="h5netcdf") as ds:
-            ds = ds.load()
-    except Exception as exc:  # h5py / xarray raise many kinds for a non-NetCDF file
-        if "unable to lock file" in str(exc):
-            raise ResultsError(
-                f"{path} is locked by another process that has it open for writing (HDF5 file lock); wait for it "
-                "to finish, or read it anyway (on a file system without locking, or accepting a partial read) "
-                "with the environment variable HDF5_USE_FILE_LOCKING=FALSE") from exc
-        raise ResultsError(f"{path} is not a NetCDF results file ({type(exc).__name__}: {exc})") from exc
-    try:
-        ds = _decode(ds)
-    except ValueError as exc:  # bad JSON or escape: a damaged or foreign file
-        raise ResultsError(f"{path}: cannot decode its strings or attrs ({exc})") from exc
-    validate(ds)
-    return ds
 
 
 def merge(parts: Sequence[xr.Dataset]) -> xr.Dataset:
@@ -341,11 +246,11 @@ def merge(parts: Sequence[xr.Dataset]) -> xr.Dataset:
     out = xr.concat(list(parts), dim="target", combine_attrs="override")
 
     def plain(name: str, var: xr.Variable) -> xr.Variable:
-        if not _is_text(var):
+        if not is_text_variable(var):
             return var
         encoding = {k: v for k, v in var.encoding.items() if k != "dtype"}  # no fixed width from shard 0
-        return xr.Variable(var.dims, _text_values(var, name), var.attrs, encoding)
+        return xr.Variable(var.dims, text_values(var, name), var.attrs, encoding)
 
-    out = _rebuild(out, plain, dict(out.attrs))
+    out = rebuild_variables(out, plain, dict(out.attrs))
     validate(out)
     return out

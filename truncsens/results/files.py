@@ -1,0 +1,116 @@
+"""Reading and writing results files: NetCDF (engine h5netcdf) with the exact codecs of
+:mod:`truncsens.results.codec`. The schema itself (building, validating, reading a Dataset in memory)
+is :mod:`truncsens.results.schema`; this module is the only one that touches a results file's bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from truncsens.results import codec
+from truncsens.results.schema import ResultsError, is_text_variable, rebuild_variables, text_values, validate
+
+def save(ds: xr.Dataset, path: str | Path) -> Path:
+    """Validate and write ``ds`` to NetCDF at ``path`` atomically: a temporary file of this process
+    (``.<name>.<pid>.tmp`` beside it, so concurrent writers never share one), then a rename; the
+    temporary file is removed if writing fails.
+
+    Raises:
+        ResultsError: ``ds`` does not fit the schema (nothing is written).
+        OSError: the path cannot be written.
+    """
+    validate(ds)
+    encoded = _encode(ds)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        encoded.to_netcdf(tmp, engine="h5netcdf")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _encode(ds: xr.Dataset) -> xr.Dataset:
+    """A copy ready for NetCDF: string variables as variable-length strings (escaped where a value
+    cannot be stored), attrs through :func:`truncsens.results.codec.encode_attrs`."""
+
+    def one(name: str, var: xr.Variable) -> xr.Variable:
+        attrs = codec.encode_attrs(var.attrs)
+        values = var.data
+        if is_text_variable(var):
+            values = text_values(var, name)
+            if not all(codec.storable(v) for v in values.ravel()):
+                values = _map(codec.escape, values)
+                attrs[codec.ESCAPE_ATTR] = codec.ESCAPE_SCHEME
+        new = xr.Variable(var.dims, values, attrs, dict(var.encoding))
+        if is_text_variable(var):
+            new.encoding = {"dtype": str}  # variable-length: never the width of some earlier shard
+        return new
+
+    try:
+        return rebuild_variables(ds, one, codec.encode_attrs(ds.attrs))
+    except codec.AttrEncodingError as exc:
+        raise ResultsError(str(exc)) from exc
+
+
+def _decode(ds: xr.Dataset) -> xr.Dataset:
+    """Undo :func:`_encode` on a dataset read from a file."""
+
+    def one(name: str, var: xr.Variable) -> xr.Variable:
+        attrs = dict(var.attrs)
+        scheme = attrs.pop(codec.ESCAPE_ATTR, None)
+        values = var.data
+        encoding = dict(var.encoding)
+        if is_text_variable(var):
+            values = text_values(var, name)
+            if scheme is not None:
+                if scheme != codec.ESCAPE_SCHEME:
+                    raise ResultsError(f"variable {name!r} has an unknown string escape {scheme!r}")
+                values = _map(codec.unescape, values)
+            encoding.pop("dtype", None)  # a fixed width read from a file must not bind later saves
+        return xr.Variable(var.dims, values, codec.decode_attrs(attrs), encoding)
+
+    return rebuild_variables(ds, one, codec.decode_attrs(ds.attrs))
+
+
+def _map(fn, values: np.ndarray) -> np.ndarray:
+    out = np.empty(values.shape, dtype=object)
+    out.ravel()[:] = [fn(v) for v in values.ravel()]
+    return out
+
+
+def load(path: str | Path) -> xr.Dataset:
+    """Read and validate a results file into memory.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ResultsError: the file is not NetCDF or not a truncsens results file, or another process
+            holds it open for writing (HDF5's file lock; the message says how to read it anyway).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"results file not found: {path}")
+    try:
+        with xr.open_dataset(path, engine="h5netcdf") as ds:
+            ds = ds.load()
+    except Exception as exc:  # h5py / xarray raise many kinds for a non-NetCDF file
+        if "unable to lock file" in str(exc):
+            raise ResultsError(
+                f"{path} is locked by another process that has it open for writing (HDF5 file lock); wait for it "
+                "to finish, or read it anyway (on a file system without locking, or accepting a partial read) "
+                "with the environment variable HDF5_USE_FILE_LOCKING=FALSE") from exc
+        raise ResultsError(f"{path} is not a NetCDF results file ({type(exc).__name__}: {exc})") from exc
+    try:
+        ds = _decode(ds)
+    except ValueError as exc:  # bad JSON or escape: a damaged or foreign file
+        raise ResultsError(f"{path}: cannot decode its strings or attrs ({exc})") from exc
+    validate(ds)
+    return ds
+
