@@ -45,7 +45,7 @@ def forward_tokens(ds, protocol: str, semantics: str, passes: int, max_context: 
     N, n = int(ds.attrs["reference_context"]), int(ds.sizes["target"])
     if protocol == "exact":
         return n * (N + passes * semantics_for(semantics).cost(N, 0))  # streaming: N per pass, prefill_evict: 1
-    return policy_forward_tokens(block_sizes(ds), N, passes, semantics == "streaming", max(0, max_context - N))
+    return policy_forward_tokens(block_sizes(ds), N, passes, semantics_for(semantics).streams, max(0, max_context - N))
 
 
 def main() -> None:
