@@ -41,7 +41,7 @@ def compare_policies(
         stem = (plot_out or default_plot_stem(results_file[0])) if plot else None
         cmp = compare(results_file, metrics=split_list(metrics, "--metrics"), numerator=numerator, denominator=denominator,
                       bootstrap=bootstrap, seed=seed, fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
-                      truncation=truncation, json_out=json_out or None, plot_out=stem, overwrite=overwrite)
+                      truncation=truncation, json_out=json_out, plot_out=stem, overwrite=overwrite)
         wrote = [str(p) for p in figure_paths(stem)] if plot else []
         if json_out:
             wrote.append(str(json_out))
