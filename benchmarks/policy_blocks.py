@@ -8,7 +8,7 @@ token under ``prefill_evict``. The block protocol (:mod:`truncsens.engine.block.
 reference pass of L = N + e tokens per block of B targets, then one stream of L tokens (streaming)
 or one decode of B tokens (prefill_evict) per (policy, draw, budget). Forward tokens are counted by
 those rules; the means are over targets with their document-clustered standard errors
-(:meth:`truncsens.fit.curves.Curve.mean_se`). The two protocols measure different targets (random
+(:meth:`truncsens.fits.curves.Curve.mean_se`). The two protocols measure different targets (random
 positions against blocks; reference contexts N against N .. N+B-1), so their means agree within
 their errors rather than exactly; that every block value equals a single-target run is tested in
 tests/test_block_policies.py.
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's truncsens, not an installed one
 
 from truncsens import results  # noqa: E402
-from truncsens.fit.curves import curves_of  # noqa: E402
+from truncsens.fits.curves import curves_of  # noqa: E402
 from truncsens.engine.block.plan import policy_forward_tokens  # noqa: E402
 from truncsens.engine.block.runs import block_sizes  # noqa: E402
 from truncsens.engine.config import DEFAULT_BLOCK_FRACTION, DEFAULT_BLOCK_SIZE, MeasureConfig  # noqa: E402

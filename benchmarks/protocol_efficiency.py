@@ -5,7 +5,7 @@ Both protocols run on the same documents of the same corpus (the first ``--docs`
 documents long enough for N + 1 tokens) with the default windows (powers of two up to N/2): the
 exact protocol with ``--exact-targets`` random targets per document, the block protocol with
 ``--block-targets`` per document (one block each at the defaults). Intervals are percentile
-bootstraps over documents (:func:`truncsens.fit.fitting.fit_datasets`, default fit range).
+bootstraps over documents (:func:`truncsens.fits.fitting.fit_datasets`, default fit range).
 
 Equal-width ratio: an interval's width scales as 1 / sqrt(documents), and so do forward tokens at
 a fixed design, so the tokens a protocol needs for a given width are proportional to
@@ -55,7 +55,7 @@ from truncsens.engine.documents import prepare_documents  # noqa: E402
 from truncsens.engine.kernel import measure_draws  # noqa: E402
 from truncsens.engine.measure import run_measure, shard_results  # noqa: E402
 from truncsens.engine.sweep import default_windows, resolve_sweep  # noqa: E402
-from truncsens.fit.fitting import FitConfig, fit_datasets  # noqa: E402
+from truncsens.fits.fitting import FitConfig, fit_datasets  # noqa: E402
 from truncsens.models import load_model  # noqa: E402
 from truncsens.targets import select_block_targets  # noqa: E402
 

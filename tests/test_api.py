@@ -153,13 +153,13 @@ def test_fit_of_a_dataset_in_memory_and_its_figure(runs, tmp_path):
     assert truncsens.fit([old, ds], bootstrap=0).config.metrics == ("tv", "kl")
 
 
-def test_load_and_the_callable_subpackages(runs):
+def test_load_and_the_api_names(runs):
     _, out, _, _ = runs
     ds = truncsens.load(out)
     assert isinstance(ds, xr.Dataset) and ds.attrs["reference_context"] == N
-    import truncsens.fit.laws as laws  # the subpackage is still a package
+    import truncsens.fits.laws as laws  # the stage folders are plain packages beside the API's verbs
 
-    assert truncsens.fit.laws is laws and callable(truncsens.fit) and callable(truncsens.certify)
+    assert truncsens.fits.laws is laws and not callable(truncsens.fits)
     assert "bootstrap" in inspect.signature(truncsens.fit).parameters
     assert "delta" in inspect.signature(truncsens.certify).parameters
     with pytest.raises(AttributeError):

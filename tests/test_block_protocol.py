@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from truncsens import results
 from truncsens.cli.main import app
-from truncsens.fit.curves import curves_of
+from truncsens.fits.curves import curves_of
 from truncsens.divergences import all_metrics
 from truncsens.engine.block.plan import (
     Blocks, actual_contexts, actual_windows, block_length, blocks_of, check_block_windows, chunks,
@@ -21,7 +21,7 @@ from truncsens.engine.block.plan import (
 from truncsens.engine.block.passes import measure_blocks
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.forward import next_token_logprobs
-from truncsens.fit.fitting import FitConfig, fit_curve, fit_datasets
+from truncsens.fits.fitting import FitConfig, fit_curve, fit_datasets
 from truncsens.models import load_model
 from truncsens.targets import TokenDoc, draw_blocks, select_block_targets
 

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.fit.fit_file import write_fit_file
-from truncsens.fit.fitting import FitConfig, fit_datasets
+from truncsens.fits.fit_file import write_fit_file
+from truncsens.fits.fitting import FitConfig, fit_datasets
 from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model
-from truncsens.fit.laws import FitError
+from truncsens.fits.laws import FitError
 from truncsens.budget.recommend import load_or_fit, recommend
 from truncsens.report.printed import format_recommendations
 from truncsens.stats import percentile_interval

@@ -1,4 +1,4 @@
-"""Attribution of failures and gated recomputation (truncsens.certify.tasks / attribution /
+"""Attribution of failures and gated recomputation (truncsens.certificates.tasks / attribution /
 trajectory): hand-made token sequences, hand-computed AUCs and removals, and a greedy trajectory of
 the reference model checked against the certify passes run on their own."""
 
@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from truncsens.cli.main import app
 
-from truncsens.certify.attribution import (
+from truncsens.certificates.attribution import (
     FAILURE_NLL, attribution_statistics, auc, by_documents, certificate_score, failures, gated_removal_curve,
     random_removal, removal_curves, verdict_above,
 )
-from truncsens.certify.tasks import TaskError, copy_positions, copy_vocabulary, kv_document
+from truncsens.certificates.tasks import TaskError, copy_positions, copy_vocabulary, kv_document
 
 # index:       0  1  2  3  4  5  6  7  8  9 10 11 12
 HAND_IDS = [9, 7, 1, 2, 3, 4, 5, 2, 7, 1, 2, 0, 2]
@@ -160,10 +160,10 @@ def test_verdict_rule():
 
 @requires_reference
 def test_trajectory_eprocess_on_the_reference_model():
-    from truncsens.certify.eprocess import step_levels
-    from truncsens.certify.estimator import eb_sum_radius
-    from truncsens.certify.passes import certify_batch
-    from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
+    from truncsens.certificates.eprocess import step_levels
+    from truncsens.certificates.estimator import eb_sum_radius
+    from truncsens.certificates.passes import certify_batch
+    from truncsens.certificates.trajectory import greedy_trajectory, trajectory_summary
     from truncsens.models import load_model
     from truncsens.policies import PoissonPolicy
     from truncsens.targets import doc_seed

@@ -7,8 +7,8 @@ from dataclasses import fields
 
 import pytest
 
-from truncsens.certify.attribution_run import AttributionConfig
-from truncsens.certify.config import CertifyBase, CertifyConfig, CertifyError
+from truncsens.certificates.attribution_run import AttributionConfig
+from truncsens.certificates.config import CertifyBase, CertifyConfig, CertifyError
 from truncsens.engine.config import MeasureError
 
 SHARED = ["model", "domain", "corpus", "split", "reference_context", "budgets", "delta", "n_sink", "max_docs", "seed",

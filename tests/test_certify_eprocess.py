@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from truncsens.certify.eprocess import e_process, rejects, step_levels, step_weights
-from truncsens.certify.estimator import attention_records
+from truncsens.certificates.eprocess import e_process, rejects, step_levels, step_weights
+from truncsens.certificates.estimator import attention_records
 from truncsens.policies import make_policy
 
 

@@ -1,4 +1,4 @@
-"""Gated recomputation (truncsens.certify.attribution): the vectorized gated_removal_curve, and
+"""Gated recomputation (truncsens.certificates.attribution): the vectorized gated_removal_curve, and
 removal_curves / attribution_statistics built on it, equal the old per-score loop (kept here as the
 naive reference) exactly, on random scores with many ties, NaN and ±inf."""
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.certify.attribution import (
+from truncsens.certificates.attribution import (
     attribution_statistics, auc, gated_removal_curve, random_removal, removal_curves,
 )
 

@@ -12,9 +12,9 @@ import torch
 
 from engine_calls import prefill_evict_logprobs
 from truncsens.policies.poisson_design import empirical_bernstein_radius
-from truncsens.certify.estimator import attention_records, eb_sum_radius
-from truncsens.certify.passes import certify_batch, design_of
-from truncsens.certify.probe import CertifyModelError, CertifyProbe, check_model, probed
+from truncsens.certificates.estimator import attention_records, eb_sum_radius
+from truncsens.certificates.passes import certify_batch, design_of
+from truncsens.certificates.probe import CertifyModelError, CertifyProbe, check_model, probed
 from truncsens.engine.reference_pass import reference_pass
 from truncsens.models import load_model
 from truncsens.policies import make_policy

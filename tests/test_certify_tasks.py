@@ -1,4 +1,4 @@
-"""The key-value documents of truncsens.certify.tasks: the linear filler (fill_to_length) makes the
+"""The key-value documents of truncsens.certificates.tasks: the linear filler (fill_to_length) makes the
 same documents as the old algorithm (one whole-text encoding per filler line, kept here as the naive
 reference) for the bundled reference tokenizer, a small byte-level BPE, and character tokenizers
 whose line pieces do not add up (both ways)."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import build_tokenizer, requires_reference
 
-from truncsens.certify.tasks import FILLER, HEADER, TaskError, fill_to_length, kv_document, kv_tasks
+from truncsens.certificates.tasks import FILLER, HEADER, TaskError, fill_to_length, kv_document, kv_tasks
 from truncsens.targets import doc_seed
 
 

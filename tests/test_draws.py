@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from truncsens import results
 from truncsens.cli.main import app
-from truncsens.fit.curves import curves_of
+from truncsens.fits.curves import curves_of
 from truncsens.divergences import METRICS
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.kernel import measure_draws, policy_seeds

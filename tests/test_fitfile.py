@@ -1,4 +1,4 @@
-"""The fit file format (truncsens.fit.fit_file) and the fit / plot / recommend / show / compare steps
+"""The fit file format (truncsens.fits.fit_file) and the fit / plot / recommend / show / compare steps
 behind the CLI (truncsens.api, truncsens.budget.recommend, truncsens.report.summary, truncsens.report.policy_comparison)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 
 from truncsens import results
 from truncsens.divergences import METRICS
-from truncsens.fit.fit_file import (SCHEMA, is_fit_file, plot_prefix, read_fit_file, same_curve, upgrade_fit_doc, use_fits_from,
+from truncsens.fits.fit_file import (SCHEMA, is_fit_file, plot_prefix, read_fit_file, same_curve, upgrade_fit_doc, use_fits_from,
                                write_json)
-from truncsens.fit.fitting import FitConfig, curve_labels, fit_datasets
-from truncsens.fit.laws import FitError
+from truncsens.fits.fitting import FitConfig, curve_labels, fit_datasets
+from truncsens.fits.laws import FitError
 from truncsens.api.fit import fit
 from truncsens.api.plot import plot
 from truncsens.report.policy_comparison import CompareConfig, compare_policies_file, default_plot_stem

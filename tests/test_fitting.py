@@ -1,4 +1,4 @@
-"""Decay-law fits, bootstrap intervals and the extrapolation comparison (truncsens.fit.laws, truncsens.fit.fitting)."""
+"""Decay-law fits, bootstrap intervals and the extrapolation comparison (truncsens.fits.laws, truncsens.fits.fitting)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.fit.curves import curves_of
-from truncsens.fit.fit_file import default_fit_path, read_fit_file, sanitize, write_fit_file
+from truncsens.fits.curves import curves_of
+from truncsens.fits.fit_file import default_fit_path, read_fit_file, sanitize, write_fit_file
 from truncsens.api.fit import fit
-from truncsens.fit.fitting import FitConfig, default_ranges, fit_curve, fit_datasets, parse_range
-from truncsens.fit.laws import (FitError, extrapolation_mae, fit_family, fit_family_batch, law_log, law_value, log_weights,
+from truncsens.fits.fitting import FitConfig, default_ranges, fit_curve, fit_datasets, parse_range
+from truncsens.fits.laws import (FitError, extrapolation_mae, fit_family, fit_family_batch, law_log, law_value, log_weights,
                             weighted_line, wls_aic)
 from truncsens.report.printed import format_fit_report as format_report
 from truncsens.stats import bootstrap_multiplicities, doc_sums, percentile_interval as percentile_ci, resampled_mean_se
@@ -250,7 +250,7 @@ def test_excluded_windows_are_reported():
 
 
 def FitReportLike(cf):
-    from truncsens.fit.fitting import FitReport
+    from truncsens.fits.fitting import FitReport
 
     return FitReport(FitConfig(metrics=("tv",), n_boot=100), [cf]).to_json()
 

@@ -17,9 +17,9 @@ from truncsens import metrics as M
 from truncsens import results
 from truncsens.cli.main import app
 from truncsens.engine.kernel import metric_arrays
-from truncsens.fit import points
-from truncsens.fit.curves import curves_of, default_metrics
-from truncsens.fit.fitting import DEFAULT_METRICS, FitConfig, fit_curve
+from truncsens.fits import points
+from truncsens.fits.curves import curves_of, default_metrics
+from truncsens.fits.fitting import DEFAULT_METRICS, FitConfig, fit_curve
 from truncsens.results.constructed import curve_results
 from truncsens.report.plots import axis_label
 from truncsens.report.policy_comparison import CompareConfig, compare_policies

@@ -20,4 +20,4 @@ def test_every_subpackage_is_listed_in_pyproject():
     found |= {"truncsens.cli"} if (ROOT / "cli" / "__init__.py").exists() else set()
     missing = sorted(found - listed)
     assert not missing, f"packages missing from pyproject.toml [tool.setuptools] packages: {missing}"
-    assert "truncsens.certify" in listed and "truncsens.engine" in listed
+    assert "truncsens.certificates" in listed and "truncsens.engine" in listed

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from truncsens.fit.curves import curves_of
-from truncsens.fit.fitting import FitConfig, FitReport, fit_curve
+from truncsens.fits.curves import curves_of
+from truncsens.fits.fitting import FitConfig, FitReport, fit_curve
 from truncsens.report.plots import build_figure, figure_paths, panel_metrics, plot_report
 from truncsens.results.constructed import curve_results
 

@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from truncsens.fit.points import KL_NOISE_FLOOR, TV_NOISE_FLOOR, classify_points
-from truncsens.fit.curves import curves_of
-from truncsens.fit.fitting import FitConfig, fit_curve, fit_datasets
+from truncsens.fits.points import KL_NOISE_FLOOR, TV_NOISE_FLOOR, classify_points
+from truncsens.fits.curves import curves_of
+from truncsens.fits.fitting import FitConfig, fit_curve, fit_datasets
 from truncsens.budget.kv_spec import KVSpec, layer_windows_from_config
-from truncsens.fit.laws import fit_family
+from truncsens.fits.laws import fit_family
 from truncsens.budget.recommend import recommend
 from truncsens.report.printed import _comparison_line, format_fit_report, format_recommendations
 from truncsens.results.constructed import curve_results
@@ -195,7 +195,7 @@ def test_model_comparison_undecided_when_the_interval_contains_one():
     assert "undecided between power_floor and power" in _comparison_line(c) and "wins" not in _comparison_line(c)
     c2 = {**c, "factor": {"value": 3.0, "ci": [1.5, 6.0]}, "undecided": False}
     assert "power_floor wins held-out extrapolation" in _comparison_line(c2)
-    from truncsens.fit.fitting import ratio_undecided
+    from truncsens.fits.fitting import ratio_undecided
 
     assert ratio_undecided([0.115, 11.7]) and ratio_undecided([0.9, 1.0]) and not ratio_undecided([1.01, 2])
     assert not ratio_undecided(None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from truncsens.certify.estimator import attention_records
-from truncsens.certify.passes import design_of
+from truncsens.certificates.estimator import attention_records
+from truncsens.certificates.passes import design_of
 from truncsens.policies import make_policy
 
 

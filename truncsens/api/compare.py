@@ -11,8 +11,8 @@ from typing import Sequence
 import xarray as xr
 
 from truncsens.api.load import Results, datasets_of, load
-from truncsens.fit.fit_file import check_new_files, write_json
-from truncsens.fit.fitting import curve_labels, parse_range
+from truncsens.fits.fit_file import check_new_files, write_json
+from truncsens.fits.fitting import curve_labels, parse_range
 from truncsens.report.plots import figure_paths, plot_comparison
 from truncsens.report.policy_comparison import CompareConfig, PolicyComparison
 from truncsens.report.policy_comparison import compare_policies as compare_dataset
@@ -34,7 +34,7 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
         metrics: metrics to summarize and fit (default: kl, tv; the figure draws the first).
         numerator, denominator: policies of the ratio of means (default random / sink_recent).
         bootstrap: resamples over documents (0: no intervals); seed: their seed.
-        fit_range: budgets ``(lo, hi)`` or ``"LO:HI"`` of the power-law fits (default: as :func:`truncsens.fit`).
+        fit_range: budgets ``(lo, hi)`` or ``"LO:HI"`` of the power-law fits (default: as :func:`truncsens.fits`).
         truncation: a window results file or Dataset whose power-law alpha is listed beside the policies'.
         json_out: also write the comparison as JSON here; plot_out: draw the log-log figure to
             ``<plot_out>.png`` / ``.pdf``.
@@ -49,7 +49,7 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
         ValueError: no metric, a bad range, an explicit ratio policy the results lack.
         FileNotFoundError, truncsens.results.ResultsError: a missing or unreadable file, runs of other
             targets or settings, not a budget sweep.
-        truncsens.fit.laws.FitError: bootstrap with fewer than 2 documents.
+        truncsens.fits.laws.FitError: bootstrap with fewer than 2 documents.
     """
     names = (tuple(v.strip() for v in metrics.split(",") if v.strip()) if isinstance(metrics, str) else tuple(metrics or ())) or DEFAULT_METRICS
     if isinstance(fit_range, str):

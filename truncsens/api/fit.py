@@ -1,5 +1,5 @@
-"""``truncsens.fit``: decay laws of D(w) (power law, exponential, power law + floor) with bootstrap
-intervals over documents, compared by held-out extrapolation (:mod:`truncsens.fit.fitting`).
+"""``truncsens.fits``: decay laws of D(w) (power law, exponential, power law + floor) with bootstrap
+intervals over documents, compared by held-out extrapolation (:mod:`truncsens.fits.fitting`).
 
 Results go in as files or Datasets; a :class:`FitReport` comes out, which gives the fit file's dict
 (:meth:`FitReport.to_json`), the table ``truncsens fit`` prints (:meth:`FitReport.table`) and the
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Sequence
 
 from truncsens.api.load import Results, datasets_of
-from truncsens.fit import fitting
-from truncsens.fit.curves import default_metrics
-from truncsens.fit.fit_file import check_new_files, write_fit_file
-from truncsens.fit.fitting import FitConfig, fit_datasets, parse_range
-from truncsens.fit.laws import FAMILIES
+from truncsens.fits import fitting
+from truncsens.fits.curves import default_metrics
+from truncsens.fits.fit_file import check_new_files, write_fit_file
+from truncsens.fits.fitting import FitConfig, fit_datasets, parse_range
+from truncsens.fits.laws import FAMILIES
 from truncsens.report.plots import figure_paths, plot_report
 from truncsens.report.printed import format_fit_report
 from truncsens.results import utc_now
@@ -27,7 +27,7 @@ from truncsens.results import utc_now
 
 @dataclass
 class FitReport(fitting.FitReport):
-    """The fits of :func:`fit`: ``config``, ``results`` (one :class:`~truncsens.fit.fitting.CurveFits`
+    """The fits of :func:`fit`: ``config``, ``results`` (one :class:`~truncsens.fits.fitting.CurveFits`
     per curve) and ``created``, with the fit file's dict, its table and its figure."""
 
     def table(self) -> str:
@@ -49,7 +49,7 @@ class FitReport(fitting.FitReport):
         return plot_report(self.to_json(), out, metrics)
 
     def write(self, path: str | Path, overwrite: bool = True) -> Path:
-        """Write the fit file (JSON, :mod:`truncsens.fit.fit_file`) and return its path.
+        """Write the fit file (JSON, :mod:`truncsens.fits.fit_file`) and return its path.
 
         Raises:
             FileExistsError: ``path`` exists and not ``overwrite``.
@@ -61,12 +61,12 @@ class FitReport(fitting.FitReport):
 def fit_config(metrics: str | Sequence[str] | None = None, families: str | Sequence[str] | None = None,
                fit_range: str | tuple[int, int] | None = None, holdout_range: str | tuple[int, int] | None = None,
                bootstrap: int = 1000, seed: int = 0, level: float = 0.95) -> FitConfig:
-    """:class:`~truncsens.fit.fitting.FitConfig` from ``truncsens fit``'s options: names as lists or one
+    """:class:`~truncsens.fits.fitting.FitConfig` from ``truncsens fit``'s options: names as lists or one
     comma-separated string (None: the defaults), ranges as ``(lo, hi)`` or ``"LO:HI"`` (tokens, inclusive).
 
     Raises:
-        ValueError: a range that does not parse (:func:`truncsens.fit.fitting.parse_range`), bad bootstrap or level.
-        truncsens.fit.laws.FitError: no metric, an unknown family.
+        ValueError: a range that does not parse (:func:`truncsens.fits.fitting.parse_range`), bad bootstrap or level.
+        truncsens.fits.laws.FitError: no metric, an unknown family.
     """
     return FitConfig(metrics=tuple(_names(metrics) or fitting.DEFAULT_METRICS), families=tuple(_names(families) or FAMILIES),
                      fit_range=_range(fit_range, "--fit-range"), holdout_range=_range(holdout_range, "--holdout-range"),
@@ -85,7 +85,7 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
         metrics: metrics to fit (default: the divergences tv, kl, kl_reverse, js that every results holds).
         families: law families (default: power, exponential, power_floor).
         fit_range, holdout_range: ``(lo, hi)`` or ``"LO:HI"`` in tokens, inclusive (default: see
-            :func:`truncsens.fit.fitting.default_ranges`).
+            :func:`truncsens.fits.fitting.default_ranges`).
         bootstrap: resamples over documents (0: no intervals); seed: their seed; level: interval level.
         out: write the fit file (JSON) here; plot_out: draw the figure to ``<plot_out>.png`` / ``.pdf``.
         overwrite: replace them; without it an existing one is refused before anything is fitted.
@@ -97,8 +97,8 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
         FileExistsError: ``out`` or a figure exists and not ``overwrite``.
         FileNotFoundError, truncsens.results.ResultsError: a results file is missing or not one; an
             unknown metric, fewer than two sweep points.
-        truncsens.fit.laws.FitError, ValueError: as :func:`fit_config` and
-            :func:`truncsens.fit.fitting.fit_curve` (too few points in the fit range, ...).
+        truncsens.fits.laws.FitError, ValueError: as :func:`fit_config` and
+            :func:`truncsens.fits.fitting.fit_curve` (too few points in the fit range, ...).
     """
     cfg = fit_config(metrics, families, fit_range, holdout_range, bootstrap, seed, level)
     check_new_files([out, *(figure_paths(plot_out) if plot_out is not None else [])], overwrite)

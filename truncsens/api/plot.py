@@ -8,9 +8,9 @@ from typing import Sequence
 
 from truncsens.api.fit import fit_config
 from truncsens.api.load import Results, datasets_of
-from truncsens.fit.curves import default_metrics
-from truncsens.fit.fit_file import check_new_files, read_fit_file, use_fits_from
-from truncsens.fit.fitting import DEFAULT_METRICS, fit_datasets
+from truncsens.fits.curves import default_metrics
+from truncsens.fits.fit_file import check_new_files, read_fit_file, use_fits_from
+from truncsens.fits.fitting import DEFAULT_METRICS, fit_datasets
 from truncsens.report.plots import figure_paths, plot_report
 
 
@@ -23,7 +23,7 @@ def plot(results: Results | Sequence[Results], out: str | Path, *, fit: str | Pa
         results: a results file or Dataset, or a list of them.
         out: figure prefix (one ending in .png or .pdf stands for its stem).
         fit: a fit file of ``truncsens fit`` made from these very results
-            (:func:`truncsens.fit.fit_file.same_curve`) whose laws to draw (None: fit now, no intervals).
+            (:func:`truncsens.fits.fit_file.same_curve`) whose laws to draw (None: fit now, no intervals).
         metrics: panels (default: those of tv, kl, kl_reverse, js that ``fit`` has, or without it those
             every results holds).
         fit_range: ``(lo, hi)`` or ``"LO:HI"`` when fitting now.
@@ -35,7 +35,7 @@ def plot(results: Results | Sequence[Results], out: str | Path, *, fit: str | Pa
     Raises:
         FileExistsError: a figure exists and not ``overwrite``.
         ValueError: the fit file does not match the results, a metric is missing, a bad range.
-        FileNotFoundError, truncsens.results.ResultsError, truncsens.fit.laws.FitError: as :func:`truncsens.fit`.
+        FileNotFoundError, truncsens.results.ResultsError, truncsens.fits.laws.FitError: as :func:`truncsens.fits`.
     """
     check_new_files(figure_paths(Path(out)), overwrite)
     fitted = read_fit_file(fit) if fit is not None else None

@@ -33,11 +33,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from truncsens.fit.points import noise_floor
-from truncsens.fit.fit_file import is_fit_file, read_fit_file, sanitize
-from truncsens.fit.fitting import FitConfig, fit_datasets
+from truncsens.fits.points import noise_floor
+from truncsens.fits.fit_file import is_fit_file, read_fit_file, sanitize
+from truncsens.fits.fitting import FitConfig, fit_datasets
 from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model
-from truncsens.fit.laws import FitError
+from truncsens.fits.laws import FitError
 from truncsens.results import load
 from truncsens.stats import percentile_interval
 from truncsens.budget.windows import check_eps, measured_crossings, measured_window, window_for_eps, window_samples
@@ -116,7 +116,7 @@ def recommend(fit_doc: dict, eps_values: Sequence[float], metric: str = "tv", le
     """w(eps) for every curve of a fit file dict and every eps (rules in the module docstring).
 
     Args:
-        fit_doc: a fit file dict (:func:`truncsens.fit.fit_file.read_fit_file` or ``FitReport.to_json()``).
+        fit_doc: a fit file dict (:func:`truncsens.fits.fit_file.read_fit_file` or ``FitReport.to_json()``).
         eps_values: distortion targets in the metric's units.
         metric: which metric's curve and power law to use.
         level: level of the percentile intervals.

@@ -31,7 +31,7 @@ def compare_policies(
     with several draws (measure --draws R): means over draws per target, and the spread between draws."""
     from truncsens.api.compare import compare_policies as compare
     from truncsens.cli.options import split_list
-    from truncsens.fit.fitting import parse_range
+    from truncsens.fits.fitting import parse_range
     from truncsens.report.plots import figure_paths
     from truncsens.report.policy_comparison import default_plot_stem
     from truncsens.report.printed import format_comparison, format_draw_spread

@@ -29,7 +29,7 @@ def fit(
     """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""
     from truncsens.api.fit import fit as fit_results
     from truncsens.cli.options import split_list
-    from truncsens.fit.fit_file import default_fit_path, plot_prefix
+    from truncsens.fits.fit_file import default_fit_path, plot_prefix
     from truncsens.report.plots import figure_paths
 
     with user_errors():

@@ -6,7 +6,7 @@ first order kept). JSON and figures: ``--json`` prints JSON to stdout instead of
 ``--json-out PATH`` (``fit``: ``--out``) writes a JSON file; ``--plot`` draws figures and
 ``--plot-out PREFIX`` says where (``PREFIX.png``, ``PREFIX.pdf``). A command that writes a file
 refuses to replace an existing one unless ``--overwrite`` is given, before computing anything
-(:func:`truncsens.fit.fit_file.check_new_files`).
+(:func:`truncsens.fits.fit_file.check_new_files`).
 
 Options that several commands declare alike are written once here, as ``Annotated`` types
 (``domain: Domain = "code"``): the same flag, the same help text, whatever the command.

@@ -21,7 +21,7 @@ def plot(
     """One panel per metric: mean D(w) ± se on log-log axes, with the fitted laws."""
     from truncsens.api.plot import plot as plot_results
     from truncsens.cli.options import split_list
-    from truncsens.fit.fitting import parse_range
+    from truncsens.fits.fitting import parse_range
 
     with user_errors():
         paths = plot_results(results_files, out, fit=fit_file, metrics=split_list(metric, "--metric"),

@@ -25,7 +25,7 @@ def recommend_window(
     w(eps) = (C/eps)^(1/alpha) outside it, each with its interval, and the KV memory it implies."""
     from truncsens.api.recommend import recommend_window as recommend
     from truncsens.cli.options import float_list, split_list
-    from truncsens.fit.fitting import parse_range
+    from truncsens.fits.fitting import parse_range
     from truncsens.report.printed import format_recommendations
 
     with user_errors():

@@ -1,7 +1,7 @@
 """Figures: log-log D(w) with standard-error bars and the fitted laws, one panel per metric
 (:func:`plot_report`), and retention policies at equal budget (:func:`plot_comparison`).
 
-D(w) is drawn from a fit file dict (:mod:`truncsens.fit.fit_file`), which holds both the measured
+D(w) is drawn from a fit file dict (:mod:`truncsens.fits.fit_file`), which holds both the measured
 curves (mean and cluster-robust se per sweep point) and the fitted parameters.
 Figures are built on ``matplotlib.figure.Figure`` (Agg canvas, no pyplot state), so no display is
 needed. Each figure is written as PNG and PDF.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from truncsens.fit.laws import law_value
+from truncsens.fits.laws import law_value
 from truncsens.metrics import find
 from truncsens.report.tables import fmt_level
 
@@ -144,7 +144,7 @@ def plot_report(doc: dict, out_prefix: str | Path, metrics: Sequence[str] | None
     """Draw D(w) per metric (one panel each) with se bars and fitted laws; save PNG and PDF.
 
     Args:
-        doc: a fit file dict (:func:`truncsens.fit.fit_file.fit_document` or :func:`truncsens.fit.fit_file.read_fit_file`).
+        doc: a fit file dict (:func:`truncsens.fits.fit_file.fit_document` or :func:`truncsens.fits.fit_file.read_fit_file`).
         out_prefix: output prefix; ``<prefix>.png`` and ``<prefix>.pdf`` are written (:func:`figure_paths`).
         metrics: panels to draw (default: all metrics in the file).
         families: laws to draw (default: every fitted family).

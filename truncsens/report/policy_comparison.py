@@ -8,7 +8,7 @@ For a results file with a ``budget`` sweep (and a ``policy`` dim, or one policy 
   compared pairwise on the same documents);
 - the ratio of means ``numerator / denominator`` (default ``random / sink_recent``, the comparison
   of arXiv 2605.25085: about two orders of magnitude) per budget, with its paired bootstrap interval;
-- the power-law fit ``D(k) = C·k^-α`` of each policy (:func:`truncsens.fit.fitting.fit_curve`, the
+- the power-law fit ``D(k) = C·k^-α`` of each policy (:func:`truncsens.fits.fitting.fit_curve`, the
   ``truncsens fit`` code), optionally beside the α of a truncation (window) results file;
 - for a file with R > 1 draws (``measure --draws R``): everything above on the per-target means
   over draws (:func:`truncsens.results.mean_over_draws`), and the spread between draws
@@ -30,10 +30,10 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
-from truncsens.fit.curves import Curve, curves_of
-from truncsens.fit.fit_file import sanitize
-from truncsens.fit.fitting import FitConfig, fit_curve
-from truncsens.fit.laws import FitError
+from truncsens.fits.curves import Curve, curves_of
+from truncsens.fits.fit_file import sanitize
+from truncsens.fits.fitting import FitConfig, fit_curve
+from truncsens.fits.laws import FitError
 from truncsens.results import ResultsError, load, sweep_dim
 from truncsens.results.join import SAME_SOURCE, attr_differences, policy_names, target_difference
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se

@@ -157,7 +157,7 @@ def _protocol_words(c: dict) -> str:
 
 
 def format_fit_report(doc: dict) -> str:
-    """A readable report of a fit file dict (:func:`truncsens.fit.fit_file.fit_document`), several files side by side:
+    """A readable report of a fit file dict (:func:`truncsens.fits.fit_file.fit_document`), several files side by side:
     the table of fits, the family comparisons, alpha_kl / alpha_tv, and the curves' settings."""
     s = doc["settings"]
     pct = fmt_level(s["ci_level"])

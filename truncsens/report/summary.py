@@ -1,7 +1,7 @@
 """Per-window (or per-budget) summaries of a results file: mean, standard error, quantiles.
 
 The standard error is the document-clustered CR1 estimator of :mod:`truncsens.stats` (targets of
-one document are dependent), the same one :mod:`truncsens.fit.fitting` weights its fits with; for
+one document are dependent), the same one :mod:`truncsens.fits.fitting` weights its fits with; for
 values with no document ids (:func:`summarize_values`) every value is its own cluster, which is
 the textbook s / sqrt(n).
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from truncsens.fit.fit_file import sanitize
+from truncsens.fits.fit_file import sanitize
 from truncsens.report.printed import format_summary
 from truncsens.results import load, mean_over_draws, metrics_of, sweep_dim
 from truncsens.stats import cluster_mean_se, quantiles_with_inf

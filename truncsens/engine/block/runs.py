@@ -8,7 +8,7 @@ a sweep of ``--policy suffix`` or ``sink_recent`` under reencode (dims ``target`
 ``actual_budget`` [target, budget] (sinks + actual window) instead of ``actual_window``,
 and the attrs ``protocol`` ("block"), ``block_fraction``, ``block_size``, ``block_length`` (B,
 targets per block) and ``attention_implementation``. A file without these coords is an exact run:
-actual = nominal (how :mod:`truncsens.fit.curves` reads them).
+actual = nominal (how :mod:`truncsens.fits.curves` reads them).
 
 A policy sweep under ``streaming`` or ``prefill_evict`` (:func:`policy_block_work`,
 :mod:`truncsens.engine.block.policies`) has the layout of an exact policy sweep plus

@@ -2,11 +2,11 @@
 missing shards, merge, write, report progress.
 
 A driver (``truncsens measure``'s exact and block protocols, :mod:`truncsens.engine.measure`;
-``truncsens certify``, :mod:`truncsens.certify.run`) says only what is its own in a
+``truncsens certify``, :mod:`truncsens.certificates.run`) says only what is its own in a
 :class:`ShardWork` (how it draws a shard's targets and computes the shard's results Dataset, and the
 progress estimate), puts it with its documents and resume fingerprint in a :class:`ShardedRun` and
 hands that to :func:`run_sharded`. A run small enough to be written in one piece
-(``truncsens certify-attribution``, :mod:`truncsens.certify.attribution_run`) uses
+(``truncsens certify-attribution``, :mod:`truncsens.certificates.attribution_run`) uses
 :func:`run_single_piece`: the same lock, check and progress, no shard files.
 
 Shard files, their checks and the progress reporter are in :mod:`truncsens.engine.run.shards`; the
@@ -92,7 +92,7 @@ class ShardedRun:
     def of(cls, cfg, docs: list[TokenDoc], reference_context: int, fingerprint: dict, work: ShardWork) -> "ShardedRun":
         """The run of a configuration with the run options of :class:`~truncsens.engine.config.MeasureConfig`
         (``out``, ``targets_per_doc``, ``seed``, ``docs_per_shard``, ``resume``, ``overwrite``, ``progress``;
-        :class:`~truncsens.certify.config.CertifyConfig` has them too)."""
+        :class:`~truncsens.certificates.config.CertifyConfig` has them too)."""
         return cls(Path(cfg.out), docs, reference_context, fingerprint, work, cfg.targets_per_doc, cfg.seed,
                    cfg.docs_per_shard, cfg.resume, cfg.overwrite, cfg.progress)
 

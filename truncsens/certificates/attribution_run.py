@@ -1,9 +1,9 @@
 """The ``truncsens certify-attribution`` driver: held-out corpus -> attribution task set
-(:mod:`truncsens.certify.tasks`) -> the certify passes of every target
-(:func:`truncsens.certify.run.compute_arrays`, the same engine as ``truncsens certify``) -> one
-results file; optionally a greedy trajectory under eviction (:mod:`truncsens.certify.trajectory`).
+(:mod:`truncsens.certificates.tasks`) -> the certify passes of every target
+(:func:`truncsens.certificates.run.compute_arrays`, the same engine as ``truncsens certify``) -> one
+results file; optionally a greedy trajectory under eviction (:mod:`truncsens.certificates.trajectory`).
 
-Results file: the layout of :mod:`truncsens.certify.run` (dims policy × target × budget [× layer ×
+Results file: the layout of :mod:`truncsens.certificates.run` (dims policy × target × budget [× layer ×
 head]) plus, per target, ``task_kind`` ("copy" or "kv") and ``source_position`` (the earlier
 occurrence of the target token); attrs add ``min_distance``, ``copy_per_doc``, ``kv_docs``,
 ``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON) and the variables
@@ -23,12 +23,12 @@ from typing import ClassVar
 import numpy as np
 
 from truncsens import results
-from truncsens.certify.attribution import FAILURE_NLL
-from truncsens.certify.config import CertifyBase, CertifyConfig, CertifyError, parse_budgets, resolve_budgets
-from truncsens.certify.probe import check_model
-from truncsens.certify.run import certify_sweep, certify_tokens_per_target, compute_arrays, shard_dataset
-from truncsens.certify.tasks import build_task_set, copy_vocabulary, default_min_distance
-from truncsens.certify.trajectory import greedy_trajectory, trajectory_summary
+from truncsens.certificates.attribution import FAILURE_NLL
+from truncsens.certificates.config import CertifyBase, CertifyConfig, CertifyError, parse_budgets, resolve_budgets
+from truncsens.certificates.probe import check_model
+from truncsens.certificates.run import certify_sweep, certify_tokens_per_target, compute_arrays, shard_dataset
+from truncsens.certificates.tasks import build_task_set, copy_vocabulary, default_min_distance
+from truncsens.certificates.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
 from truncsens.engine.run.shards import check_output
@@ -41,12 +41,12 @@ class AttributionConfig(CertifyBase):
     """Configuration of one attribution run (token counts in tokens); validates itself once.
 
     Attributes:
-        the fields of :class:`~truncsens.certify.config.CertifyBase` (model, domain, corpus, split,
+        the fields of :class:`~truncsens.certificates.config.CertifyBase` (model, domain, corpus, split,
             budgets, delta, n_sink, max_docs, seed, device, dtype, max_batch_tokens, out, overwrite,
             progress, command), with
         reference_context: N (default 512: small enough for a few minutes on 2 CPU cores).
         max_docs: held-out documents searched for copy targets; copy_per_doc: copy targets per document;
-        copy_rule: "induction" (the preceding token repeats too) or "token" (:mod:`truncsens.certify.tasks`).
+        copy_rule: "induction" (the preceding token repeats too) or "token" (:mod:`truncsens.certificates.tasks`).
         kv_docs: synthetic key–value documents (one target each).
         min_distance: D (default N // 4).
         trajectory: steps of the greedy trajectory (0: none); trajectory_budget: its budget, a token
@@ -105,8 +105,8 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
 
     Raises:
         CertifyError: a budget at or above N or at most the sinks (also the trajectory's).
-        truncsens.certify.probe.CertifyModelError: a model without the attention interface.
-        truncsens.certify.tasks.TaskError: D outside [1, N], no target found.
+        truncsens.certificates.probe.CertifyModelError: a model without the attention interface.
+        truncsens.certificates.tasks.TaskError: D outside [1, N], no target found.
         MeasureError: ``cfg.out`` exists (without ``--overwrite``), bad N or corpus, a model
             without a tokenizer. Nothing is written before every check has passed.
         truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.

@@ -15,7 +15,7 @@ Modes of a :class:`CertifyProbe`:
   attention row summed over heads is added to the score.
 - ``"evict"``: the target's query decoded against the full cache; in every layer and head, from the
   same query vector, the exact output o over all keys, the Hájek output ô over the kept keys, V̂ and
-  the radii (:func:`truncsens.certify.estimator.attention_records`); ô is returned, so the next
+  the radii (:func:`truncsens.certificates.estimator.attention_records`); ô is returned, so the next
   layer reads the evicted run (prefill-evict semantics, docs/method.md section 3).
 """
 
@@ -27,7 +27,7 @@ from typing import Iterator
 
 import torch
 
-from truncsens.certify.estimator import attention_records
+from truncsens.certificates.estimator import attention_records
 
 NAME = "truncsens_certify"
 SCORE_BLOCK = 256  # query rows per block of the score accumulation

@@ -43,7 +43,7 @@ C and D_inf in the metric's unit (:attr:`truncsens.metrics.Metric.unit`; TV: pro
 as null (a mean of +inf is null with ``n_inf`` > 0 at that point). The keys ``excluded``,
 ``n_inf``, ``n_nan``, ``bootstrap_mean``, ``converged``, ``optimizer`` and ``undecided`` are absent
 from older schema 2 files; readers treat an "ok" fit without ``converged`` as converged. Points
-excluded from the fits: :mod:`truncsens.fit.points`; a "not_converged" fit is kept for
+excluded from the fits: :mod:`truncsens.fits.points`; a "not_converged" fit is kept for
 inspection but never compared or used for a recommendation. Schema 1 files (keys ``ci95``, ``window``, ``fit_windows``, ``holdout_windows``,
 ``excluded_windows``) are read and upgraded to schema 2 by :func:`read_fit_file`.
 """
@@ -58,7 +58,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import truncsens
-from truncsens.fit.laws import FitError
+from truncsens.fits.laws import FitError
 from truncsens.results.schema import utc_now
 
 FIT_KIND = "truncsens-fit"
@@ -111,9 +111,9 @@ def write_json(doc: dict, path: str | Path) -> Path:
 
 
 def fit_document(report: Any) -> dict:
-    """The fit file dict of a :class:`truncsens.fit.fitting.FitReport` (schema in the module docstring).
+    """The fit file dict of a :class:`truncsens.fits.fitting.FitReport` (schema in the module docstring).
 
-    ``report`` is typed loosely because :mod:`truncsens.fit.fitting` imports this module (no import cycle).
+    ``report`` is typed loosely because :mod:`truncsens.fits.fitting` imports this module (no import cycle).
     """
     curves, fits, comps, ratios = [], [], [], []
     for i, cf in enumerate(report.results):
@@ -156,7 +156,7 @@ def upgrade_fit_doc(doc: dict) -> dict:
 
 
 def write_fit_file(report: Any, path: str | Path) -> Path:
-    """Write the fit JSON (a dict, or a :class:`truncsens.fit.fitting.FitReport`) atomically and return its path."""
+    """Write the fit JSON (a dict, or a :class:`truncsens.fits.fitting.FitReport`) atomically and return its path."""
     return write_json(report if isinstance(report, dict) else report.to_json(), path)
 
 

@@ -1,5 +1,5 @@
 """The ``truncsens certify`` driver: corpus -> documents -> targets -> probed passes
-(:func:`truncsens.certify.passes.certify_batch`) -> shard files -> results file (the shards, lock,
+(:func:`truncsens.certificates.passes.certify_batch`) -> shard files -> results file (the shards, lock,
 resume and merge of :func:`truncsens.engine.run.skeleton.run_sharded`).
 
 Results (NetCDF, :mod:`truncsens.results`): dims (policy, target, budget) for the output metrics
@@ -22,9 +22,9 @@ from typing import Callable
 import numpy as np
 
 from truncsens import results
-from truncsens.certify.config import CertifyConfig
-from truncsens.certify.passes import certify_batch
-from truncsens.certify.probe import check_model
+from truncsens.certificates.config import CertifyConfig
+from truncsens.certificates.passes import certify_batch
+from truncsens.certificates.probe import check_model
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.documents import prepare_documents
 from truncsens.engine.kernel import metric_arrays, policy_seeds, store_metrics
@@ -139,7 +139,7 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
 
     Raises:
         CertifyError: a budget at or above N or below the sinks.
-        truncsens.certify.probe.CertifyModelError: a model that does not use the attention interface.
+        truncsens.certificates.probe.CertifyModelError: a model that does not use the attention interface.
         MeasureError: ``cfg.out`` exists (without overwrite), bad reference context or corpus, shards of
             another run. Nothing is written before every check has passed.
         truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.

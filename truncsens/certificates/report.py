@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from truncsens.certify.statistics import coverage, mean_by_documents, reliability, spearman_by_documents
+from truncsens.certificates.statistics import coverage, mean_by_documents, reliability, spearman_by_documents
 from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table
 
 PAPER_COVERAGE = {12.5: 0.969, 25.0: 0.972, 50.0: 0.977}
@@ -78,15 +78,15 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
 def failure_aucs(ds, n_boot: int = 200, seed: int = 0) -> dict | None:
     """AUCs of the certificate and of output confidence on this run's own targets (pooled over budgets,
     poisson; bootstrap over documents): for predicting failure, and for telling eviction-caused from
-    inherent failures (:mod:`truncsens.certify.attribution`: failure = wrong top-1 or NLL above
-    :data:`~truncsens.certify.attribution.FAILURE_NLL`; certificate = mean over layers and heads of
+    inherent failures (:mod:`truncsens.certificates.attribution`: failure = wrong top-1 or NLL above
+    :data:`~truncsens.certificates.attribution.FAILURE_NLL`; certificate = mean over layers and heads of
     r_EB/||o||). None for files without the output records (written before they existed).
 
     Returns:
         {"failure": {"certificate", "confidence"}, "attribution": {...}, "n_failures", "n_eviction_caused",
         "n_inherent"}, each AUC as {"value", "ci"}.
     """
-    from truncsens.certify.attribution import by_documents, target_records
+    from truncsens.certificates.attribution import by_documents, target_records
 
     needed = ("argmax_ref", "argmax_kept", "confidence_kept", "confidence_ref")
     if not all(name in ds for name in needed):

@@ -1,11 +1,11 @@
-"""The ``truncsens certify-attribution`` summary: statistics of :mod:`truncsens.certify.attribution`
+"""The ``truncsens certify-attribution`` summary: statistics of :mod:`truncsens.certificates.attribution`
 read from a results file, beside the paper's figures, as a dict (``--json``), printed tables (one
 renderer, :func:`truncsens.report.tables.render_table`) and a figure of recomputation curves.
 
 Paper (P. Xie, arXiv 2607.21475): attribution AUC of the certificate 0.75 at 6k tokens and 0.73 at
 16k, output confidence at or below chance; certificate-gated recomputation beats random and
 confidence-gated; output confidence predicts failure better than the certificate. Verdict rules,
-fixed before looking at any result (:func:`truncsens.certify.attribution.verdict_above`): a claim
+fixed before looking at any result (:func:`truncsens.certificates.attribution.verdict_above`): a claim
 "holds" when its bootstrap interval over documents lies on the claimed side (AUC above 0.5, a
 difference above 0), "not shown" when only the estimate does, "fails" otherwise. "Confidence at or
 below chance" holds when the interval of its attribution AUC reaches down to 0.5.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from truncsens.certify.attribution import (
+from truncsens.certificates.attribution import (
     GATE_FRACTIONS, PAPER_AUC, by_documents, removal_curves, target_records, verdict_above,
 )
 from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from truncsens.certify.probe import CertifyProbe, probed
+from truncsens.certificates.probe import CertifyProbe, probed
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs
 from truncsens.policies import Policy, PolicyError
@@ -72,7 +72,7 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
 
     Args:
         model: a transformers causal LM that uses the attention interface
-            (:func:`truncsens.certify.probe.check_model`).
+            (:func:`truncsens.certificates.probe.check_model`).
         input_ids: [B, T] int64 reference contexts (T >= 2); the target's query is token T − 1.
         policies: P policies; budgets: K budgets (each < T).
         seeds: seeds[p][j] is the list of B seeds of policy p at budget j.

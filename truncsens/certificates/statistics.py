@@ -19,7 +19,7 @@ from scipy.stats import spearmanr
 from statsmodels.stats.proportion import proportion_confint
 
 from truncsens.policies.poisson_design import certificate_radius
-from truncsens.certify.estimator import eb_sum_radius
+from truncsens.certificates.estimator import eb_sum_radius
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 
 RELIABILITY_DELTAS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3)

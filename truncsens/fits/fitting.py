@@ -3,8 +3,8 @@ compare the families by held-out extrapolation.
 
 Pure: datasets in (:func:`fit_datasets`), fits out; no file is read or written here (reading results
 files is :func:`truncsens.results.load`, the fit face with files is :func:`truncsens.api.fit.fit`).
-The laws and their fits are :mod:`truncsens.fit.laws`; the clustered statistics and the percentile
-interval are :mod:`truncsens.stats`; the fit file format is :mod:`truncsens.fit.fit_file`.
+The laws and their fits are :mod:`truncsens.fits.laws`; the clustered statistics and the percentile
+interval are :mod:`truncsens.stats`; the fit file format is :mod:`truncsens.fits.fit_file`.
 
 Per curve and metric: the mean curve and its cluster-robust se (documents as clusters) give the
 WLS weights; points whose mean is zero or not finite are excluded and listed. Each family is fitted
@@ -35,10 +35,10 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
-from truncsens.fit.points import PointClasses, classify_points, usable_mask
-from truncsens.fit.curves import Curve, curves_of
-from truncsens.fit.fit_file import fit_document
-from truncsens.fit.laws import (FAMILIES, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
+from truncsens.fits.points import PointClasses, classify_points, usable_mask
+from truncsens.fits.curves import Curve, curves_of
+from truncsens.fits.fit_file import fit_document
+from truncsens.fits.laws import (FAMILIES, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
                             log_weights)
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
@@ -67,7 +67,7 @@ class FitConfig:
 
     Attributes:
         metrics: metric names (data vars of the results file), at least one.
-        families: law families, a subset of :data:`truncsens.fit.laws.FAMILIES`.
+        families: law families, a subset of :data:`truncsens.fits.laws.FAMILIES`.
         fit_range: (lo, hi) sweep points in tokens, inclusive; None = [smallest point >= 4, N/8].
         holdout_range: (lo, hi) inclusive; None = points above the fit range up to N/2.
         n_boot: bootstrap resamples over documents (0: no intervals).
@@ -138,7 +138,7 @@ def default_ranges(points: np.ndarray, reference_context: int) -> tuple[tuple[in
 
 @dataclass
 class CurveFits:
-    """Everything fitted for one curve (all metrics and families); dict entries as in :mod:`truncsens.fit.fit_file`."""
+    """Everything fitted for one curve (all metrics and families); dict entries as in :mod:`truncsens.fits.fit_file`."""
 
     curve: Curve
     fit_range: tuple[int, int]
@@ -188,19 +188,19 @@ def _exclusion_notes(metric: str, sweep: str, cls: PointClasses, n_inf: np.ndarr
 def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFits:
     """Fit every metric and family of one curve, with bootstrap intervals.
 
-    Points are sorted by :func:`truncsens.fit.points.classify_points`: infinite means, points
+    Points are sorted by :func:`truncsens.fits.points.classify_points`: infinite means, points
     without values, zeros and points at the float32 noise floor are left out of the fits and
     listed; when the curve reaches exactly 0 the fits use only the points before it. A curve
     that has too few usable points for that reason (an exact zero, the noise floor, infinite
     means) gets "skipped" fits with the reason, not an error: it is a measured answer.
 
     Args:
-        curve: from :func:`truncsens.fit.curves.curves_of`.
+        curve: from :func:`truncsens.fits.curves.curves_of`.
         cfg: the configuration.
         seed: resampling seed (default ``cfg.seed``).
 
     Returns:
-        :class:`CurveFits` (its dicts are the JSON entries of :mod:`truncsens.fit.fit_file`).
+        :class:`CurveFits` (its dicts are the JSON entries of :mod:`truncsens.fits.fit_file`).
 
     Raises:
         FitError: bad ranges, too few points in the fit range (the message names ``--fit-range``),
@@ -355,7 +355,7 @@ class FitReport:
     created: str = ""
 
     def to_json(self) -> dict:
-        """The fit file as a dict (:func:`truncsens.fit.fit_file.fit_document`; non-finite numbers -> None)."""
+        """The fit file as a dict (:func:`truncsens.fits.fit_file.fit_document`; non-finite numbers -> None)."""
         return fit_document(self)
 
 

@@ -1,16 +1,16 @@
-"""The e-process of :mod:`truncsens.certify.eprocess` on a real generated trajectory: greedy
+"""The e-process of :mod:`truncsens.certificates.eprocess` on a real generated trajectory: greedy
 continuation of a held-out prefix under certainty-plus-Poisson eviction, with the per-step
 certificate and the true error of every layer and KV head read by the certify probe.
 
 Step t = 1..n: the sequence so far (prefix + tokens generated so far, T tokens) is run through
-:func:`truncsens.certify.passes.certify_batch` with the poisson policy at budget k (prefill-evict
+:func:`truncsens.certificates.passes.certify_batch` with the poisson policy at budget k (prefill-evict
 semantics: the last token's query reads an evicted cache in every layer, drawn afresh with seed
 ``doc_seed(seed, "trajectory:t")``); the next token is the top-1 token of the evicted run (the
 trajectory evicts as it goes). Each (layer, head) of the last query is one certificate stream: its
 error ``e_t = ‖ô − o‖₂`` is compared with the empirical-Bernstein radius at the step level
 ``δ_t = δ/(t(t + 1))`` (the confidence sequence, time-uniform at level δ per stream) and, naively,
 at δ at every step. The radii at any level follow from the stored V̂, B̂ and n exactly
-(:func:`truncsens.certify.statistics.radii_at`), since δ does not enter the forward pass.
+(:func:`truncsens.certificates.statistics.radii_at`), since δ does not enter the forward pass.
 A stream whose design has no random key at a step has radius 0 there, so any error of that step
 counts as a miss (a deterministic loss is not certified).
 """
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from truncsens.certify.eprocess import e_process, rejects, step_levels
-from truncsens.certify.passes import certify_batch
-from truncsens.certify.statistics import radii_at
+from truncsens.certificates.eprocess import e_process, rejects, step_levels
+from truncsens.certificates.passes import certify_batch
+from truncsens.certificates.statistics import radii_at
 from truncsens.policies import Policy
 from truncsens.targets import doc_seed
 
@@ -62,7 +62,7 @@ class Trajectory:
 
     def e_values(self) -> np.ndarray:
         """[L, H, n] the e-process ``E_t`` of each (layer, head) stream
-        (:func:`~truncsens.certify.eprocess.e_process`)."""
+        (:func:`~truncsens.certificates.eprocess.e_process`)."""
         return e_process(np.moveaxis(self.misses, 0, -1), self.delta)
 
 
@@ -72,7 +72,7 @@ def greedy_trajectory(model, prefix: torch.Tensor, policy: Policy, budget: int, 
     """Continue ``prefix`` greedily for ``n_steps`` under ``policy`` (poisson) at ``budget``.
 
     Args:
-        model: a causal LM the certify probe accepts (:func:`truncsens.certify.probe.check_model`).
+        model: a causal LM the certify probe accepts (:func:`truncsens.certificates.probe.check_model`).
         prefix: [T0] int64 token ids, T0 > budget (on the model's device).
         policy: a policy with a random design (``design()``), normally poisson.
         budget: kept keys of each step's query (tokens), at most ``T0 − 1``.
