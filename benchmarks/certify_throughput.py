@@ -2,7 +2,7 @@
 
 The plain measurement is :func:`truncsens.engine.kernel.measure_targets` with the poisson policy
 under prefill_evict (reference pass with attention scores, one evicted decode per budget); certify
-is :func:`truncsens.certificates.run.compute_arrays` with poisson only (probed prefill with block-wise
+is :func:`truncsens.certificates.driver.compute_arrays` with poisson only (probed prefill with block-wise
 scores, probed reference decode, one probed evicted decode per budget recording every layer and
 head). Prints ``certify_vs_plain`` = certify seconds / plain seconds (acceptance: <= 1.5).
 
@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's truncsens
 
-from truncsens.certificates.run import compute_arrays  # noqa: E402
+from truncsens.certificates.driver import compute_arrays  # noqa: E402
 from truncsens.engine.kernel import measure_targets  # noqa: E402
 from truncsens.engine.semantics import SEMANTICS  # noqa: E402
 from truncsens.engine.sweep import Sweep  # noqa: E402

@@ -25,7 +25,7 @@ from truncsens.api.certify_attribution import Attribution
 from truncsens.api.notebook import ensure_results, repo_root, show
 
 RESULTS = repo_root(globals().get("__file__")) / "results"
-certify_nc = ensure_results(RESULTS / "reference-code-certify.nc", truncsens.certificates, domain="code")
+certify_nc = ensure_results(RESULTS / "reference-code-certify.nc", truncsens.certify, domain="code")
 attribution_nc = ensure_results(RESULTS / "reference-code-attribution.nc", truncsens.certify_attribution, domain="code",
                                 trajectory=16)
 

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 import pytest
 
-from truncsens.certificates.attribution_run import AttributionConfig
+from truncsens.certificates.attribution_driver import AttributionConfig
 from truncsens.certificates.config import CertifyBase, CertifyConfig, CertifyError
 from truncsens.engine.config import MeasureError
 

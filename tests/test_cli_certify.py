@@ -68,7 +68,7 @@ def test_small_run_writes_results_figures_and_json(tmp_path, tiny_llama_dir, cor
 def test_failure_aucs_by_hand():
     import xarray as xr
 
-    from truncsens.certificates.report import failure_aucs
+    from truncsens.certificates.coverage_report import failure_aucs
 
     # 4 targets in 4 documents, one budget, one layer and head; radius / norm = certificate score
     token = np.array([1, 2, 3, 4])

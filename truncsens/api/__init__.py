@@ -4,7 +4,7 @@ xarray Dataset), which the command line calls (parse, call, print) and which ``t
 an output path (``out=``, ``plot_out=``, ``json_out=``) is given.
 
 One module per function: :mod:`~truncsens.api.measure` (``truncsens.measure``),
-:mod:`~truncsens.api.fit` (``truncsens.fits``, :class:`~truncsens.api.fit.FitReport`),
+:mod:`~truncsens.api.fit` (``truncsens.fit``, :class:`~truncsens.api.fit.FitReport`),
 :mod:`~truncsens.api.recommend` (``truncsens.recommend_window``), :mod:`~truncsens.api.compare`
 (``truncsens.compare_policies``), :mod:`~truncsens.api.plot`, :mod:`~truncsens.api.show`,
 :mod:`~truncsens.api.certify`, :mod:`~truncsens.api.certify_attribution`,

@@ -1,8 +1,8 @@
-"""``truncsens.certificates``: coverage and tightness of the Hájek error certificates of certainty-plus-Poisson
+"""``truncsens.certify``: coverage and tightness of the Hájek error certificates of certainty-plus-Poisson
 eviction, measured against topk and random (arXiv 2607.21475; :mod:`truncsens.certificates`).
 
 Keyword names are ``truncsens certify``'s options in snake_case. The run writes a results file
-(:func:`truncsens.certificates.run.run_certify`): with ``out=`` it is kept, without it the run goes to a
+(:func:`truncsens.certificates.driver.run_certify`): with ``out=`` it is kept, without it the run goes to a
 temporary folder and only the Dataset comes back. ``truncsens certify`` calls :func:`certify_config`
 and :func:`run_certification` (its default paths are :class:`~truncsens.certificates.config.CertifyConfig`'s).
 """
@@ -19,8 +19,8 @@ import xarray as xr
 from truncsens import results
 from truncsens.api.measure import python_call
 from truncsens.certificates.config import CertifyConfig
-from truncsens.certificates.report import certify_figure_paths, format_summary, save_figures, summarize
-from truncsens.certificates.run import run_certify
+from truncsens.certificates.coverage_report import certify_figure_paths, format_summary, save_figures, summarize
+from truncsens.certificates.driver import run_certify
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel, in_memory_model
 
@@ -30,9 +30,9 @@ class Certification:
     """A finished certify run.
 
     Attributes:
-        dataset: its results (:mod:`truncsens.certificates.run`).
+        dataset: its results (:mod:`truncsens.certificates.driver`).
         summary: coverage, Spearman, relative errors and output KL per policy and budget
-            (:func:`truncsens.certificates.report.summarize`), with ``files``: what was written.
+            (:func:`truncsens.certificates.coverage_report.summarize`), with ``files``: what was written.
         path: the results file kept (None: held in memory only).
         figures: the figures written.
     """
@@ -56,7 +56,7 @@ class Certification:
         return cls(ds, summary, Path(path), [])
 
     def table(self) -> str:
-        """The text ``truncsens certify`` prints after its first line (:func:`truncsens.certificates.report.format_summary`)."""
+        """The text ``truncsens certify`` prints after its first line (:func:`truncsens.certificates.coverage_report.format_summary`)."""
         return format_summary(self.summary)
 
     def to_json(self) -> dict:
@@ -65,7 +65,7 @@ class Certification:
 
     def plot(self, stem: str | Path) -> list[Path]:
         """Write the reliability, certificate-against-error and recomputation figures as ``<stem>-*.png``
-        (:func:`truncsens.certificates.report.save_figures`) and return their paths."""
+        (:func:`truncsens.certificates.coverage_report.save_figures`) and return their paths."""
         return save_figures(self.dataset, self.summary, stem)
 
 
@@ -90,7 +90,7 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
 
 def run_certification(cfg: CertifyConfig, plot_out: str | Path | None = None, loaded: LoadedModel | None = None,
                       keep: bool = True) -> Certification:
-    """Run ``cfg`` (:func:`truncsens.certificates.run.run_certify`), load and summarize its results, and
+    """Run ``cfg`` (:func:`truncsens.certificates.driver.run_certify`), load and summarize its results, and
     draw the figures to ``plot_out`` (None: none).
 
     Args:
@@ -99,7 +99,7 @@ def run_certification(cfg: CertifyConfig, plot_out: str | Path | None = None, lo
     Raises:
         FileExistsError: the results file (unless resuming) or a figure exists and not ``cfg.overwrite``,
             checked before anything is computed.
-        as :func:`truncsens.certificates.run.run_certify`.
+        as :func:`truncsens.certificates.driver.run_certify`.
     """
     check_new_files([*([] if cfg.resume else [cfg.out]), *(certify_figure_paths(plot_out) if plot_out is not None else [])],
                     cfg.overwrite)
@@ -136,7 +136,7 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
     """
     options = {k: v for k, v in locals().items() if k not in ("model", "tokenizer", "command", "plot_out")}
     if command is None:
-        command = python_call("truncsens.certificates", certify, model, tokenizer, {**options, "plot_out": plot_out})
+        command = python_call("truncsens.certify", certify, model, tokenizer, {**options, "plot_out": plot_out})
     loaded = None
     if isinstance(model, (str, Path)):  # a spec (a checkpoint folder may be a Path)
         model = str(model)

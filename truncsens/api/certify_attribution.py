@@ -1,6 +1,6 @@
 """``truncsens.certify_attribution``: do error certificates attribute task failures to eviction, and
 does certificate-gated recomputation pay (arXiv 2607.21475)? Long-range copy targets and synthetic
-key-value recall, measured with the passes of :func:`truncsens.certificates` (:mod:`truncsens.certificates.attribution_run`).
+key-value recall, measured with the passes of :func:`truncsens.certify` (:mod:`truncsens.certificates.attribution_driver`).
 
 Keyword names are ``truncsens certify-attribution``'s options in snake_case. Without ``out=`` the run
 goes to a temporary folder and only the Dataset comes back. ``truncsens certify-attribution`` calls
@@ -19,7 +19,7 @@ import xarray as xr
 from truncsens import results
 from truncsens.api.measure import python_call
 from truncsens.certificates.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
-from truncsens.certificates.attribution_run import AttributionConfig, run_attribution
+from truncsens.certificates.attribution_driver import AttributionConfig, run_attribution
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel, in_memory_model
 
@@ -74,7 +74,7 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
                        device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
                        out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
                        command: str = "") -> AttributionConfig:
-    """The validated :class:`~truncsens.certificates.attribution_run.AttributionConfig` from the command's
+    """The validated :class:`~truncsens.certificates.attribution_driver.AttributionConfig` from the command's
     options (``out=None``: ``results/<model>-<corpus or domain>-attribution.nc``).
 
     Raises:
@@ -90,7 +90,7 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
 
 def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None = None,
                            loaded: LoadedModel | None = None, keep: bool = True) -> Attribution:
-    """Run ``cfg`` (:func:`truncsens.certificates.attribution_run.run_attribution`), summarize it, and draw the
+    """Run ``cfg`` (:func:`truncsens.certificates.attribution_driver.run_attribution`), summarize it, and draw the
     curves to ``plot_out`` (None: none).
 
     Args:
@@ -98,7 +98,7 @@ def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None =
 
     Raises:
         FileExistsError: the results file or the figure exists and not ``cfg.overwrite``, checked first.
-        as :func:`truncsens.certificates.attribution_run.run_attribution`.
+        as :func:`truncsens.certificates.attribution_driver.run_attribution`.
     """
     check_new_files([cfg.out, *([curves_path(plot_out)] if plot_out is not None else [])], cfg.overwrite)
     done = run_attribution(cfg, loaded)
@@ -120,7 +120,7 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random).
 
     Args:
-        model, tokenizer, device, dtype: as :func:`truncsens.certificates`.
+        model, tokenizer, device, dtype: as :func:`truncsens.certify`.
         out: keep the results file here; plot_out: write the curves to ``<plot_out>-curves.png``.
         the others: ``truncsens certify-attribution``'s options (``--help``).
 

@@ -34,7 +34,7 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
         metrics: metrics to summarize and fit (default: kl, tv; the figure draws the first).
         numerator, denominator: policies of the ratio of means (default random / sink_recent).
         bootstrap: resamples over documents (0: no intervals); seed: their seed.
-        fit_range: budgets ``(lo, hi)`` or ``"LO:HI"`` of the power-law fits (default: as :func:`truncsens.fits`).
+        fit_range: budgets ``(lo, hi)`` or ``"LO:HI"`` of the power-law fits (default: as :func:`truncsens.fit`).
         truncation: a window results file or Dataset whose power-law alpha is listed beside the policies'.
         json_out: also write the comparison as JSON here; plot_out: draw the log-log figure to
             ``<plot_out>.png`` / ``.pdf``.

@@ -1,4 +1,4 @@
-"""``truncsens.fits``: decay laws of D(w) (power law, exponential, power law + floor) with bootstrap
+"""``truncsens.fit``: decay laws of D(w) (power law, exponential, power law + floor) with bootstrap
 intervals over documents, compared by held-out extrapolation (:mod:`truncsens.fits.fitting`).
 
 Results go in as files or Datasets; a :class:`FitReport` comes out, which gives the fit file's dict

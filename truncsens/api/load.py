@@ -1,5 +1,5 @@
 """``truncsens.load``: a results file as an xarray Dataset; and the datasets of results given as paths
-or Datasets alike (what :func:`truncsens.fits`, :func:`truncsens.compare_policies` and
+or Datasets alike (what :func:`truncsens.fit`, :func:`truncsens.compare_policies` and
 :func:`truncsens.plot` take)."""
 
 from __future__ import annotations

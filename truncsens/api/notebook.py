@@ -24,7 +24,7 @@ def repo_root(start: str | Path | None = None) -> Path:
 
 def ensure_results(path: str | Path, run: Callable[..., Any], **options: Any) -> Path:
     """``path``, written first by ``run(out=path, progress=False, **options)`` when it is missing
-    (``run`` is an API function that writes ``out``: :func:`truncsens.measure`, :func:`truncsens.certificates`, ...).
+    (``run`` is an API function that writes ``out``: :func:`truncsens.measure`, :func:`truncsens.certify`, ...).
 
     Raises:
         whatever ``run`` raises.

@@ -35,7 +35,7 @@ def plot(results: Results | Sequence[Results], out: str | Path, *, fit: str | Pa
     Raises:
         FileExistsError: a figure exists and not ``overwrite``.
         ValueError: the fit file does not match the results, a metric is missing, a bad range.
-        FileNotFoundError, truncsens.results.ResultsError, truncsens.fits.laws.FitError: as :func:`truncsens.fits`.
+        FileNotFoundError, truncsens.results.ResultsError, truncsens.fits.laws.FitError: as :func:`truncsens.fit`.
     """
     check_new_files(figure_paths(Path(out)), overwrite)
     fitted = read_fit_file(fit) if fit is not None else None

@@ -21,9 +21,9 @@ def recommend_window(fit_or_results: FitReport | dict | str | Path | xr.Dataset,
     """w(eps) for every curve, metric and eps.
 
     Args:
-        fit_or_results: a fit (:func:`truncsens.fits`'s report, or a fit file's dict), a fit file, or
+        fit_or_results: a fit (:func:`truncsens.fit`'s report, or a fit file's dict), a fit file, or
             results (a results file or Dataset) fitted now with ``metrics``, ``fit_range``,
-            ``bootstrap`` and ``seed`` (as :func:`truncsens.fits`).
+            ``bootstrap`` and ``seed`` (as :func:`truncsens.fit`).
         eps: distortion target(s) in the metric's units.
         metrics: the metric(s) whose power law and curve to use (default: tv).
 
@@ -33,7 +33,7 @@ def recommend_window(fit_or_results: FitReport | dict | str | Path | xr.Dataset,
 
     Raises:
         ValueError: a bad eps (checked before anything is read or fitted), a bad range.
-        truncsens.fits.laws.FitError: the fit has no power law for a metric; as :func:`truncsens.fits`.
+        truncsens.fits.laws.FitError: the fit has no power law for a metric; as :func:`truncsens.fit`.
         FileNotFoundError, truncsens.results.ResultsError: a missing or unreadable file.
     """
     eps_values = [float(eps)] if isinstance(eps, (int, float)) else [float(e) for e in eps]

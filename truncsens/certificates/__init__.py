@@ -5,9 +5,11 @@ Modules: :mod:`~truncsens.certificates.estimator` (pure math of one query's reco
 :mod:`~truncsens.certificates.passes` (prefill, reference and evicted decodes of a batch of targets),
 :mod:`~truncsens.certificates.statistics` (coverage, Spearman, relative errors with document bootstrap),
 :mod:`~truncsens.certificates.eprocess` (time-uniform validity), :mod:`~truncsens.certificates.config` and
-:mod:`~truncsens.certificates.run` (the run), :mod:`~truncsens.certificates.report` (printed summary, plots);
+:mod:`~truncsens.certificates.driver` (the run), :mod:`~truncsens.certificates.coverage_report` (printed summary, plots);
 attribution of task failures (``truncsens certify-attribution``): :mod:`~truncsens.certificates.tasks`,
 :mod:`~truncsens.certificates.attribution`, :mod:`~truncsens.certificates.attribution_report`,
-:mod:`~truncsens.certificates.attribution_run`, :mod:`~truncsens.certificates.trajectory`.
+:mod:`~truncsens.certificates.attribution_driver`, :mod:`~truncsens.certificates.trajectory`.
 Source: P. Xie, arXiv 2607.21475; docs/method.md sections 5 and 6.
+
+May import: report, budget, fits, engine, results, policies, models, corpora and the math modules; never api/ or cli/.
 """

@@ -72,7 +72,7 @@ def resolve_budgets(parsed: list[tuple[float, bool]], reference_context: int, n_
 @dataclass
 class CertifyBase:
     """The fields, defaults and checks that ``truncsens certify`` (:class:`CertifyConfig`) and
-    ``truncsens certify-attribution`` (:class:`~truncsens.certificates.attribution_run.AttributionConfig`)
+    ``truncsens certify-attribution`` (:class:`~truncsens.certificates.attribution_driver.AttributionConfig`)
     share, declared once; token counts in tokens.
 
     Attributes:

@@ -1,1 +1,4 @@
-"""The truncsens command line (Typer). One module per command; each exposes ``register(app)``."""
+"""The truncsens command line (Typer). One module per command; each exposes ``register(app)``.
+
+May import: truncsens.api (and what it returns); nothing imports the CLI.
+"""

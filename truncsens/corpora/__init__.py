@@ -1,4 +1,7 @@
-"""Corpora: documents of text from builtin sources, local files, manifests, HF datasets and Python strings."""
+"""Corpora: documents of text from builtin sources, local files, manifests, HF datasets and Python strings.
+
+May import: the math modules only; no model, engine or results module.
+"""
 
 from truncsens.corpora.document import Document, corpus_sha256, select_split, split_of
 from truncsens.corpora.local import CorpusError

@@ -11,6 +11,8 @@
 ``model_source(spec)`` says which source a spec belongs to (``.kind``, ``.has_own_corpus``,
 ``.documents(...)``); ``load_model(spec)`` loads it. A model object already loaded with transformers
 and its tokenizer become a :class:`LoadedModel` with ``in_memory_model(model, tokenizer)``.
+
+May import: corpora and the math modules; never the engine, results or anything above.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@
 Each policy is a small dataclass with a ``keep(context_len, budget, queries, seeds, scores)`` method
 returning, per query position, which earlier keys are kept and each kept key's additive logit offset
 (:class:`~truncsens.policies.base.Kept`).
+
+May import: models, metrics and the math modules; never the engine (what the kvpress adapter reads is passed in).
 """
 
 from __future__ import annotations

@@ -2,4 +2,7 @@
 merge, write, progress), the shard files and their checks (:mod:`~truncsens.engine.run.shards`), the
 output lock (:mod:`~truncsens.engine.run.lock`), multi-process launches
 (:mod:`~truncsens.engine.run.distributed`) and the results Dataset of one ``measure`` shard
-(:mod:`~truncsens.engine.run.shard_results`)."""
+(:mod:`~truncsens.engine.run.shard_results`).
+
+May import: results, models, corpora, targets and the math modules; the drivers hand it their work.
+"""

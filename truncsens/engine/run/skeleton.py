@@ -2,11 +2,11 @@
 missing shards, merge, write, report progress.
 
 A driver (``truncsens measure``'s exact and block protocols, :mod:`truncsens.engine.measure`;
-``truncsens certify``, :mod:`truncsens.certificates.run`) says only what is its own in a
+``truncsens certify``, :mod:`truncsens.certificates.driver`) says only what is its own in a
 :class:`ShardWork` (how it draws a shard's targets and computes the shard's results Dataset, and the
 progress estimate), puts it with its documents and resume fingerprint in a :class:`ShardedRun` and
 hands that to :func:`run_sharded`. A run small enough to be written in one piece
-(``truncsens certify-attribution``, :mod:`truncsens.certificates.attribution_run`) uses
+(``truncsens certify-attribution``, :mod:`truncsens.certificates.attribution_driver`) uses
 :func:`run_single_piece`: the same lock, check and progress, no shard files.
 
 Shard files, their checks and the progress reporter are in :mod:`truncsens.engine.run.shards`; the

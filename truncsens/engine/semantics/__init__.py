@@ -27,6 +27,8 @@ layers and heads; ``head`` (``streaming`` and ``prefill_evict`` only) one per ke
 by all layers. The policy runs unchanged on B·Hkv folded rows (scores of KV head h: mean over layers
 and over the query heads of h's group; one seed per row, :func:`truncsens.policies.base.head_seeds`),
 and the kept pass masks each query head with its KV head's kept set ([B, H, Tq, Tk] masks).
+
+May import: the engine modules below it (forward passes, masks, caches), policies, models and the math modules.
 """
 
 from __future__ import annotations

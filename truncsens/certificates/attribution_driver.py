@@ -1,9 +1,9 @@
 """The ``truncsens certify-attribution`` driver: held-out corpus -> attribution task set
 (:mod:`truncsens.certificates.tasks`) -> the certify passes of every target
-(:func:`truncsens.certificates.run.compute_arrays`, the same engine as ``truncsens certify``) -> one
+(:func:`truncsens.certificates.driver.compute_arrays`, the same engine as ``truncsens certify``) -> one
 results file; optionally a greedy trajectory under eviction (:mod:`truncsens.certificates.trajectory`).
 
-Results file: the layout of :mod:`truncsens.certificates.run` (dims policy × target × budget [× layer ×
+Results file: the layout of :mod:`truncsens.certificates.driver` (dims policy × target × budget [× layer ×
 head]) plus, per target, ``task_kind`` ("copy" or "kv") and ``source_position`` (the earlier
 occurrence of the target token); attrs add ``min_distance``, ``copy_per_doc``, ``kv_docs``,
 ``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON) and the variables
@@ -26,7 +26,7 @@ from truncsens import results
 from truncsens.certificates.attribution import FAILURE_NLL
 from truncsens.certificates.config import CertifyBase, CertifyConfig, CertifyError, parse_budgets, resolve_budgets
 from truncsens.certificates.probe import check_model
-from truncsens.certificates.run import certify_sweep, certify_tokens_per_target, compute_arrays, shard_dataset
+from truncsens.certificates.driver import certify_sweep, certify_tokens_per_target, compute_arrays, shard_dataset
 from truncsens.certificates.tasks import build_task_set, copy_vocabulary, default_min_distance
 from truncsens.certificates.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError
