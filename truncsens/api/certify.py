@@ -17,12 +17,12 @@ from typing import Any
 import xarray as xr
 
 from truncsens import results
-from truncsens.api.measure import python_call
+from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.config import CertifyConfig
 from truncsens.certificates.coverage_report import certify_figure_paths, format_summary, save_figures, summarize
 from truncsens.certificates.driver import run_certify
 from truncsens.fits.fit_file import check_new_files, sanitize
-from truncsens.models import LoadedModel, in_memory_model
+from truncsens.models import LoadedModel
 
 
 @dataclass
@@ -137,15 +137,8 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
     options = {k: v for k, v in locals().items() if k not in ("model", "tokenizer", "command", "plot_out")}
     if command is None:
         command = python_call("truncsens.certify", certify, model, tokenizer, {**options, "plot_out": plot_out})
-    loaded = None
-    if isinstance(model, (str, Path)):  # a spec (a checkpoint folder may be a Path)
-        model = str(model)
-        if tokenizer is not None:
-            raise ValueError(f"tokenizer is for a model object; the model spec {model!r} loads its own")
-        options["device"], options["dtype"] = device or "cpu", dtype or "float32"
-    else:
-        loaded = in_memory_model(model, tokenizer, device, dtype)
-        model, options["device"], options["dtype"] = loaded.name, loaded.device, loaded.dtype
+    model, device, options["dtype"], loaded = model_argument(model, tokenizer, device, dtype)
+    options["device"] = device or "cpu"
     if out is not None:
         return run_certification(certify_config(model, command=command, **options), plot_out, loaded)
     if resume:

@@ -17,11 +17,11 @@ from typing import Any
 import xarray as xr
 
 from truncsens import results
-from truncsens.api.measure import python_call
+from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
 from truncsens.certificates.attribution_driver import AttributionConfig, run_attribution
 from truncsens.fits.fit_file import check_new_files, sanitize
-from truncsens.models import LoadedModel, in_memory_model
+from truncsens.models import LoadedModel
 
 
 @dataclass
@@ -135,15 +135,8 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
     if command is None:
         command = python_call("truncsens.certify_attribution", certify_attribution, model, tokenizer,
                               {**options, "plot_out": plot_out})
-    loaded = None
-    if isinstance(model, (str, Path)):  # a spec (a checkpoint folder may be a Path)
-        model = str(model)
-        if tokenizer is not None:
-            raise ValueError(f"tokenizer is for a model object; the model spec {model!r} loads its own")
-        options["device"], options["dtype"] = device or "cpu", dtype or "float32"
-    else:
-        loaded = in_memory_model(model, tokenizer, device, dtype)
-        model, options["device"], options["dtype"] = loaded.name, loaded.device, loaded.dtype
+    model, device, options["dtype"], loaded = model_argument(model, tokenizer, device, dtype)
+    options["device"] = device or "cpu"
     if out is not None:
         return run_attribution_report(attribution_config(model, command=command, **options), plot_out, loaded)
     with tempfile.TemporaryDirectory(prefix="truncsens-attribution-") as folder:

@@ -147,14 +147,7 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
     options = {k: v for k, v in locals().items() if k not in ("model", "tokenizer", "command")}  # measure_config's keywords
     if command is None:
         command = python_call("truncsens.measure", measure, model, tokenizer, options)
-    if isinstance(model, (str, Path)):  # a spec (a checkpoint folder may be a Path)
-        model = str(model)
-        if tokenizer is not None:
-            raise ValueError(f"tokenizer is for a model object; the model spec {model!r} loads its own")
-        loaded, options["dtype"] = None, dtype or "float32"
-    else:
-        loaded = in_memory_model(model, tokenizer, device, dtype)
-        model, options["device"], options["dtype"] = loaded.name, loaded.device, loaded.dtype
+    model, options["device"], options["dtype"], loaded = model_argument(model, tokenizer, device, dtype)
     if out is not None:
         summary = run_measurement(measure_config(model, command=command, **options), loaded)
         return results.load(summary.path) if summary.n_targets >= 0 else None
@@ -164,6 +157,24 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
         options["out"] = Path(folder) / "results.nc"
         summary = run_measurement(measure_config(model, command=command, **options), loaded)
         return results.load(summary.path) if summary.n_targets >= 0 else None
+
+
+def model_argument(model: Any, tokenizer: Any, device: str | None, dtype: str | None
+                   ) -> tuple[str, str | None, str, LoadedModel | None]:
+    """An API function's ``model`` argument as ``(model, device, dtype, loaded)``: a spec (a string, or a
+    checkpoint folder as a Path) stays a string with ``device`` as given and ``dtype`` defaulting to
+    float32, and ``loaded`` None (the driver loads it); a transformers model object with its
+    ``tokenizer`` becomes a :class:`~truncsens.models.LoadedModel`, named, placed and typed as it is.
+
+    Raises:
+        ValueError: a tokenizer with a spec; as :func:`truncsens.models.in_memory_model` for an object.
+    """
+    if isinstance(model, (str, Path)):
+        if tokenizer is not None:
+            raise ValueError(f"tokenizer is for a model object; the model spec {str(model)!r} loads its own")
+        return str(model), device, dtype or "float32", None
+    loaded = in_memory_model(model, tokenizer, device, dtype)
+    return loaded.name, loaded.device, loaded.dtype, loaded
 
 
 def python_call(name: str, function, model: Any, tokenizer: Any, options: dict) -> str:
