@@ -15,9 +15,8 @@ from truncsens import results
 from truncsens.cli.main import app
 from truncsens.divergences import METRICS, all_metrics
 from truncsens.engine.block.plan import block_length, policy_forward_tokens
-from truncsens.engine.block.policies import (
-    check_block_budgets, check_policy_blocks, measure_policy_blocks,
-)
+from truncsens.engine.block.plan import check_block_budgets, check_policy_blocks
+from truncsens.engine.block.policies import measure_policy_blocks
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.granularity import evicted_mass
 from truncsens.engine.kernel import measure_draws, policy_seeds

@@ -20,7 +20,8 @@ from truncsens.engine.semantics import SEMANTICS
 from truncsens.models import load_model
 from truncsens.policies import POLICIES, PolicyError, make_policy
 from truncsens.policies.base import StreamView
-from truncsens.policies.streaming import chunk_bounds, run_stream, ChunkStats
+from truncsens.policies.steps import chunk_bounds
+from truncsens.policies.streaming import ChunkStats, run_stream
 
 
 

@@ -3,8 +3,8 @@
 and the most recent others (:func:`recent_eviction_steps`).
 
 A module below both :mod:`truncsens.policies.base` (whose :meth:`~truncsens.policies.base.Policy.eviction_steps`
-reads :func:`recent_eviction_steps`) and :mod:`truncsens.policies.streaming` (the loop, which re-exports
-both functions); pure functions of positions, no model.
+reads :func:`recent_eviction_steps`) and :mod:`truncsens.policies.streaming` (the loop);
+pure functions of positions, no model.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from truncsens.policies.base import Kept, Policy, PolicyError, StreamView, unfold_heads, uniforms
-from truncsens.policies.steps import chunk_bounds, recent_eviction_steps  # noqa: F401 (both importable from here too)
+from truncsens.policies.steps import chunk_bounds
 
 
 @dataclass

@@ -44,9 +44,7 @@ import torch
 
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.block.passes import block_rows, reference_passes
-from truncsens.engine.block.plan import (  # noqa: F401 (the checks: importable from here too)
-    actual_contexts, blocks_of, check_block_budgets, check_policy_blocks,
-)
+from truncsens.engine.block.plan import actual_contexts, blocks_of, check_block_budgets
 from truncsens.engine.kernel import KernelOutput, copy_deterministic, draws_measured, policy_seeds
 from truncsens.engine.reference_pass import ReferencePass
 from truncsens.engine.semantics.base import Semantics

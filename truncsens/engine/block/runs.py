@@ -31,7 +31,8 @@ from truncsens.engine.block.plan import (
     block_length, check_block_windows, extra_context, forward_tokens, policy_forward_tokens,
 )
 from truncsens.engine.block.passes import check_block_model, choose_attention, measure_blocks
-from truncsens.engine.block.policies import check_block_budgets, measure_policy_blocks
+from truncsens.engine.block.plan import check_block_budgets
+from truncsens.engine.block.policies import measure_policy_blocks
 from truncsens.engine.kernel import KernelOutput, draws_measured
 from truncsens.engine.run.shard_results import shard_results
 from truncsens.engine.run.skeleton import ShardWork
