@@ -41,7 +41,7 @@ def test_relative_links_and_anchors_exist(page):
     assert missing == []
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "architecture.md"], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_named_repository_paths_exist(page):
     named = {m.rstrip(".") for m in REPO_PATH.findall(page.read_text())}
     assert sorted(p for p in named if not (ROOT / p).exists()) == []
@@ -52,3 +52,24 @@ def test_the_path_check_sees_a_moved_module():
     named = [m.rstrip(".") for m in REPO_PATH.findall(text)]
     assert named == ["truncsens/engine/layer_windows.py", "docs/method.md"]
     assert [(ROOT / p).exists() for p in named] == [False, True]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_code_fences_are_closed(page):
+    fences = [i for i, line in enumerate(page.read_text().splitlines(), 1) if line.lstrip().startswith("```")]
+    assert len(fences) % 2 == 0, f"{page.name}: a code fence opened on line {fences[-1]} is never closed"
+
+
+def test_architecture_names_the_files_each_folder_holds():
+    """Every `name.py` in a row of docs/architecture.md's folder table is a file of that row's folder."""
+    missing = []
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        row = re.match(r"\| `(?:truncsens/)?([\w/]+)/` \|(.*)", line)
+        if not row:
+            continue
+        folder = ROOT / "truncsens" / row.group(1)
+        assert folder.is_dir(), row.group(1)
+        for name in re.findall(r"`([\w/]+\.py)`", row.group(2)):
+            if not (folder / name).exists() and not (ROOT / "truncsens" / name).exists():
+                missing.append(f"{row.group(1)}/{name}")
+    assert missing == []
