@@ -26,7 +26,7 @@ def measure(
     max_docs: Optional[int] = typer.Option(None, help="Use at most this many (long enough) documents."),
     seed: int = typer.Option(0, help="Seed of the target draw (and of randomized policies unless --policy-seed is given)."),
     device: str = typer.Option("auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
-    dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64 (divergences are float32 regardless)."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64 of the forward passes (divergences are computed in float64 and stored as float32 regardless)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass (default by device; halves on out-of-memory)."),
     docs_per_shard: int = typer.Option(8, help="Documents per shard file (an interruption loses at most one shard)."),
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>.nc)."),
