@@ -58,8 +58,11 @@ class TargetSet:
 
 
 def doc_seed(seed: int, doc_id: str) -> int:
-    """A 64-bit seed for one document, from SHA-256 of ``"{seed}:{doc_id}"``."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{doc_id}".encode()).digest()[:8], "big")
+    """A 64-bit seed for one document, from SHA-256 of ``"{seed}:{doc_id}"`` as UTF-8 with
+    ``surrogatepass``: equal to UTF-8 for every valid id, and one-to-one on the lone surrogates by which
+    Python holds the bytes of a file name that is not valid UTF-8 (such an id is stored as it is)."""
+    text = f"{seed}:{doc_id}".encode("utf-8", errors="surrogatepass")
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "big")
 
 
 def draw_positions(length: int, reference_context: int, targets_per_doc: int | None, seed: int, doc_id: str) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from truncsens.corpora import load_corpus
+from truncsens.corpora.document import id_bytes
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.models import LoadedModel, model_source
 from truncsens.targets import TokenDoc
@@ -88,7 +89,7 @@ def token_docs_sha256(docs: list[TokenDoc]) -> str:
     """SHA-256 over every document's id and int64 token ids, in order."""
     h = hashlib.sha256()
     for d in docs:
-        h.update(d.id.encode())
+        h.update(id_bytes(d.id))
         h.update(d.ids.numpy().astype(np.int64).tobytes())
     return h.hexdigest()
 
