@@ -2,9 +2,9 @@
 
 Prints two ratios:
 
-1. ``engine_vs_naive``: time of the naive loop (:func:`truncsens.engine.naive.naive_pair`, one
+1. ``engine_vs_naive``: time of the naive loop (``naive_pair`` of ``tests/oracles.py``, one
    reference forward and one kept forward per (target, window) pair, batch size 1, full logits)
-   divided by the engine's time (:func:`truncsens.engine.measure.measure_targets`). Target >= 1.8
+   divided by the engine's time (:func:`truncsens.engine.kernel.measure_targets`). Target >= 1.8
    on 2 CPU cores.
 2. ``engine_vs_bare``: engine tokens/s divided by the tokens/s of a bare batched forward of the
    same model over exactly the same sequences and batch sizes (``logits_to_keep=1``, no

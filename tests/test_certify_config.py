@@ -71,6 +71,19 @@ def test_attribution_checks_its_own_fields_first():
         AttributionConfig(trajectory_budget="10,20")
 
 
+@pytest.mark.parametrize("value, message", [
+    ("0", "--trajectory-budget: a token count must be at least 1, got 0"),  # named --budgets before
+    ("150%", "--trajectory-budget: a percentage of the reference context must lie in (0%, 100%], got 150%"),
+    ("abc", "--trajectory-budget: 'abc' is neither a token count (128) nor a percentage (12.5%)"),
+])
+def test_a_bad_trajectory_budget_names_its_own_option(value, message):
+    with pytest.raises(CertifyError) as err:
+        AttributionConfig(trajectory_budget=value)
+    assert str(err.value) == message
+    with pytest.raises(CertifyError, match="^--budgets: a token count must be at least 1, got 0$"):
+        AttributionConfig(budgets="0")
+
+
 @pytest.mark.parametrize("cls", [CertifyConfig, AttributionConfig])
 def test_run_options_are_checked_by_one_measure_config(cls, monkeypatch):
     from truncsens.engine import config as engine_config

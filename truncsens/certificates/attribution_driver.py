@@ -78,7 +78,7 @@ class AttributionConfig(CertifyBase):
         if self.min_distance is not None and self.min_distance < 1:
             raise CertifyError(f"--min-distance must be at least 1 token, got {self.min_distance}")
         super().__post_init__()  # delta, budgets, run options: the checks of CertifyBase / MeasureConfig
-        if len(parse_budgets(self.trajectory_budget)) != 1:  # the syntax of --budgets, one value
+        if len(parse_budgets(self.trajectory_budget, "--trajectory-budget")) != 1:  # the syntax of --budgets, one value
             raise CertifyError(f"--trajectory-budget takes one budget, got {self.trajectory_budget!r}")
 
     def check_run_options(self) -> None:
@@ -121,7 +121,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     budgets = ccfg.resolve_budgets(N)
     traj_budget = None
     if cfg.trajectory:
-        traj_budget = resolve_budgets(parse_budgets(cfg.trajectory_budget), N, cfg.n_sink, "--trajectory-budget")[0]
+        traj_budget = resolve_budgets(parse_budgets(cfg.trajectory_budget, "--trajectory-budget"), N, cfg.n_sink, "--trajectory-budget")[0]
     if cfg.trajectory and N - cfg.trajectory <= traj_budget:
         raise CertifyError(f"--trajectory {cfg.trajectory} leaves a prefix of {N - cfg.trajectory} tokens, not above "
                            f"the trajectory budget of {traj_budget} tokens; use fewer steps or a smaller "

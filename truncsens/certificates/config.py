@@ -21,8 +21,8 @@ class CertifyError(ValueError):
     """A certify run cannot run as configured; the message names the problem and the fix."""
 
 
-def parse_budgets(text: str) -> list[tuple[float, bool]]:
-    """``"12.5%,256"`` -> [(12.5, True), (256, False)].
+def parse_budgets(text: str, option: str = "--budgets") -> list[tuple[float, bool]]:
+    """``"12.5%,256"`` -> [(12.5, True), (256, False)]; ``option`` is named in the errors.
 
     Raises:
         CertifyError: empty, not a number, a count below 1, a percentage outside (0, 100].
@@ -35,14 +35,14 @@ def parse_budgets(text: str) -> list[tuple[float, bool]]:
         try:
             value = float(item[:-1]) if percent else int(item)
         except ValueError:
-            raise CertifyError(f"--budgets: {item!r} is neither a token count (128) nor a percentage (12.5%)") from None
+            raise CertifyError(f"{option}: {item!r} is neither a token count (128) nor a percentage (12.5%)") from None
         if percent and not 0 < value <= 100:
-            raise CertifyError(f"--budgets: a percentage of the reference context must lie in (0%, 100%], got {item}")
+            raise CertifyError(f"{option}: a percentage of the reference context must lie in (0%, 100%], got {item}")
         if not percent and value < 1:
-            raise CertifyError(f"--budgets: a token count must be at least 1, got {item}")
+            raise CertifyError(f"{option}: a token count must be at least 1, got {item}")
         out.append((value, percent))
     if not out:
-        raise CertifyError("--budgets is empty; give token counts or percentages such as 12.5%,25%,50%")
+        raise CertifyError(f"{option} is empty; give token counts or percentages such as 12.5%,25%,50%")
     return out
 
 
