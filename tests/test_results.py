@@ -308,9 +308,18 @@ def test_structured_attrs_come_back_as_they_went_in(tmp_path):
     back = results.load(results.save(ds, tmp_path / "a.nc"))
     assert back.attrs == ds.attrs
     for k, v in STRUCTURED.items():
-        assert back.attrs[k] == v and type(back.attrs[k]) is type(v if not isinstance(v, np.bool_) else True), k
+        assert back.attrs[k] == v and type(back.attrs[k]) is type(v), k  # np.bool_ stays np.bool_
     assert back.attrs["flag"] is True and back.attrs["model_revision"] is None
     assert back.attrs["when"].tzinfo == dt.timezone.utc
+
+
+def test_numpy_bools_come_back_as_numpy_bools(tmp_path):
+    ds = make(np_flag=np.bool_(False), np_mask=np.array([True, False, True]), mixed=[np.bool_(True), True])
+    back = results.load(results.save(ds, tmp_path / "b.nc"))
+    assert type(back.attrs["np_flag"]) is np.bool_ and not back.attrs["np_flag"]
+    mask = back.attrs["np_mask"]
+    assert isinstance(mask, np.ndarray) and mask.dtype == np.bool_ and mask.tolist() == [True, False, True]
+    assert [type(v) for v in back.attrs["mixed"]] == [np.bool_, bool]
 
 
 def test_attrs_set_after_creation_round_trip(tmp_path):

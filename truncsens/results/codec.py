@@ -115,8 +115,12 @@ def _native(value: object) -> bool:
 def _to_json(value: object, where: str) -> object:
     if value is None or isinstance(value, (bool, str, int, float)):
         return value
+    if isinstance(value, np.bool_):  # a numpy bool comes back a numpy bool, not a Python bool
+        return {_TAG: "numpy.bool_", "value": bool(value)}
     if isinstance(value, np.generic):
         return _to_json(value.item(), where)
+    if isinstance(value, np.ndarray) and value.dtype == np.bool_:
+        return {_TAG: "numpy.bool_array", "value": [_to_json(v, where) for v in value.tolist()]}
     if isinstance(value, list):
         return [_to_json(v, where) for v in value]
     if isinstance(value, tuple):
@@ -160,6 +164,10 @@ def _hook(obj: dict) -> object:
         return _dt.timedelta(days=v[0], seconds=v[1], microseconds=v[2])
     if kind == "path":
         return Path(v)
+    if kind == "numpy.bool_":
+        return np.bool_(v)
+    if kind == "numpy.bool_array":
+        return np.array(v, dtype=np.bool_)
     return obj
 
 
