@@ -186,3 +186,14 @@ def test_keyword_names_are_the_cli_options(command, function):
     options = cli - CLI_ONLY | ({"fit_file"} if function == "plot" else set())  # plot --fit is a keyword
     assert options - keywords == set()  # every option has its keyword, of the same name
     assert keywords - options <= API_ONLY
+
+
+def test_texts_are_a_corpus_in_the_config_and_only_named_in_the_fingerprint():
+    from truncsens.api.measure import measure_config
+    from truncsens.corpora import Corpus
+
+    cfg = measure_config("reference", texts=["def f():\n    return 1\n", "x = 2\n"], reference_context=64)
+    assert isinstance(cfg.corpus, Corpus) and cfg.corpus_name == "texts"
+    assert cfg.out == "results/reference-texts.nc"
+    fingerprint = cfg.fingerprint()
+    assert fingerprint["corpus"] == "texts" and "return 1" not in repr(fingerprint)

@@ -27,7 +27,6 @@ import xarray as xr
 
 from truncsens import results
 from truncsens.corpora import texts_corpus
-from truncsens.corpora.resolve import TEXTS_NAME
 from truncsens.engine.config import MeasureConfig
 from truncsens.engine.measure import MeasureSummary, run_measure
 from truncsens.models import LoadedModel, in_memory_model
@@ -75,9 +74,8 @@ def measure_config(model: str = "reference", *, texts: Sequence[str] | None = No
     """
     if texts is not None and corpus is not None:
         raise ValueError("give texts or corpus, not both")
-    documents = texts_corpus(texts) if texts is not None else None
     cfg = MeasureConfig(
-        model=model, domain=domain, corpus=TEXTS_NAME if documents is not None else corpus, split=split,
+        model=model, domain=domain, corpus=texts_corpus(texts) if texts is not None else corpus, split=split,
         text_field=text_field, reference_context=reference_context, windows=_ints(windows), policies=_names(policies),
         budgets=_ints(budgets), semantics=semantics, n_sink=sinks, positions=positions, score=score,
         per_query=per_query, policy_args=policy_args, chunk=chunk, granularity=granularity, draws=draws,
@@ -85,10 +83,6 @@ def measure_config(model: str = "reference", *, texts: Sequence[str] | None = No
         targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, device=device, dtype=dtype,
         max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard, out=None if out is None else str(out),
         resume=resume, overwrite=overwrite, progress=progress, command=command)
-    if documents is not None:
-        # validated (and its default path named) with the corpus's name; the driver reads the documents
-        # themselves (truncsens.corpora.load_corpus takes a Corpus), and the resume fingerprint holds them
-        cfg.corpus = documents
     return cfg
 
 

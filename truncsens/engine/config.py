@@ -13,9 +13,10 @@ Everything that can be checked without loading a model or a corpus is checked in
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from truncsens.corpora import Corpus
 from truncsens.corpora.document import SPLITS
 from truncsens.engine.block.plan import check_policy_blocks
 from truncsens.engine.errors import MeasureError  # (defined there, imported from here too)
@@ -52,7 +53,8 @@ class MeasureConfig:
 
     Attributes:
         model: "reference", a Hugging Face id, a local checkpoint folder, or ``synthetic:ALPHA``.
-        domain, corpus, split, text_field: the documents (:func:`truncsens.corpora.load_corpus`).
+        domain, corpus, split, text_field: the documents (:func:`truncsens.corpora.load_corpus`);
+            ``corpus`` may be a :class:`~truncsens.corpora.Corpus` already in memory (the API's ``texts``).
         reference_context: N, tokens of context of the reference distribution (None: the model's maximum).
         windows: window sweep (None with no ``policies``: powers of two from 1 to N/2).
         policies: policy names (:data:`truncsens.policies.POLICIES`) for a budget sweep; they share
@@ -104,7 +106,7 @@ class MeasureConfig:
 
     model: str = "reference"
     domain: str = "code"
-    corpus: str | None = None
+    corpus: str | Corpus | None = None
     split: str = "auto"
     text_field: str = "text"
     reference_context: int | None = None
@@ -195,7 +197,7 @@ class MeasureConfig:
                                "poisson); " + ("a window sweep is deterministic" if self.policies is None else
                                               f"{', '.join(self.policies)} decide deterministically") + " (leave --draws at 1)")
         if self.out is None:
-            self.out = str(default_out(self.model, self.corpus, self.domain, "" if self.policies is None else "-policies"))
+            self.out = str(default_out(self.model, self.corpus_name, self.domain, "" if self.policies is None else "-policies"))
 
     def _check_protocol(self, semantics: Semantics) -> None:
         if self.protocol not in PROTOCOLS:
@@ -244,6 +246,11 @@ class MeasureConfig:
         return self.max_batch_tokens or DEFAULT_BATCH_TOKENS.get(torch.device(device).type, 16384)
 
     @property
+    def corpus_name(self) -> str | None:
+        """The corpus's name: the option as given, or the name of a corpus passed in memory."""
+        return self.corpus.name if isinstance(self.corpus, Corpus) else self.corpus
+
+    @property
     def draw_seed(self) -> int:
         """The seed of the policies' draws: ``policy_seed``, or ``seed`` when none is given."""
         return self.seed if self.policy_seed is None else self.policy_seed
@@ -251,7 +258,8 @@ class MeasureConfig:
     def fingerprint(self, **resolved) -> dict:
         """What must match for ``--resume`` to reuse shards: every field except :data:`RUN_ONLY_FIELDS`,
         plus ``resolved`` values (N, corpus hash, the sweep)."""
-        keep = {k: v for k, v in asdict(self).items() if k not in RUN_ONLY_FIELDS}
+        keep = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RUN_ONLY_FIELDS}
+        keep["corpus"] = self.corpus_name  # the documents themselves are in the corpus hash (resolved)
         for name, default in LATER_OPTIONS.items():  # at their default, options added later leave the
             if name in keep and keep[name] == default:  # fingerprint as it was, so earlier runs still resume
                 del keep[name]
