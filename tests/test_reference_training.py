@@ -11,18 +11,22 @@ import pytest
 from conftest import requires_reference
 from truncsens.api.reference import doc_clustered_mean_se
 from truncsens.models.reference.card import write_card
-from truncsens.models.reference.train import TrainConfig, _lr_at
+from truncsens.models.reference.train import TrainConfig, _lr_at, crop_at
 
 
-def test_lr_schedule_warmup_cosine_and_time_budget():
+def test_lr_schedule_warmup_cosine_by_step_only():
     cfg = TrainConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110, max_minutes=60)
     assert _lr_at(0, cfg) == pytest.approx(1e-4)  # (0 + 1) / 10 of the peak
     assert _lr_at(9, cfg) == pytest.approx(1e-3)
     assert _lr_at(60, cfg) == pytest.approx(1e-4 + 0.5 * 9e-4 * (1 + math.cos(math.pi * 0.5)))
     assert _lr_at(110, cfg) == pytest.approx(1e-4)
-    # the wall-clock budget decays the rate when it runs out before the steps do
-    assert _lr_at(20, cfg, minutes=60) == pytest.approx(1e-4)
-    assert _lr_at(20, cfg, minutes=30) == pytest.approx(1e-4 + 0.5 * 9e-4)
+    assert _lr_at(500, cfg) == pytest.approx(1e-4)
+
+
+def test_crops_are_short_in_the_warm_phase_with_the_same_tokens_per_step():
+    cfg = TrainConfig(context=2048, warm_context=512, warm_steps=400, batch_size=4)
+    assert crop_at(0, cfg) == (16, 512) and crop_at(399, cfg) == (16, 512)
+    assert crop_at(400, cfg) == (4, 2048)
 
 
 def test_doc_clustered_mean_se_by_hand():
@@ -75,7 +79,8 @@ def test_build_reference_trains_evaluates_and_installs(tmp_path, monkeypatch):
     monkeypatch.setattr(truncsens.models, "REFERENCE_DIR", tmp_path / "installed")
     cfg = TrainConfig(out_dir=str(tmp_path / "run"), vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
                       num_heads=2, context=300, batch_size=2, max_steps=2, eval_every=2, eval_sequences=2, warmup_steps=1)
-    final, installed = build_reference(cfg, install=True)
+    final, installed, summary = build_reference(cfg, install=True)
+    assert summary["finished"]
     assert installed == tmp_path / "installed"
     card = json.loads((installed / "eval.json").read_text())
     assert [e["domain"] for e in card["evaluations"]] == ["code", "nl"]
@@ -97,3 +102,30 @@ def test_committed_reference_model_uses_long_context():
     nll = {int(k): v[0] for k, v in ev["nll"].items()}
     assert ev["gain_shortest_to_max"][0] >= 0.25
     assert nll[1024] < nll[64] < nll[16]
+
+
+def tiny_config(out_dir, **kw) -> TrainConfig:
+    return TrainConfig(out_dir=str(out_dir), vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
+                       num_heads=2, context=128, warm_context=64, warm_steps=2, batch_size=2, max_steps=4,
+                       eval_every=2, eval_sequences=2, warmup_steps=1, threads=1, **kw)
+
+
+@pytest.mark.slow
+def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
+    """Stopped after step 1 and after step 3 (inside and after the short-crop warm phase), resumed
+    each time: the same weights, bit for bit, as one run of 4 steps; a changed recipe is refused."""
+    import torch
+    from safetensors.torch import load_file
+
+    from truncsens.models.reference.train import TrainError, train
+
+    whole = train(tiny_config(tmp_path / "whole"))
+    for stop in (1, 3, 0):
+        parts = train(tiny_config(tmp_path / "parts", stop_at_step=stop))
+    a, b = load_file(whole / "model.safetensors"), load_file(parts / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.load(tmp_path / "parts" / "checkpoint.pt", weights_only=False)["step"] == 4
+    log = (tmp_path / "parts" / "train_log.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in log[1:]] == ["2", "4"]
+    with pytest.raises(TrainError, match="lr differ"):
+        train(tiny_config(tmp_path / "parts", lr=1e-2))

@@ -70,35 +70,46 @@ def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_p
     return out
 
 
-def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path | None]:
-    """Train with ``cfg``, evaluate (:func:`context_nll` on both builtin domains at
-    :data:`~truncsens.models.reference.card.CARD_CONTEXTS`), write the card into the final checkpoint
-    folder and, with ``install``, copy that folder into the package's weights folder.
+def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path | None, dict]:
+    """Train (or resume) with ``cfg``; once all ``max_steps`` are done, evaluate (:func:`context_nll` on
+    both builtin domains at :data:`~truncsens.models.reference.card.CARD_CONTEXTS`), write the card into
+    the final checkpoint folder and, with ``install``, copy that folder into the package's weights folder.
 
     Returns:
-        (final checkpoint folder, install folder or None).
+        (final checkpoint folder, install folder or None, the training summary: ``steps``,
+        ``finished``, ``minutes``, ...). An unfinished run is neither evaluated nor installed.
     """
     final = train(cfg)
+    summary = json.loads((final / "training_summary.json").read_text())
+    if not summary["finished"]:
+        return final, None, summary
     shutil.copy(Path(cfg.out_dir) / "train_log.csv", final / "train_log.csv")
     loaded = load_model(str(final))
-    evals = [context_nll(loaded, domain, list(CARD_CONTEXTS)) for domain in ("code", "nl")]
-    write_card(final, evals, json.loads((final / "training_summary.json").read_text()))
-    return final, install_reference(final) if install else None
+    contexts = [c for c in CARD_CONTEXTS if c < loaded.max_context]
+    evals = [context_nll(loaded, domain, contexts) for domain in ("code", "nl")]
+    write_card(final, evals, summary)
+    return final, install_reference(final) if install else None, summary
 
 
-def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 115.0, max_steps: int = 4000,
-                    seed: int = 0, install: bool = False) -> tuple[Path, Path | None]:
-    """``truncsens train-reference``: :func:`build_reference` with the command's options (about two hours
-    on 2 CPU cores).
+def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 170.0, max_steps: int = 3000,
+                    seed: int = 0, install: bool = False, threads: int = 0) -> tuple[Path, Path | None, dict]:
+    """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
+    the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
+    in ``out_dir`` (the result does not depend on where a run was stopped).
 
     Args:
-        out_dir: working folder (checkpoints, training log).
-        minutes: wall-clock budget; the learning rate decays to its floor by then.
-        max_steps: optimizer steps at most.
+        out_dir: working folder (checkpoint, training log, exported model).
+        minutes: wall-clock budget of this call; the run checkpoints and stops when it is spent.
+        max_steps: optimizer steps of the whole run (part of the recipe: the learning-rate schedule ends there).
         seed: seed of initialisation and batch sampling.
-        install: copy the result into ``truncsens/models/reference/weights``.
+        install: copy the finished result into ``truncsens/models/reference/weights``.
+        threads: torch CPU threads (0: torch's default).
 
     Returns:
-        (final checkpoint folder, install folder or None).
+        (final checkpoint folder, install folder or None, training summary).
+
+    Raises:
+        TrainError: ``out_dir`` holds a checkpoint of a different recipe.
     """
-    return build_reference(TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, seed=seed), install)
+    cfg = TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, seed=seed, threads=threads)
+    return build_reference(cfg, install)

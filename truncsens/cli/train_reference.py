@@ -10,17 +10,23 @@ from truncsens.cli.errors import user_errors
 
 
 def train_reference(
-    out_dir: Path = typer.Option(Path("runs/reference"), help="Working folder (checkpoints, training log)."),
-    minutes: float = typer.Option(115.0, help="Wall-clock budget; the learning rate decays to its floor by then."),
-    max_steps: int = typer.Option(4000, help="Optimizer steps at most."),
+    out_dir: Path = typer.Option(Path("runs/reference"), help="Working folder (checkpoint, training log, exported model)."),
+    minutes: float = typer.Option(170.0, help="Wall-clock budget of this call: the run checkpoints and stops; run again to resume."),
+    max_steps: int = typer.Option(3000, help="Optimizer steps of the whole run (the learning rate reaches its floor there)."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
-    install: bool = typer.Option(False, "--install", help="Copy the result into truncsens/models/reference/weights."),
+    threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
+    install: bool = typer.Option(False, "--install", help="Copy the finished result into truncsens/models/reference/weights."),
 ) -> None:
-    """Train the reference model on the builtin corpora's training split (about two hours on 2 CPU cores)."""
+    """Train the reference model (resumable: run again to continue from the checkpoint in --out-dir)."""
     from truncsens.api.reference import train_reference as train
 
     with user_errors():
-        final, installed = train(out_dir, minutes=minutes, max_steps=max_steps, seed=seed, install=install)
+        final, installed, summary = train(out_dir, minutes=minutes, max_steps=max_steps, seed=seed, install=install,
+                                          threads=threads)
+        if not summary["finished"]:
+            typer.echo(f"stopped at step {summary['steps']} of {max_steps} ({summary['minutes']:.0f} minutes so far); "
+                       f"run the same command again to resume from {out_dir / 'checkpoint.pt'}")
+            return
         typer.echo(f"trained model and card in {final}")
         if installed:
             typer.echo(f"installed into {installed}")

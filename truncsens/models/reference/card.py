@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CARD_CONTEXTS = (16, 64, 256)  # shorter contexts evaluated beside the model's maximum
+CARD_CONTEXTS = (16, 64, 256, 1024)  # shorter contexts evaluated beside the model's maximum
 
 
 def write_card(folder: Path, evaluations: list[dict], summary: dict) -> Path:

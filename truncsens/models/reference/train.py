@@ -26,7 +26,13 @@ EOS = "<|endoftext|>"
 
 @dataclass
 class TrainConfig:
-    """Configuration of one reference-model training run (sizes in tokens unless stated)."""
+    """Configuration of one reference-model training run (sizes in tokens unless stated).
+
+    The recipe is every field but ``out_dir``, ``max_minutes``, ``stop_at_step`` and ``threads``: a resumed run must
+    have the same recipe as the checkpoint it continues (:class:`TrainError` otherwise).
+    ``max_minutes`` bounds one invocation only (the run checkpoints and stops; the learning-rate
+    schedule is by step, so where a run was stopped never changes the result).
+    """
 
     out_dir: str = "runs/reference"
     vocab_size: int = 4096
@@ -34,19 +40,34 @@ class TrainConfig:
     intermediate_size: int = 864
     num_layers: int = 5
     num_heads: int = 5
-    context: int = 1024
-    batch_size: int = 8
+    context: int = 2048
+    batch_size: int = 4
+    warm_context: int = 512  # the first warm_steps steps train on crops this long (batch scaled up)
+    warm_steps: int = 400
     max_steps: int = 3000
-    max_minutes: float = 120.0
+    max_minutes: float = 170.0
+    stop_at_step: int = 0  # > 0: this invocation stops (and checkpoints) once this step is done
+    checkpoint_minutes: float = 10.0
     lr: float = 3e-3
     min_lr: float = 2e-4
     warmup_steps: int = 100
     weight_decay: float = 0.1
+    repeat_share: float = 0.2
+    kv_share: float = 0.2
     eval_every: int = 100
-    eval_sequences: int = 48
+    eval_sequences: int = 16
     seed: int = 0
-    bf16_autocast: bool = True
+    bf16_autocast: bool = False  # slower than float32 on CPUs without bfloat16 instructions
     threads: int = 0  # 0: torch default
+
+    def recipe(self) -> dict:
+        """The fields that decide the trained weights (all but out_dir, max_minutes, threads)."""
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("out_dir", "max_minutes", "stop_at_step", "threads")}
+
+
+class TrainError(ValueError):
+    """Training cannot go on as asked (a checkpoint of another recipe in the working folder)."""
 
 
 def train_tokenizer(docs: list[Document], vocab_size: int, out_dir: Path):
@@ -75,13 +96,20 @@ def _stream(docs: list[Document], tok) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def _lr_at(step: int, cfg: TrainConfig, minutes: float = 0.0) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr`` over steps or wall time, whichever ends first."""
+def _lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    by_steps = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-    progress = min(1.0, max(by_steps, minutes / cfg.max_minutes))
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def crop_at(step: int, cfg: TrainConfig) -> tuple[int, int]:
+    """(sequences, tokens each) of step ``step``: ``warm_context`` crops during the first ``warm_steps``
+    steps (as many more sequences as keep the tokens per step), then ``context``."""
+    if step < cfg.warm_steps and cfg.warm_context < cfg.context:
+        return cfg.batch_size * (cfg.context // cfg.warm_context), cfg.warm_context
+    return cfg.batch_size, cfg.context
 
 
 @torch.no_grad()
@@ -90,9 +118,9 @@ def positional_nll(model, sequences: torch.Tensor, bins: list[tuple[int, int]]) 
     model.eval()
     x, y = sequences[:, :-1], sequences[:, 1:]  # [n, L] each
     total = torch.zeros(y.shape[1])
-    for i in range(0, x.shape[0], 8):
-        logits = model(input_ids=x[i : i + 8]).logits.float()  # [b, L, V]
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y[i : i + 8], reduction="none")
+    for i in range(0, x.shape[0], 4):
+        logits = model(input_ids=x[i : i + 4]).logits.float()  # [b, L, V]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y[i : i + 4], reduction="none")
         total += nll.sum(0)
     mean = total / x.shape[0]
     model.train()
@@ -107,37 +135,77 @@ def _export(model, folder: Path) -> None:
     model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
 
 
-def train(cfg: TrainConfig) -> Path:
-    """Train tokenizer and model; write checkpoints and ``train_log.csv`` into ``cfg.out_dir``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _save_checkpoint(path: Path, state: dict) -> None:
+    """Write ``state`` with torch.save to a temporary file, then rename it over ``path`` (atomic: a run
+    killed while saving leaves the previous checkpoint)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
 
-    torch.manual_seed(cfg.seed)
+
+def _tokenizer(cfg: TrainConfig, docs: list[Document], out: Path):
+    """The run's tokenizer: trained on the first start, loaded from ``out/final`` on a resume."""
+    from transformers import PreTrainedTokenizerFast
+
+    if (out / "final" / "tokenizer.json").exists():
+        return PreTrainedTokenizerFast.from_pretrained(str(out / "final"))
+    return train_tokenizer(docs, cfg.vocab_size, out / "final")
+
+
+def _model_config(cfg: TrainConfig, tok):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.context, rope_theta=10000.0,
+        tie_word_embeddings=True, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+        attn_implementation="sdpa",
+    )
+
+
+def train(cfg: TrainConfig) -> Path:
+    """Train tokenizer and model, or resume the run in ``cfg.out_dir`` from its checkpoint.
+
+    Writes ``checkpoint.pt`` (weights, optimizer, step; every ``checkpoint_minutes`` and at the end),
+    ``train_log.csv`` (appended) and the exported checkpoint folder ``final/``. Returns ``final/``
+    once ``max_steps`` are done, or when this invocation's ``max_minutes`` run out (call again to go on).
+
+    Raises:
+        TrainError: the working folder holds a checkpoint of a different recipe.
+    """
+    from transformers import LlamaForCausalLM
+
+    from truncsens.models.reference.data import DataMix, TrainingData
+
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / "checkpoint.pt"
+    ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
+    if ckpt is not None and ckpt["recipe"] != cfg.recipe():
+        changed = sorted(k for k in cfg.recipe() if ckpt["recipe"].get(k) != cfg.recipe()[k])
+        raise TrainError(f"{ckpt_path} was trained with another recipe ({', '.join(changed)} differ); "
+                         "use another --out-dir or the same options")
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
 
     code, nl = code_documents(), nl_documents()
     train_docs = select_split(code, "train") + select_split(nl, "train")
-    tok = train_tokenizer(train_docs, cfg.vocab_size, out / "final")
-    data = _stream(train_docs, tok)  # [T]
+    tok = _tokenizer(cfg, train_docs, out)
+    encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    data = TrainingData([encode(d.text) for d in train_docs], [d.text for d in select_split(code, "train")],
+                        tok.eos_token_id, encode, DataMix(cfg.repeat_share, cfg.kv_share), cfg.seed)
     held = _stream(select_split(code, "heldout"), tok)  # [T_heldout]
     g = torch.Generator().manual_seed(cfg.seed + 1)
     L = cfg.context
     starts = torch.randint(0, held.numel() - L - 1, (cfg.eval_sequences,), generator=g)
     eval_seqs = torch.stack([held[s : s + L + 1] for s in starts.tolist()])  # [n, L+1]
-    bins = [(8, 24), (56, 72), (248, 264), (L - 64, L)]
-    print(f"train tokens {data.numel()}, heldout code tokens {held.numel()}", flush=True)
+    bins = [(8, 24), (56, 72), (248, 264), (L // 2 - 16, L // 2), (L - 64, L)]
+    print(f"train tokens {data.stream.size}, heldout code tokens {held.numel()}", flush=True)
 
-    mcfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_heads, max_position_embeddings=L, rope_theta=10000.0,
-        tie_word_embeddings=True, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
-        attn_implementation="sdpa",
-    )
-    model = LlamaForCausalLM(mcfg)
+    torch.manual_seed(cfg.seed)
+    model = LlamaForCausalLM(_model_config(cfg, tok))
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -145,38 +213,58 @@ def train(cfg: TrainConfig) -> Path:
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.95),
     )
-    log = open(out / "train_log.csv", "w", newline="")
+    step, tokens, running, minutes_before = 0, 0, None, 0.0
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        step, tokens, running, minutes_before = ckpt["step"], ckpt["tokens"], ckpt["running"], ckpt["minutes"]
+        print(f"resumed from {ckpt_path} at step {step}", flush=True)
+    new_log = not (out / "train_log.csv").exists() or ckpt is None
+    log = open(out / "train_log.csv", "w" if new_log else "a", newline="")
     writer = csv.writer(log)
-    writer.writerow(["step", "tokens", "minutes", "lr", "train_loss", "nll_pos16", "nll_pos64", "nll_pos256", "nll_posmax"])
-    t0 = time.time()
-    step, tokens, running = 0, 0, None
-    while step < cfg.max_steps and (time.time() - t0) / 60 < cfg.max_minutes:
-        idx = torch.randint(0, data.numel() - L - 1, (cfg.batch_size,), generator=g)
-        batch = torch.stack([data[s : s + L + 1] for s in idx.tolist()])  # [B, L+1]
+    if new_log:
+        writer.writerow(["step", "tokens", "minutes", "lr", "train_loss", "nll_pos16", "nll_pos64", "nll_pos256",
+                         "nll_poshalf", "nll_posmax"])
+    t0 = last_save = time.time()
+
+    def state() -> dict:
+        return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens,
+                "running": running, "minutes": minutes_before + (time.time() - t0) / 60, "recipe": cfg.recipe()}
+
+    last = min(cfg.max_steps, cfg.stop_at_step) if cfg.stop_at_step > 0 else cfg.max_steps
+    while step < last and (time.time() - t0) / 60 < cfg.max_minutes:
+        n_seq, length = crop_at(step, cfg)
+        batch = data.batch_at(step, n_seq, length + 1)  # [n_seq, length + 1]
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step, cfg, (time.time() - t0) / 60)
+            group["lr"] = _lr_at(step, cfg)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
-            loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1].clone()).loss
-        # labels are shifted inside the model; the last target of batch is unused (harmless)
+            logits = model(input_ids=batch[:, :-1]).logits  # [n_seq, length, V]
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        tokens += batch.numel()
+        tokens += n_seq * length
         running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
                 nll = positional_nll(model, eval_seqs, bins)
-            minutes = (time.time() - t0) / 60
-            writer.writerow([step, tokens, f"{minutes:.2f}", f"{_lr_at(step, cfg, minutes):.2e}", f"{running:.4f}"] + [f"{v:.4f}" for v in nll])
+            minutes = minutes_before + (time.time() - t0) / 60
+            writer.writerow([step, tokens, f"{minutes:.2f}", f"{_lr_at(step, cfg):.2e}", f"{running:.4f}"]
+                            + [f"{v:.4f}" for v in nll])
             log.flush()
-            print(f"step {step} tok {tokens} min {minutes:.1f} loss {running:.3f} nll@pos {['%.3f' % v for v in nll]} gain {nll[0]-nll[-1]:.3f}", flush=True)
+            print(f"step {step} tok {tokens} min {minutes:.1f} loss {running:.3f} nll@pos {['%.3f' % v for v in nll]} "
+                  f"gain 256->max {nll[2] - nll[-1]:.3f}", flush=True)
             _export(model, out / "final")
+        if (time.time() - last_save) / 60 >= cfg.checkpoint_minutes:
+            _save_checkpoint(ckpt_path, state())
+            last_save = time.time()
+    _save_checkpoint(ckpt_path, state())
     _export(model, out / "final")
     (out / "final" / "training_summary.json").write_text(json.dumps(
-        {"parameters": n_params, "steps": step, "tokens_seen": tokens,
-         "minutes": (time.time() - t0) / 60, "config": asdict(cfg)}, indent=2))
+        {"parameters": n_params, "steps": step, "tokens_seen": tokens, "finished": step >= cfg.max_steps,
+         "minutes": minutes_before + (time.time() - t0) / 60, "config": asdict(cfg)}, indent=2))
     log.close()
     return out / "final"
 

@@ -1,0 +1,91 @@
+"""The reference model's training data (issue 20): batches are a pure function of (seed, step); the
+synthetic retrieval sequences do what they claim; no evaluation document occurs in training."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from truncsens.certificates.tasks import kv_document
+from truncsens.corpora.builtin import code_documents, nl_documents
+from truncsens.corpora.document import select_split
+from truncsens.models.reference.data import (
+    EVAL_KEY, DataMix, TrainingData, add_repeats, kv_text, name_vocabulary, step_generator,
+)
+from truncsens.targets import doc_seed
+
+
+def char_encode(text: str) -> list[int]:
+    """A stand-in tokenizer: one id per byte."""
+    return list(text.encode("utf-8", "surrogatepass"))
+
+
+def small_data(mix=DataMix(0.3, 0.3), seed=0) -> TrainingData:
+    texts = ["def parse_buffer(data):\n    return data.strip()\n" * 40, "class TokenReader:\n    pass\n" * 30]
+    return TrainingData([char_encode(t) for t in texts], texts, 0, char_encode, mix, seed)
+
+
+def test_batches_depend_on_seed_and_step_only():
+    data = small_data()
+    a, b = data.batch_at(7, 3, 65), small_data().batch_at(7, 3, 65)
+    assert a.shape == (3, 65) and bool((a == b).all())
+    data.batch_at(3, 3, 65)  # other draws in between change nothing
+    assert bool((data.batch_at(7, 3, 65) == a).all())
+    assert not bool((data.batch_at(8, 3, 65) == a).all())
+    assert not bool((small_data(seed=1).batch_at(7, 3, 65) == a).all())
+
+
+def test_repeats_copy_spans_forward_at_a_distance():
+    ids = np.arange(1000, dtype=np.int64)  # every token distinct: copies are visible
+    out = add_repeats(ids, np.random.default_rng(0), n_spans=1, min_span=10, max_span=10, min_distance=64)
+    changed = np.flatnonzero(out != ids)
+    assert changed.size == 10 and np.all(np.diff(changed) == 1)  # one span of 10 tokens overwritten
+    d = int(out[changed[0]] - ids[changed[0]])  # a copy of the tokens d positions back
+    assert d <= -64 and np.array_equal(out[changed], ids[changed + d])
+    assert np.array_equal(ids, np.arange(1000))  # the input is left alone
+
+
+def test_kv_sequences_define_then_query_their_keys():
+    rng = np.random.default_rng(3)
+    words = ["parse", "buffer", "reader", "token", "value", "state"]
+    data = small_data()
+    ids = kv_text(rng, words, data.filler(np.random.default_rng(4)), char_encode, 2000)
+    text = bytes(ids).decode()
+    assert len(ids) == 2000
+    defs = dict(re.findall(r'^(\w+) = "(\w+)"$', text, flags=re.M))
+    queries = re.findall(r'assert (\w+) == "(\w+)"', text)
+    assert len(defs) >= 4 and queries and all(defs[k] == v for k, v in queries)
+    assert not any(EVAL_KEY.fullmatch(k) for k in defs)
+
+
+def test_mix_shares_are_checked_and_drawn():
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        DataMix(0.7, 0.5)
+    data = small_data(DataMix(0.25, 0.25))
+    rng = step_generator(0, 0)
+    kinds = [data.sequence(rng, 65)[1] for _ in range(400)]
+    assert 0.18 < kinds.count("kv") / 400 < 0.32 and 0.18 < kinds.count("repeat") / 400 < 0.32
+
+
+def test_no_evaluation_document_occurs_in_the_training_data():
+    """Held-out documents are not in the training split (by id and by text); the key names of
+    training key-value text never take the held-out documents' form key_<digits>, even from a
+    vocabulary that contains "key"; the held-out key-value documents' key lines never occur in
+    training key-value text."""
+    for docs in (code_documents(), nl_documents()):
+        train, held = select_split(docs, "train"), select_split(docs, "heldout")
+        assert held and not {d.id for d in train} & {d.id for d in held}
+        train_texts = {d.text for d in train}
+        assert not [d.id for d in held if d.text in train_texts and len(d.text) > 200]
+    words = name_vocabulary(["key key key value " * 5])
+    assert "key" not in words
+    data = small_data()
+    train_kv = "".join(bytes(kv_text(np.random.default_rng(s), ["key", "value"] + words, data.filler(np.random.default_rng(s)),
+                                     char_encode, 600)).decode() for s in range(50))
+    assert not EVAL_KEY.search(train_kv)
+    for i in range(4):  # the held-out key-value documents of certify-attribution (seed 0)
+        ids, _ = kv_document(char_encode, 256, 64, doc_seed(0, f"kv:{i}"))
+        held_lines = re.findall(r'^key_\d+ = "\w+"$', bytes(ids).decode(), flags=re.M)
+        assert held_lines and not any(line in train_kv for line in held_lines)
