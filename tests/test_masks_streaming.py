@@ -46,7 +46,9 @@ def test_additive_mask_values_and_errors():
     offset = torch.tensor([[[0.0, 5.0, 0.7]]])
     m = additive_mask(keep, offset, torch.float32)
     assert m.shape == (1, 1, 1, 3)
-    assert m[0, 0, 0, 0] == 0 and m[0, 0, 0, 1] == float("-inf") and m[0, 0, 0, 2] == pytest.approx(0.7)
+    lowest = torch.finfo(torch.float32).min  # transformers' masked value, not -inf (issue 22)
+    assert m[0, 0, 0, 0] == 0 and m[0, 0, 0, 1] == lowest and m[0, 0, 0, 2] == pytest.approx(0.7)
+    assert additive_mask(keep, None, torch.bfloat16)[0, 0, 0, 1] == torch.finfo(torch.bfloat16).min
     with pytest.raises(ValueError, match="keeps no key"):
         additive_mask(torch.zeros(1, 1, 3, dtype=torch.bool), None, torch.float32)
     with pytest.raises(ValueError, match="not causal"):
@@ -54,7 +56,7 @@ def test_additive_mask_values_and_errors():
     sm = streaming_mask(torch.tensor([[[True, False, False], [False, True, False], [True, False, True]]]), None,
                         torch.float32)  # [1, 1, 3, 3]
     want = torch.tensor([[0, -1, -1], [-1, 0, -1], [0, -1, 0]], dtype=torch.float32)
-    assert torch.equal(torch.isinf(sm[0, 0]), want == -1) and sm[0, 0, 2, 2] == 0
+    assert torch.equal(sm[0, 0] == lowest, want == -1) and sm[0, 0, 2, 2] == 0 and torch.isfinite(sm).all()
 
 
 def test_mask_reaches_the_model(tiny_llama_dir):

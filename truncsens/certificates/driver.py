@@ -160,6 +160,7 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
         return shard_dataset(arrays, plan, sweep, attrs)
 
     work = ShardWork(compute_shard, certify_tokens_per_target(N, sweep), "certify")
-    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, budgets_tokens=budgets)
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, budgets_tokens=budgets,
+                                  model_sha256=loaded.content_sha256, model_revision=loaded.revision)
     done = run_sharded(ShardedRun.of(cfg, docs.used, N, fingerprint, work))
     return CertifySummary(done.path, done.n_targets, len(docs.used), budgets, N, done.shards_reused)

@@ -27,6 +27,7 @@ from typing import Iterator
 
 import torch
 
+from truncsens.engine.attention_features import attention_features, describe
 from truncsens.certificates.estimator import attention_records
 
 NAME = "truncsens_certify"
@@ -124,16 +125,19 @@ def certify_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     [B, H_kv, Tk, d] -> ([B, Tq, H, d], None). Without a ``certify_probe`` keyword it is ``sdpa``.
 
     Raises:
-        CertifyModelError: a soft-capped or sliding-window layer (the records would not be the
-            model's attention).
+        CertifyModelError: soft-capping, learned sinks or a sliding window (the records would not be
+            the model's attention).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     probe: CertifyProbe | None = kwargs.pop("certify_probe", None)
     if probe is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
-        raise CertifyModelError("certify: soft-capped or sliding-window attention layers are not supported")
+    for arg, feature in (("softcap", "attention-logit soft-capping"), ("s_aux", "learned attention-sink logits"),
+                         ("sliding_window", "a sliding-window layer")):
+        if kwargs.get(arg) is not None:
+            raise CertifyModelError(f"certify: the model passed {feature} ({arg}) to its attention, which the "
+                                    "certificate probe does not reproduce; truncsens measure applies it")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     n_rep = query.shape[1] // key.shape[1]
     if probe.mode == "evict":
@@ -166,7 +170,12 @@ def check_model(model, name: str) -> None:
     except WindowError as exc:
         raise CertifyModelError(str(exc)) from None
     if windowed:
-        raise CertifyModelError(f"model {name!r} has sliding-window attention layers; certify supports full attention only")
+        raise CertifyModelError(f"model {name!r} has sliding-window attention layers; certify supports full attention "
+                                "only (truncsens measure supports them under every semantics)")
+    features = attention_features(model)
+    if features:
+        raise CertifyModelError(f"model {name!r} has {describe(features)}, which the certificate probe does not "
+                                "reproduce; truncsens measure applies it under every semantics")
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ attention, arXiv 1706.03762), computed here without ever building that mask:
   is at most k - 1 + e - s keys, their union over the batch and heads) are gathered and
   :func:`torch.nn.functional.scaled_dot_product_attention` runs with a ``[B, 1|H, Cq, n]`` mask
   built for that chunk only. Memory O(Cq · (k + Cq)) per layer, time O(T · (k + Cq)).
-- ``flex`` (CUDA, torch with :mod:`torch.nn.attention.flex_attention`): a block-sparse mask from
+- ``flex`` (CUDA, torch with :mod:`torch.nn.attention.flex_attention`; :mod:`truncsens.engine.evict_flex`): a block-sparse mask from
   ``mask_mod(b, h, q, j) = j <= q < evict[b, j]`` (and ``q - j < W``) and
   ``score_mod = score + offset[b, j]`` (compiled with :func:`torch.compile`); uncompiled it also
   runs on CPU, which the tests use to check it against the dense mask.
@@ -40,47 +40,27 @@ of a group sharing their key/value head's row, expanded with ``repeat_interleave
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Iterator
 
 import torch
+
+from truncsens.engine.evict_flex import flex_available, flex_evict_attention
+from truncsens.engine.evict_steps import EvictAttentionError, head_rows, check_evictions
+from truncsens.engine.masks import masked_value
+
+__all__ = ["NAME", "EvictAttentionError", "attention_calls", "check_evictions", "chunk_plan", "chunked_attention",
+           "evict_attention", "evict_attention_forward", "evict_kwargs", "flex_available", "flex_evict_attention",
+           "logits_attention", "register", "supported"]
 
 NAME = "truncsens_evict"
 EVICT, OFFSET, WINDOWS, CHUNK, BACKEND, PLANS = ("truncsens_evict", "truncsens_offset", "truncsens_windows",
                                                  "truncsens_query_chunk", "truncsens_backend", "truncsens_plans")
 BACKENDS = ("auto", "chunked", "flex")
+# keyword arguments of transformers' attention interface that change the attention weights and that
+# attention from eviction steps cannot apply: the run refuses rather than ignore them
+REFUSED_FEATURES = {"position_bias": "an additive position bias (position_bias)",
+                    "alibi": "ALiBi position biases (alibi)"}
 DEFAULT_QUERY_CHUNK = 256
-
-
-class EvictAttentionError(ValueError):
-    """Attention from eviction steps cannot run as asked (shapes, dropout, a model it cannot reach)."""
-
-
-def flex_available() -> bool:
-    """Whether the installed torch has FlexAttention (:mod:`torch.nn.attention.flex_attention`)."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
-    except ModuleNotFoundError:  # no torch.nn.attention at all
-        return False
-
-
-def check_evictions(evict: torch.Tensor, offset: torch.Tensor, n_keys: int, n_kv_heads: int) -> None:
-    """Raise :class:`EvictAttentionError` unless ``evict`` (int) and ``offset`` (float) are both [B, T] or
-    both [B, Hkv, T] with T = ``n_keys`` and Hkv = ``n_kv_heads``."""
-    if evict.shape != offset.shape:
-        raise EvictAttentionError(f"evict {tuple(evict.shape)} and offset {tuple(offset.shape)} differ in shape")
-    if evict.dim() not in (2, 3) or evict.shape[-1] != n_keys or (evict.dim() == 3 and evict.shape[1] != n_kv_heads):
-        raise EvictAttentionError(f"evict must be [B, {n_keys}] or [B, {n_kv_heads}, {n_keys}] (B, key/value heads, "
-                                  f"keys), got {tuple(evict.shape)}")
-    if evict.dtype.is_floating_point or evict.dtype == torch.bool:
-        raise EvictAttentionError(f"evict must hold integer eviction steps, got {evict.dtype}")
-
-
-def _heads(t: torch.Tensor, groups: int) -> torch.Tensor:
-    """[B, T] -> [B, 1, T]; [B, Hkv, T] -> [B, Hkv·groups, T] (query heads of a group share a row)."""
-    return t.unsqueeze(1) if t.dim() == 2 else t.repeat_interleave(groups, dim=1)
 
 
 def chunk_plan(evict: torch.Tensor, offset: torch.Tensor, n_queries: int, groups: int, window: int | None,
@@ -104,7 +84,7 @@ def chunk_plan(evict: torch.Tensor, offset: torch.Tensor, n_queries: int, groups
     device = evict.device
     j_all = torch.arange(Tk, device=device)
     alive_any = evict if evict.dim() == 2 else evict.amax(1)  # [B, Tk] latest step any head reads each key
-    evict_h, offset_h = _heads(evict, groups), _heads(offset, groups)  # [B, 1|H, Tk] each
+    evict_h, offset_h = head_rows(evict, groups), head_rows(offset, groups)  # [B, 1|H, Tk] each
     plan = []
     for s in range(Tk - n_queries, Tk, query_chunk):
         e = min(s + query_chunk, Tk)
@@ -120,14 +100,43 @@ def chunk_plan(evict: torch.Tensor, offset: torch.Tensor, n_queries: int, groups
             keep = keep & (q_pos - j < window)
         if not bool(keep.any(-1).all()):
             raise EvictAttentionError("a query keeps no key at all; every query must keep at least its own token")
-        mask = torch.where(keep, off.unsqueeze(2).to(dtype), torch.tensor(float("-inf"), dtype=dtype, device=device))
+        mask = torch.where(keep, off.unsqueeze(2).to(dtype), torch.tensor(masked_value(dtype), dtype=dtype, device=device))
         plan.append((s, e, index, mask))  # mask [B, 1|H, c, n]
     return plan
 
 
+def logits_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float,
+                     softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention written out for what SDPA cannot do: ``softmax(cap(scaling · q kᵀ) + mask)`` v, where
+    ``cap(s) = softcap · tanh(s / softcap)`` (attention-logit soft-capping, Gemma 2: arXiv 2408.00118;
+    transformers' ``Gemma2`` eager attention) and, with ``sinks``, one more logit per head that joins the
+    softmax and is then dropped (learned attention sinks, GPT-OSS: transformers' ``GptOss`` eager
+    attention, ``s_aux``).
+
+    Args:
+        query: [B, H, c, D]; key, value: [B, H, n, D]; mask: [B, 1|H, c, n] additive.
+        scaling: the logit scale; softcap: the cap or None; sinks: [H] sink logits or None.
+
+    Returns:
+        [B, H, c, D] in the query's dtype (softmax in float32).
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # [B, H, c, n]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores + mask
+    if sinks is not None:
+        B, H, c, _ = scores.shape
+        scores = torch.cat([scores, sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, c, 1)], dim=-1)  # [B, H, c, n + 1]
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    if sinks is not None:
+        probs = probs[..., :-1]  # [B, H, c, n]: the sink's share is dropped
+    return torch.matmul(probs, value)  # [B, H, c, D]
+
+
 def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, evict: torch.Tensor,
                       offset: torch.Tensor, scaling: float | None, window: int | None = None,
-                      query_chunk: int = DEFAULT_QUERY_CHUNK, plans: dict | None = None) -> torch.Tensor:
+                      query_chunk: int = DEFAULT_QUERY_CHUNK, plans: dict | None = None,
+                      softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of every query over the keys it keeps, by chunks of query rows.
 
     Args:
@@ -138,6 +147,8 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         query_chunk: Cq >= 1 query rows per step (any value; the last chunk may be shorter).
         plans: a dict that lives for one forward call: the :func:`chunk_plan` built for one layer is kept
             there (keyed by window, Tq and dtype) and reused by the other layers.
+        softcap, sinks: attention-logit soft-capping and learned sink logits [H] (:func:`logits_attention`,
+            which replaces SDPA when either is given).
 
     Returns:
         [B, H, Tq, D] attention output, in the query's dtype.
@@ -166,70 +177,13 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         take = index.view(B, 1, n, 1).expand(B, Hkv, n, D)  # [B, Hkv, n, D]
         k = key.gather(2, take).repeat_interleave(groups, dim=1)  # [B, H, n, D]
         v = value.gather(2, take).repeat_interleave(groups, dim=1)  # [B, H, n, D]
-        out.append(torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, s - first: e - first], k, v, attn_mask=mask, dropout_p=0.0, scale=scaling))  # [B, H, c, D]
+        q = query[:, :, s - first: e - first]  # [B, H, c, D]
+        if softcap is None and sinks is None:
+            out.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
+                                                                        scale=scaling))  # [B, H, c, D]
+        else:
+            out.append(logits_attention(q, k, v, mask, scaling if scaling is not None else D ** -0.5, softcap, sinks))
     return torch.cat(out, dim=2)  # [B, H, Tq, D]
-
-
-@functools.lru_cache(maxsize=2)
-def _flex(compiled: bool):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
-
-
-def flex_evict_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, evict: torch.Tensor,
-                         offset: torch.Tensor, scaling: float | None, window: int | None = None,
-                         compiled: bool | None = None, plans: dict | None = None) -> torch.Tensor:
-    """The same attention as :func:`chunked_attention` with FlexAttention (arXiv 2412.05496): a block
-    mask from ``mask_mod`` and the offsets in ``score_mod``.
-
-    Args:
-        query, key, value, evict, offset, scaling, window: as in :func:`chunked_attention`.
-        compiled: run ``torch.compile(flex_attention)`` (default: on CUDA only; uncompiled flex
-            materializes the scores and is for checking only).
-        plans: a dict that lives for one forward call (as in :func:`chunked_attention`): the block
-            mask built for one layer is kept there (keyed by window, Tq and heads) and reused by the
-            other layers, which read the same eviction steps.
-
-    Returns:
-        [B, H, Tq, D].
-
-    Raises:
-        EvictAttentionError: bad shapes, or torch without FlexAttention.
-    """
-    if not flex_available():
-        raise EvictAttentionError(f"torch {torch.__version__} has no torch.nn.attention.flex_attention")
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    B, H, Tq, D = query.shape
-    Hkv, Tk = key.shape[1], key.shape[2]
-    check_evictions(evict, offset, Tk, Hkv)
-    groups = H // Hkv
-    first = Tk - Tq
-    per_head = evict.dim() == 3
-    off = offset.to(torch.float32)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        q = q_idx + first
-        step = evict[b, h // groups, kv_idx] if per_head else evict[b, kv_idx]
-        keep = (kv_idx <= q) & (q < step)
-        return keep & (q - kv_idx < window) if window is not None else keep
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return score + (off[b, h // groups, kv_idx] if per_head else off[b, kv_idx])
-
-    compiled = query.is_cuda if compiled is None else compiled
-    key_ = ("flex", window, Tq, H if per_head else None)
-    block_mask = plans.get(key_) if plans is not None else None
-    if block_mask is None:
-        # compiled, the block mask is built block by block; uncompiled it evaluates mask_mod on all Tq x Tk pairs
-        block_mask = create_block_mask(mask_mod, B, H if per_head else None, Tq, Tk, device=query.device,
-                                       _compile=compiled)
-        if plans is not None:
-            plans[key_] = block_mask
-    return _flex(compiled)(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
-                           enable_gqa=groups > 1)
 
 
 def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -237,6 +191,13 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
                             **kwargs) -> tuple[torch.Tensor, None]:
     """transformers attention function (``AttentionInterface`` signature): attention from the eviction
     steps passed to the forward call (:func:`evict_kwargs`).
+
+    What the model's own attention function would do with the keyword arguments transformers passes
+    is done here too: ``softcap`` (attention-logit soft-capping) and ``s_aux`` (learned sink logits)
+    are applied (:func:`logits_attention`); an argument this function cannot apply
+    (:data:`REFUSED_FEATURES`) raises instead of being ignored. Each call is counted in the forward
+    call's plans (``calls``), so the caller can tell a model that never called it (one that does not
+    use transformers' attention interface) from one that did.
 
     Args:
         module: the attention module (its ``layer_idx`` selects the layer's window).
@@ -248,8 +209,8 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
         (output [B, Tq, H, D], None): transformers' layout, no attention weights.
 
     Raises:
-        EvictAttentionError: no eviction steps in the call, a mask given, dropout > 0, or a windowed
-            layer without ``layer_idx``.
+        EvictAttentionError: no eviction steps in the call, a mask given, dropout > 0, a windowed
+            layer without ``layer_idx``, or an attention feature it cannot apply.
     """
     if EVICT not in kwargs:
         raise EvictAttentionError(f"attention implementation {NAME!r} needs the eviction steps of the forward call "
@@ -259,6 +220,10 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
                                   "an attention mask cannot be combined with them")
     if dropout and module.training:
         raise EvictAttentionError(f"attention implementation {NAME!r} supports no dropout (got {dropout})")
+    for arg, feature in REFUSED_FEATURES.items():
+        if kwargs.get(arg) is not None:
+            raise EvictAttentionError(f"{feature} is not applied by attention from eviction steps; "
+                                      "semantics reencode and prefill_evict run the model's own attention")
     windows = kwargs.get(WINDOWS)
     window = None
     if windows is not None and windows.windowed:
@@ -266,14 +231,26 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
         if layer is None or not 0 <= layer < len(windows.windows):
             raise EvictAttentionError(f"a windowed model whose attention module has no layer index ({layer!r})")
         window = windows.windows[layer]
+    plans = kwargs.get(PLANS)
+    if plans is not None:
+        plans["calls"] = plans.get("calls", 0) + 1
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     evict, offset = kwargs[EVICT].to(query.device), kwargs[OFFSET].to(query.device)
     backend = kwargs.get(BACKEND, "auto")
-    if backend == "flex" or (backend == "auto" and query.is_cuda and flex_available()):
-        out = flex_evict_attention(query, key, value, evict, offset, scaling, window, plans=kwargs.get(PLANS))
+    if backend == "flex" and sinks is not None:
+        raise EvictAttentionError("learned attention sinks (s_aux) are not supported by the flex backend; use chunked")
+    if backend == "flex" or (backend == "auto" and sinks is None and query.is_cuda and flex_available()):
+        out = flex_evict_attention(query, key, value, evict, offset, scaling, window, plans=plans, softcap=softcap)
     else:
         out = chunked_attention(query, key, value, evict, offset, scaling, window, kwargs.get(CHUNK, DEFAULT_QUERY_CHUNK),
-                                kwargs.get(PLANS))  # the call's plans: layers of one window share theirs
+                                plans, softcap=softcap, sinks=sinks)  # the call's plans: layers of one window share theirs
     return out.transpose(1, 2).contiguous(), None  # [B, Tq, H, D]
+
+
+def attention_calls(kwargs: dict) -> int:
+    """How many attention layers ran :func:`evict_attention_forward` in the forward call that took
+    ``kwargs`` (from :func:`evict_kwargs`)."""
+    return int(kwargs[PLANS].get("calls", 0))
 
 
 def supported(model, windows) -> bool:

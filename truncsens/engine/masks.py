@@ -4,8 +4,9 @@ transformers (>= 4.48, checked on 5.x) passes a 4D ``attention_mask`` of shape
 ``[B, 1, Tq, Tk]`` through unchanged (``masking_utils._preprocess_mask_arguments`` treats it as
 already prepared) and both the ``eager`` and ``sdpa`` attention functions add a float mask to the
 attention scores before the softmax. So one forward pass with such a mask gives every query its own
-kept set: 0 on kept keys, ``-inf`` on dropped keys, ``log(1/π)`` (Hájek offset, arXiv 2607.21475)
-on randomly kept keys. Every query row must keep at least one key (its own), or softmax gives NaN.
+kept set: 0 on kept keys, the dtype's minimum on dropped keys (:func:`masked_value`; zero weight),
+``log(1/π)`` (Hájek offset, arXiv 2607.21475) on randomly kept keys. Every query row must keep at
+least one key (its own): the engine refuses a row that keeps none.
 
 Such a mask replaces the model's own sliding-window mask, so for a model with windowed layers
 (:mod:`truncsens.engine.attention_windows`) the window is put into it: :func:`within_window` keeps a key
@@ -22,6 +23,14 @@ from __future__ import annotations
 import torch
 
 
+def masked_value(dtype: torch.dtype) -> float:
+    """The additive mask value of a dropped key: the dtype's most negative finite number, as
+    transformers' own masks use (``torch.finfo(dtype).min``). Its softmax weight is exactly 0 next
+    to any kept key, and a row whose keys were all dropped gives a finite (uniform) row instead of the
+    NaN that ``-inf`` gives in some kernels; the engine refuses such rows before they reach a model."""
+    return torch.finfo(dtype).min
+
+
 def additive_mask(keep: torch.Tensor, offset: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """Additive float mask from kept keys and offsets.
 
@@ -31,7 +40,8 @@ def additive_mask(keep: torch.Tensor, offset: torch.Tensor | None, dtype: torch.
         dtype: the model's compute dtype (sdpa needs the mask in the query dtype).
 
     Returns:
-        [B, 1, Tq, Tk] tensor of ``dtype``: ``offset`` where kept, ``-inf`` elsewhere.
+        [B, 1, Tq, Tk] tensor of ``dtype``: ``offset`` where kept, the dtype's minimum elsewhere
+        (:func:`masked_value`).
 
     Raises:
         ValueError: a query row keeps no key.
@@ -39,7 +49,7 @@ def additive_mask(keep: torch.Tensor, offset: torch.Tensor | None, dtype: torch.
     if not keep.any(-1).all():
         raise ValueError("a query keeps no key at all; every query must keep at least its own token")
     values = offset.to(dtype) if offset is not None else torch.zeros(keep.shape, dtype=dtype, device=keep.device)
-    mask = torch.where(keep, values, torch.full_like(values, float("-inf")))  # [B, Tq, Tk]
+    mask = torch.where(keep, values, torch.full_like(values, masked_value(dtype)))  # [B, Tq, Tk]
     return mask.unsqueeze(1)  # [B, 1, Tq, Tk]
 
 

@@ -91,6 +91,7 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
     """The results attrs (``created`` is filled in at merge time; see docs/results.md)."""
     attrs = {
         "truncsens_version": truncsens.__version__, "model": loaded.name, "model_revision": loaded.revision,
+        "model_sha256": loaded.content_sha256,
         "tokenizer": loaded.tokenizer_name, "dtype": loaded.dtype, "device": loaded.device,
         "semantics": sweep.semantics.name, "positions": cfg.positions, "n_sink": cfg.n_sink,
         "reference_context": reference_context, "corpus": docs.corpus, "corpus_sha256": docs.sha256,
@@ -156,7 +157,8 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
         extra["protocol"] = "block"
     else:
         work = exact_work(cfg, loaded, N, sweep, docs, attrs)
-    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, **{sweep.dim + "s": sweep.values})
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, model_sha256=loaded.content_sha256,
+                                  model_revision=loaded.revision, **{sweep.dim + "s": sweep.values})
     done = run_sharded(ShardedRun.of(cfg, docs.used, N, fingerprint, work), ranks, stop_after_shards)
     return MeasureSummary(
         path=done.path, n_targets=done.n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),

@@ -120,7 +120,10 @@ class AttentionCollector:
     def _hook(self, module, args, output) -> None:
         weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
         if weights is None:
-            raise RuntimeError("attention statistics: the attention module returned no weights (not eager?)")
+            raise RuntimeError(
+                f"attention statistics: the attention modules of {type(module).__name__} return no attention weights "
+                "under eager attention (the model does not use transformers' attention interface); retention policies "
+                "need them: use windows (--windows, semantics reencode) with this model")
         B, H, Tq, Tk = weights.shape
         if self.kv_heads is None:
             s = weights.float().sum(1)  # [B, H, Tq, Tk] -> [B, Tq, Tk]

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import inspect
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 from packaging.version import Version
 
+from truncsens.models.identity import checkpoint_sha256
 from truncsens.models.loaded import LoadedModel, ModelLoadError, max_context_of
 
 DTYPE_KEYWORD_SINCE = (4, 56)  # transformers version that renamed from_pretrained(torch_dtype=) to dtype=
@@ -87,10 +89,12 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
     check_logits_to_keep(model, name)
     model.to(device).eval()
     commit = getattr(config, "_commit_hash", None) or ""
+    local = Path(path).is_dir()
     return LoadedModel(
         model=model, tokenizer=tokenizer, name=name, revision=commit,
         tokenizer_name=getattr(tokenizer, "name_or_path", name) if name != "reference" else "reference",
         max_context=max_context_of(config), device=device, dtype=dtype, source=source,
+        content_sha256=checkpoint_sha256(path) if local else "",
     )
 
 

@@ -40,6 +40,9 @@ class LoadedModel:
         device, dtype: where and in which precision it runs.
         source: the kind of model source that loaded it, one of :data:`SOURCE_KINDS`
             ("reference", "synthetic", "local", "hub", "memory": a model object passed in); "hub" when built by hand.
+        content_sha256: the weights' identity by content (the ``model_sha256`` attr,
+            :mod:`truncsens.models.identity`): a local folder's files or an in-memory model's state;
+            "" for hub models (their commit, ``revision``, identifies them) and synthetic sources.
     """
 
     model: Any
@@ -51,6 +54,7 @@ class LoadedModel:
     device: str
     dtype: str
     source: str = "hub"
+    content_sha256: str = ""
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from truncsens.models.huggingface import check_hub_or_cache, check_logits_to_keep, load_hf_checkpoint
+from truncsens.models.identity import state_sha256
 from truncsens.models.loaded import (
     DTYPES, IN_MEMORY, LoadedModel, ModelLoadError, max_context_of, resolve_device, resolve_dtype,
 )
@@ -204,4 +205,4 @@ def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | No
     model.eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, revision=getattr(config, "_commit_hash", None) or "",
                        tokenizer_name=tokenizer_name, max_context=max_context_of(config), device=str(where),
-                       dtype=held_name, source="memory")
+                       dtype=held_name, source="memory", content_sha256=state_sha256(model))

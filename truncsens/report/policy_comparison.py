@@ -35,7 +35,7 @@ from truncsens.fits.fit_file import sanitize
 from truncsens.fits.fitting import FitConfig, fit_curve
 from truncsens.fits.laws import FitError
 from truncsens.results import ResultsError, load, sweep_dim
-from truncsens.results.join import SAME_SOURCE, attr_differences, policy_names, target_difference
+from truncsens.results.join import SAME_SOURCE, attr_differences, check_same_weights, policy_names, target_difference
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
 DEFAULT_NUMERATOR, DEFAULT_DENOMINATOR = "random", "sink_recent"
@@ -233,6 +233,7 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
                         seed=cfg.seed, level=cfg.level)
     extra = []
     if truncation is not None:
+        check_same_weights(ds, truncation, "the policy run", "the truncation run")
         notes += truncation_mismatch(ds, truncation)
         extra = [(f"truncation{'' if c.policy is None else '[' + c.policy + ']'}", c) for c in curves_of(truncation, list(cfg.metrics))]
     for name, curve in list(named) + extra:
@@ -247,7 +248,8 @@ def truncation_mismatch(ds: xr.Dataset, truncation: xr.Dataset) -> list[str]:
     """Notes on how a ``--truncation`` window run differs from the policy run it is set beside: an attr
     of :data:`~truncsens.results.join.SAME_SOURCE` (model and revision, tokenizer, dtype, N, corpus,
     split, seed, ...), or other targets (doc, position). Empty when they agree; the comparison still
-    runs (a note, not an error: a truncation α from another run is a legitimate, if looser, yardstick)."""
+    runs (a note, not an error: a truncation α from another run is a legitimate, if looser, yardstick),
+    except for other weights, which the caller refuses first (:func:`~truncsens.results.join.check_same_weights`)."""
     notes = [f"the truncation run has {key} {b}, the policy run {a}"
              for key, a, b in attr_differences(ds, truncation, SAME_SOURCE)]
     if target_difference(ds, truncation, ("doc", "position")) is not None:

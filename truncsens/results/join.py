@@ -24,15 +24,19 @@ from truncsens.results import ResultsError
 # belong to the policies, and the joined file keeps each run's command.
 # Sinks are a policy parameter (suffix keeps none, sink_recent its --sinks): each policy's are in the
 # policy_params attr, merged over the runs.
-SAME_MEASUREMENT = ("model", "model_revision", "tokenizer", "dtype", "semantics", "positions",
+SAME_MEASUREMENT = ("model", "model_revision", "model_sha256", "tokenizer", "dtype", "semantics", "positions",
                     "reference_context", "corpus", "corpus_sha256", "split", "seed", "chunk", "granularity",
                     "bos_rule", "tokenizer_adds", "protocol", "block_fraction", "block_size", "block_length",
                     "block_extra_context")
 ATTR_DEFAULTS = {k: LATER_OPTIONS[k] for k in ("chunk", "granularity", "protocol")}  # block_*: absent from exact runs alike
+# the weights' content hash (truncsens.models.identity) came after results files existed: a file without it
+# is not compared on it (nothing says its weights differ)
+UNKNOWN_WHEN_ABSENT = ("model_sha256",)
+WEIGHTS = ("model", "model_revision", "model_sha256")  # what two files must share to come from the same weights
 TARGET_COORDS = ("doc", "position", "token_id", "actual_context")  # actual_context: block-protocol runs
 # what a window run must share with a policy run to be its truncation yardstick (compare-policies --truncation):
 # the model, its inputs and the target draw; semantics, positions and protocol may differ
-SAME_SOURCE = ("model", "model_revision", "tokenizer", "dtype", "reference_context", "corpus", "corpus_sha256",
+SAME_SOURCE = ("model", "model_revision", "model_sha256", "tokenizer", "dtype", "reference_context", "corpus", "corpus_sha256",
                "split", "seed", "bos_rule", "tokenizer_adds")
 
 
@@ -41,10 +45,22 @@ def attr_differences(a: xr.Dataset, b: xr.Dataset, keys: Sequence[str]) -> list[
     reads as its option's default (:data:`ATTR_DEFAULTS`), or None."""
     out = []
     for key in keys:
+        if key in UNKNOWN_WHEN_ABSENT and (key not in a.attrs or key not in b.attrs):
+            continue  # a file from before the attr existed: its weights are unknown, not different
         va, vb = (ds.attrs.get(key, ATTR_DEFAULTS.get(key)) for ds in (a, b))
         if va != vb:
             out.append((key, _plain(va), _plain(vb)))
     return out
+
+
+def check_same_weights(a: xr.Dataset, b: xr.Dataset, name_a: str, name_b: str) -> None:
+    """Raise :class:`ResultsError` when ``a`` and ``b`` were made from different weights: another
+    ``model``, ``model_revision`` or content hash ``model_sha256`` (:data:`WEIGHTS`)."""
+    differ = attr_differences(a, b, WEIGHTS)
+    if differ:
+        key, va, vb = differ[0]
+        raise ResultsError(f"{name_b} and {name_a} were made from different weights: {key} is {vb!r} there and "
+                           f"{va!r} here; compare only results of one model")
 
 
 def target_difference(a: xr.Dataset, b: xr.Dataset, coords: Sequence[str] = TARGET_COORDS) -> str | None:

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from truncsens.engine.attention_features import attention_features
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.block.plan import (
     Blocks, actual_contexts, actual_windows, blocks_of, chunks, extra_context, targets_per_pass,
@@ -51,12 +52,14 @@ def choose_attention(model, device: str) -> str:
     """Pick the attention kernel of long passes and return its name (recorded in the results attr
     ``attention_implementation``): on CUDA ``flash_attention_2`` when the ``flash_attn`` package is
     installed, else ``sdpa`` (PyTorch picks its memory-efficient or flash kernel); elsewhere the
-    model's own implementation is kept. A model that is not a transformers model reports "n/a"."""
+    model's own implementation is kept, and so it is for a model whose attention has a feature those
+    kernels drop (soft-capping, learned sinks, ALiBi: :mod:`truncsens.engine.attention_features`).
+    A model that is not a transformers model reports "n/a"."""
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
     if current is None or not hasattr(model, "set_attn_implementation"):
         return "n/a"
-    if torch.device(device).type != "cuda" or current in ("flash_attention_2", "sdpa"):
+    if torch.device(device).type != "cuda" or current in ("flash_attention_2", "sdpa") or attention_features(model):
         return current
     import importlib.util
 

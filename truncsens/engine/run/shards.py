@@ -93,6 +93,15 @@ def prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool, write: b
         old = json.loads(spec.read_text()) if spec.is_file() else None
         if old != fingerprint:
             diff = sorted(k for k in set(fingerprint) | set(old or {}) if (old or {}).get(k) != fingerprint.get(k))
+            if "model_sha256" in diff and old is not None and "model_sha256" not in old:
+                raise MeasureError(
+                    f"cannot resume: the shards in {shard_dir} record no content hash of their model (an older truncsens "
+                    "wrote them), so they cannot be checked against these weights; delete the folder to start over")
+            if {"model_sha256", "model_revision"} & set(diff) and (old or {}).get("model") == fingerprint.get("model"):
+                raise MeasureError(
+                    f"cannot resume: model {fingerprint.get('model')!r} is not the one the shards in {shard_dir} were "
+                    "computed with (its content hash or revision differs: the checkpoint was replaced or changed); "
+                    "delete the folder to start over with this model")
             raise MeasureError(
                 f"cannot resume: the shards in {shard_dir} come from a different configuration ({', '.join(diff)} differ); "
                 "rerun with the same options or delete the folder")

@@ -118,7 +118,10 @@ class Streaming(Semantics):
                 kwargs = evict_attention.evict_kwargs(kept.evict, kept.offset, windows, query_chunk)
                 with evict_attention.evict_attention(model):
                     out = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=keep, **kwargs)
-                return _kept_rows(out.logits, keep)
+                if evict_attention.attention_calls(kwargs) == len(windows.windows):
+                    return _kept_rows(out.logits, keep)
+                # some attention layer did not call the attention interface (it ran its own full causal
+                # attention): that output is discarded and the dense mask, which every layer reads, is used
             kept = kept.kept()
         check_causal(kept.keep)
         mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model),

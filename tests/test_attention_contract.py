@@ -1,0 +1,180 @@
+"""One contract for every path that computes attention (issue 22, fault 1).
+
+For tiny random models of every architecture family the tests can build from a config: with
+nothing evicted (k = N) every semantics and every policy path gives the model's own output (KL below
+1e-8: before the fix, soft-capped Gemma 2 and GPT-OSS with learned sinks were 0.05 and 0.25 TV away
+on the streaming one-pass path), and at a small budget the one-pass streaming forward equals a
+token-by-token run over a cache that holds only the kept keys (the model's own attention; oracle in
+tests/oracles.py), as does prefill-evict. What a path cannot reproduce is refused with one error
+naming the feature.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine_calls import prefill_evict_logprobs, retention_targets
+from oracles import windowed_prefill_evict, windowed_streaming_loop
+from truncsens.engine.attention_features import attention_features
+from truncsens.engine.attention_windows import layer_windows
+from truncsens.engine.evict_attention import EvictAttentionError, evict_attention, evict_kwargs
+from truncsens.engine.reference_pass import reference_pass
+from truncsens.engine.semantics import SEMANTICS
+from truncsens.policies import make_policy
+from truncsens.targets import TargetSet
+
+V = 64
+COMMON = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=64)
+
+
+def build(family: str):
+    """A seeded random model of ``family`` with peaked attention (weights at std 0.3)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    configs = {
+        "llama": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(num_key_value_heads=2, **COMMON)),
+        "mistral_swa": lambda: tf.MistralForCausalLM(tf.MistralConfig(num_key_value_heads=2, sliding_window=4, **COMMON)),
+        "qwen2_hybrid": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(num_key_value_heads=2, use_sliding_window=True,
+                                                                   sliding_window=4, max_window_layers=1, **COMMON)),
+        "gemma2_softcap": lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(
+            num_key_value_heads=2, head_dim=8, sliding_window=4, attn_logit_softcapping=1.0,
+            final_logit_softcapping=None, **COMMON)),
+        "gemma3": lambda: tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(num_key_value_heads=2, head_dim=8, sliding_window=4,
+                                                                   sliding_window_pattern=2, **COMMON)),
+        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                                         bos_token_id=0, eos_token_id=0)),
+        "gpt_neox": lambda: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(bos_token_id=0, eos_token_id=0, **COMMON)),
+        "phi3": lambda: tf.Phi3ForCausalLM(tf.Phi3Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                                                         eos_token_id=0, **COMMON)),
+        "olmo2": lambda: tf.Olmo2ForCausalLM(tf.Olmo2Config(num_key_value_heads=2, pad_token_id=0, bos_token_id=0,
+                                                            eos_token_id=0, **COMMON)),
+        "gpt_oss_sinks": lambda: tf.GptOssForCausalLM(tf.GptOssConfig(
+            num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **COMMON)),
+    }
+    model = configs[family]()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 or name.endswith("sinks"):
+                p.normal_(0.0, 0.3 if p.dim() >= 2 else 1.0)
+    return model.eval()
+
+
+FAMILIES = ("llama", "mistral_swa", "qwen2_hybrid", "gemma2_softcap", "gemma3", "gpt2", "gpt_neox", "phi3", "olmo2",
+            "gpt_oss_sinks")
+T = 16
+
+
+def random_ids(batch: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, V, (batch, T), generator=torch.Generator().manual_seed(seed))  # [B, T]
+
+
+def targets_of(ids: torch.Tensor) -> TargetSet:
+    n, N = ids.shape
+    return TargetSet([f"d{i}" for i in range(n)], np.arange(n) + N, ids, torch.zeros(n, dtype=torch.long))
+
+
+def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.exp(), b.exp(), atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_model(request):
+    return request.param, build(request.param)
+
+
+def test_the_families_have_the_features_they_are_built_for(family_model):
+    family, model = family_model
+    names = {f.name for f in attention_features(model)}
+    assert names == {"gemma2_softcap": {"softcap"}, "gpt_oss_sinks": {"sinks"}}.get(family, set())
+
+
+@pytest.mark.parametrize("semantics", ["streaming", "prefill_evict"])
+def test_nothing_evicted_is_the_models_own_output(family_model, semantics):
+    """k = N: sink_recent (streaming: the one-pass path from eviction steps), random (with Hájek-free
+    kept sets) and h2o (streaming: the online path with the model's eager attention) all give KL < 1e-8
+    to the full context; at k = 3 eviction moves (inside the windows of 4 too) the output (the check can fail)."""
+    family, model = family_model
+    policies = [make_policy("sink_recent", n_sink=2), make_policy("random", n_sink=2), make_policy("h2o", n_sink=2)]
+    metrics, _, _ = retention_targets(model, targets_of(random_ids(3, 1)), policies, [3, T], semantics, "original", 0,
+                                      "cpu", 10_000)
+    kl = metrics["kl"]  # [P, n, K]
+    assert kl[:, :, 1].max() < 1e-8, (family, kl[:, :, 1].max(axis=1))
+    assert kl[0, :, 0].min() > 1e-4
+
+
+def test_streaming_one_pass_equals_a_cache_of_the_kept_keys(family_model):
+    """k = 6 of 16 with 2 sinks: the engine's one-pass streaming forward equals a token-by-token run
+    whose cache holds exactly the kept keys of each step (within each layer's window)."""
+    family, model = family_model
+    ids = random_ids(2, 2)
+    fast, ev = SEMANTICS["streaming"].stream(model, ids, make_policy("sink_recent", n_sink=2), 6, [0, 1], 1, "token")
+    kept = ev.kept()  # [B, T, T]
+    windows = layer_windows(model)
+    slow = windowed_streaming_loop(model, ids, kept.keep, None, list(windows.layer_types), windows.type_windows())
+    assert_same(fast, slow)
+
+
+def test_prefill_evict_equals_a_pruned_cache(family_model):
+    family, model = family_model
+    ids = random_ids(2, 3)
+    kept = make_policy("sink_recent", n_sink=2).keep(T, 6, torch.tensor([T - 1]), [0, 1])
+    keep_last = kept.keep[:, 0]  # [B, T]
+    ref = reference_pass(model, ids, keep_cache=True)
+    windows = layer_windows(model)
+    fast = prefill_evict_logprobs(model, ref.cache, ids, keep_last, None)
+    assert_same(fast, windowed_prefill_evict(model, ids, keep_last, None, list(windows.layer_types),
+                                             windows.type_windows()))
+
+
+def test_attention_from_eviction_steps_refuses_what_it_cannot_apply():
+    """An attention argument it cannot apply (ALiBi, a position bias) stops the forward with one error
+    naming the feature and the semantics that run the model's own attention."""
+    from truncsens.engine import evict_attention as ea
+
+    q = torch.zeros(1, 2, 3, 4)
+    kwargs = evict_kwargs(torch.full((1, 3), 3), torch.zeros(1, 3))
+    module = torch.nn.Module()
+    with pytest.raises(EvictAttentionError, match=r"ALiBi position biases \(alibi\) is not applied .* reencode and prefill_evict"):
+        ea.evict_attention_forward(module, q, q[:, :1], q[:, :1], None, alibi=torch.zeros(1), **kwargs)
+    with pytest.raises(EvictAttentionError, match="position bias"):
+        ea.evict_attention_forward(module, q, q[:, :1], q[:, :1], None, position_bias=torch.zeros(1), **kwargs)
+
+
+def test_a_model_that_ignores_the_attention_interface_gets_the_dense_mask(monkeypatch):
+    """When fewer layers called the eviction-step attention than the model has (a model whose
+    attention does not go through the interface), the one-pass output is discarded and the dense
+    mask is used: the result still equals the token-by-token cache."""
+    from truncsens.engine import evict_attention as ea
+
+    model = build("llama")
+    monkeypatch.setattr(ea, "attention_calls", lambda kwargs: 0)
+    ids = random_ids(2, 2)
+    fast, ev = SEMANTICS["streaming"].stream(model, ids, make_policy("sink_recent", n_sink=2), 6, [0, 1], 1, "token")
+    windows = layer_windows(model)
+    assert_same(fast, windowed_streaming_loop(model, ids, ev.kept().keep, None, list(windows.layer_types),
+                                              windows.type_windows()))
+
+
+@pytest.mark.parametrize("family,feature", [("gemma2_softcap", "sliding-window"), ("gpt_oss_sinks", "sliding-window")])
+def test_certify_refuses_with_the_feature_named(family, feature):
+    from truncsens.certificates.probe import CertifyModelError, check_model
+
+    with pytest.raises(CertifyModelError, match=feature):
+        check_model(build(family), family)
+
+
+def test_certify_refuses_softcapping_by_name():
+    import transformers as tf
+
+    from truncsens.certificates.probe import CertifyModelError, check_model
+
+    model = tf.Gemma2ForCausalLM(tf.Gemma2Config(num_key_value_heads=2, head_dim=8, attn_logit_softcapping=1.0,
+                                                 sliding_window=None, layer_types=["full_attention"] * 2, **COMMON))
+    with pytest.raises(CertifyModelError, match=r"soft-capping \(attn_logit_softcapping\).*truncsens measure applies"):
+        check_model(model, "gemma2")
