@@ -27,7 +27,7 @@ POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 V1 = {"kind": "truncsens-fit", "schema": 1,
       "curves": [{"index": 0, "provenance": {"window": "kept", "ci95": 1},
                   "metrics": {"tv": {"window": [4, 8], "mean": [0.2, 0.1], "se": [0.01, 0.01], "excluded_windows": []}}}],
-      "fits": [{"curve": 0, "fit_windows": [4, 8], "holdout_windows": [], "excluded_windows": [16],
+      "fits": [{"curve": 0, "metric": "tv", "family": "power", "status": "ok", "fit_windows": [4, 8], "holdout_windows": [], "excluded_windows": [16],
                 "params": {"C": {"value": 0.4, "ci95": [0.3, 0.5]}}, "extrapolation_mae": {"value": 0.1, "ci95": None}}],
       "comparisons": [{"factor": {"value": 2.0, "ci95": [1.5, 3.0]}}], "alpha_ratio_kl_tv": [{"value": 2.0, "ci95": [1.9, 2.1]}]}
 
@@ -132,8 +132,9 @@ def test_compare_policies_file(tmp_path):
     n, K = 8, [8, 16, 32]
     base = np.asarray(K, float) ** -0.5
     m = {name: np.zeros((2, n, 3)) for name in METRICS}
-    m["tv"] = np.stack([np.tile(base, (n, 1)), np.tile(10 * base, (n, 1))])  # random = 10 x sink_recent
-    attrs = {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "n_sink": 0, "reference_context": 64,
+    m["tv"] = np.stack([np.tile(base / 10, (n, 1)), np.tile(base, (n, 1))])  # random = 10 x sink_recent, TV <= 1
+    attrs = {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "positions": "original", "n_sink": 0,
+             "reference_context": 64,
              "seed": 0, "policy": "sink_recent,random"}
     path = results.save(results.make_results(m, "budget", K, [f"d{i // 2}" for i in range(n)], np.arange(n), np.zeros(n),
                                              attrs, policies=["sink_recent", "random"]), tmp_path / "p.nc")

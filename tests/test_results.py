@@ -32,7 +32,7 @@ def attrs(**over):
 def metrics_for(n: int, W: int = 3, offset: float = 0.0, policies: int | None = None) -> dict[str, np.ndarray]:
     shape = (n, W) if policies is None else (policies, n, W)
     base = np.arange(np.prod(shape), dtype=np.float64).reshape(shape) / 100 + offset
-    out = {m: base + i for i, m in enumerate(METRICS)}
+    out = {m: (base + i) / 10 for i, m in enumerate(METRICS)}  # inside every metric's range (js <= ln 2)
     out["top1_agree"] = (np.arange(np.prod(shape)).reshape(shape) % 2).astype(np.int64)
     return out
 
@@ -55,8 +55,8 @@ def test_make_results_schema():
     for m in METRICS:
         assert ds[m].dims == ("target", "window")
         assert ds[m].dtype == (np.int8 if m == "top1_agree" else np.float32)
-    assert ds["tv"].values[1, 2] == np.float32(0.05)
-    assert ds["kl"].values[0, 0] == np.float32(1.0)  # METRICS[1] gets offset 1
+    assert ds["tv"].values[1, 2] == np.float32(0.005)
+    assert ds["kl"].values[0, 0] == np.float32(0.1)  # METRICS[1] gets offset 1 (then / 10)
     assert ds["top1_agree"].values.tolist() == [[0, 1, 0], [1, 0, 1], [0, 1, 0], [1, 0, 1]]
     assert ds.attrs["log_base"] == "e"
     assert results.sweep_dim(ds) == "window"
@@ -148,7 +148,7 @@ def test_load_file_missing_metric_or_attr(tmp_path):
 
 def test_merge_two_shards(tmp_path):
     a = make(n=4, docs=["a", "a", "b", "b"], offset=0.0)
-    b = make(n=2, docs=["c", "c"], positions=[70, 80], offset=5.0, created="later")
+    b = make(n=2, docs=["c", "c"], positions=[70, 80], offset=0.25, created="later")
     results.save(a, tmp_path / "shard-00000.nc")
     results.save(b, tmp_path / "shard-00001.nc")
     parts = [results.load(tmp_path / f"shard-0000{i}.nc") for i in range(2)]
@@ -158,7 +158,7 @@ def test_merge_two_shards(tmp_path):
     assert merged["position"].values.tolist() == [64, 65, 66, 67, 70, 80]
     np.testing.assert_array_equal(merged["tv"].values[:4], a["tv"].values)
     np.testing.assert_array_equal(merged["tv"].values[4:], b["tv"].values)
-    assert merged["tv"].values[4, 0] == np.float32(5.0)
+    assert merged["tv"].values[4, 0] == np.float32(0.025)
     assert merged.attrs["created"] == a.attrs["created"]  # attrs of the first shard
     results.save(merged, tmp_path / "merged.nc")
     xr.testing.assert_equal(results.load(tmp_path / "merged.nc"), merged)
@@ -282,7 +282,7 @@ def test_escape_exact_values_and_random_strings():
 
 
 STRUCTURED = {
-    "model_revision": None,
+    "unknown": None,
     "flag": True,
     "off": False,
     "np_flag": np.bool_(True),
@@ -309,7 +309,7 @@ def test_structured_attrs_come_back_as_they_went_in(tmp_path):
     assert back.attrs == ds.attrs
     for k, v in STRUCTURED.items():
         assert back.attrs[k] == v and type(back.attrs[k]) is type(v), k  # np.bool_ stays np.bool_
-    assert back.attrs["flag"] is True and back.attrs["model_revision"] is None
+    assert back.attrs["flag"] is True and back.attrs["unknown"] is None
     assert back.attrs["when"].tzinfo == dt.timezone.utc
 
 

@@ -18,10 +18,10 @@ BUDGETS = [16, 32, 64]
 
 def run(policies, offset=0.0, n=4, positions=None, **over):
     """A policy sweep of n targets from n/2 documents; metric m of policy p, target i, budget j is
-    offset + 10·p + i + j/10 + (index of m)."""
+    (offset + 10·p + i + j/10 + (index of m)) / 1000 (inside every metric's range)."""
     P = len(policies)
     base = offset + 10 * np.arange(P)[:, None, None] + np.arange(n)[None, :, None] + np.arange(3)[None, None, :] / 10
-    metrics = {m: base + i for i, m in enumerate(METRICS)}
+    metrics = {m: (base + i) / 1000 for i, m in enumerate(METRICS)}
     metrics["top1_agree"] = np.ones(base.shape, np.int64)
     if P == 1:
         metrics = {m: v[0] for m, v in metrics.items()}
@@ -43,7 +43,7 @@ def test_join_puts_every_run_s_policies_side_by_side_unchanged():
     assert joined["kl"].dims == ("policy", "target", "budget")
     np.testing.assert_array_equal(joined["kl"].sel(policy="h2o").values, a["kl"].sel(policy="h2o").values)
     # poisson: offset 100, target 3, budget 64 (j = 2), kl is the metric of index 1 of METRICS
-    assert joined["kl"].sel(policy="poisson").values[3, 2] == pytest.approx(100 + 3 + 0.2 + METRICS.index("kl"))
+    assert joined["kl"].sel(policy="poisson").values[3, 2] == pytest.approx((100 + 3 + 0.2 + METRICS.index("kl")) / 1000)
     assert joined.attrs["policy"] == "sink_recent,h2o,poisson"
     assert [j["file"] for j in joined.attrs["joined_from"]] == ["a.nc", "b.nc"]
     assert joined.attrs["joined_from"][1]["command"] == "truncsens measure --policy poisson"

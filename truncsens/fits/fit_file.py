@@ -58,6 +58,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import truncsens
+from truncsens.fits.fit_checks import check_fit_doc
 from truncsens.fits.laws import FitError
 from truncsens.results.schema import utc_now
 
@@ -165,7 +166,8 @@ def read_fit_file(path: str | Path) -> dict:
 
     Raises:
         FileNotFoundError: no such file.
-        FitError: not JSON, or not a truncsens fit file.
+        FitError: not JSON, not a truncsens fit file, or contents that break a rule of
+            :mod:`truncsens.fits.fit_checks` (the message names the entry, rule and first bad value).
     """
     path = Path(path)
     if not path.is_file():
@@ -176,7 +178,12 @@ def read_fit_file(path: str | Path) -> dict:
         raise FitError(f"{path} is not a truncsens fit file (not JSON: {exc})") from None
     if not isinstance(doc, dict) or doc.get("kind") != FIT_KIND:
         raise FitError(f"{path} is not a truncsens fit file (no \"kind\": \"{FIT_KIND}\")")
-    return upgrade_fit_doc(doc)
+    doc = upgrade_fit_doc(doc)
+    try:
+        check_fit_doc(doc)
+    except FitError as exc:
+        raise FitError(f"{path}: {exc}") from None
+    return doc
 
 
 def is_fit_file(path: str | Path) -> bool:

@@ -91,7 +91,8 @@ def load(path: str | Path) -> xr.Dataset:
 
     Raises:
         FileNotFoundError: no such file.
-        ResultsError: the file is not NetCDF or not a truncsens results file, or another process
+        ResultsError: the file is not NetCDF or not a truncsens results file (schema, then values:
+            :mod:`truncsens.results.checks`; the message names the file, variable, rule and first bad value), or another process
             holds it open for writing (HDF5's file lock; the message says how to read it anyway).
     """
     path = Path(path)
@@ -111,6 +112,9 @@ def load(path: str | Path) -> xr.Dataset:
         ds = _decode(ds)
     except ValueError as exc:  # bad JSON or escape: a damaged or foreign file
         raise ResultsError(f"{path}: cannot decode its strings or attrs ({exc})") from exc
-    validate(ds)
+    try:
+        validate(ds, strict=True)
+    except ResultsError as exc:
+        raise ResultsError(f"{path}: {exc}") from None
     return ds
 

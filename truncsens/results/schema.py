@@ -36,13 +36,13 @@ import numpy as np
 import xarray as xr
 
 from truncsens import metrics as _metrics
-from truncsens.results import codec
+from truncsens.results import checks, codec
 
 SWEEP_DIMS = ("window", "budget")
 # The vocabulary a results file may use; the engine's registry of semantics
 # (truncsens.engine.semantics) is checked against it when it is built.
 SEMANTICS = ("reencode", "streaming", "prefill_evict")
-POSITIONS = ("original", "reindexed")
+POSITIONS = checks.POSITIONS
 REQUIRED_ATTRS = (
     "truncsens_version", "model", "model_revision", "tokenizer", "dtype", "device", "semantics",
     "positions", "n_sink", "reference_context", "corpus", "corpus_sha256", "domain", "seed",
@@ -165,8 +165,10 @@ def metrics_of(ds: xr.Dataset) -> tuple[str, ...]:
     return _metrics.present(ds.data_vars)
 
 
-def validate(ds: xr.Dataset) -> None:
-    """Check a dataset against the schema.
+def validate(ds: xr.Dataset, strict: bool = False) -> None:
+    """Check a dataset against the schema; with ``strict`` (every file read, :func:`truncsens.results.load`)
+    also its values against the metric records (:func:`truncsens.results.checks.check_values`: dims,
+    ranges, coords, attr types).
 
     Raises:
         ResultsError: naming the first thing that does not fit.
@@ -199,6 +201,11 @@ def validate(ds: xr.Dataset) -> None:
         raise ResultsError(f"{sweep} values must be unique, got {values.tolist()}")
     if "draw" in ds.dims and ("draw" not in ds.coords or ds["draw"].values.tolist() != list(range(ds.sizes["draw"]))):
         raise ResultsError("the draw coord must be 0..R-1")
+    if strict:
+        try:
+            checks.check_values(ds, sweep, held)
+        except checks.ValueCheckError as exc:
+            raise ResultsError(str(exc)) from None
 
 
 def mean_over_draws(ds: xr.Dataset) -> xr.Dataset:

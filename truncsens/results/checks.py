@@ -1,0 +1,127 @@
+"""Checks of a results dataset's values against the metric records (:mod:`truncsens.metrics`): what
+:func:`truncsens.results.schema.validate` runs on every dataset it is given, so every command that
+reads a results file (``show``, ``fit``, ``plot``, ``compare-policies``, ``recommend-window``, the
+notebooks) refuses an impossible one with one line naming the variable, the rule and the first
+offending value.
+
+Rules:
+
+- ``dims``: every metric has the dims ``([policy,] [draw,] target, window|budget)``, in that order.
+- ``range``: every value of a metric lies in its record's ``[lower, upper]`` (``math.inf`` above:
+  +inf allowed, counted by readers) within :data:`TOLERANCE` for rounding; NaN is refused (the
+  engine never stores one: it stops on non-finite logits); ``top1_agree`` holds 0 or 1.
+- ``coords``: windows and budgets are integers of at least 1 token and at most ``reference_context``;
+  ``position`` and ``token_id`` are integers >= 0; ``doc`` and ``policy`` hold strings.
+- ``attrs``: :data:`ATTR_RULES` (``reference_context`` a whole number >= 1, ``n_sink`` >= 0, text
+  where text belongs, ``positions`` one of :data:`~truncsens.results.schema.POSITIONS`, ...).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable
+
+import numpy as np
+import xarray as xr
+
+from truncsens import metrics as _metrics
+
+POSITIONS = ("original", "reindexed")  # the ``positions`` attr's values (re-exported by the schema)
+TOLERANCE = 1e-6  # float32 rounding of values clamped into range in float64
+TEXT_ATTRS = ("truncsens_version", "model", "model_revision", "tokenizer", "dtype", "device", "corpus",
+              "corpus_sha256", "domain", "created", "command")
+
+
+def _whole(value, least: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and value >= least
+
+
+ATTR_RULES: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "reference_context": ("a whole number of tokens >= 1", lambda v: _whole(v, 1)),
+    "n_sink": ("a whole number >= 0", lambda v: _whole(v, 0)),
+    "seed": ("a whole number", lambda v: _whole(v, -(2**63))),
+    "targets_per_doc": ("a whole number >= 0", lambda v: _whole(v, 0)),
+    "max_context": ("a whole number of tokens >= 1", lambda v: _whole(v, 1)),
+    **{name: ("text", lambda v: isinstance(v, str)) for name in TEXT_ATTRS},
+}
+
+
+class ValueCheckError(ValueError):
+    """A value breaks a rule; the message names the variable, the rule and the first offending value."""
+
+
+def _plain(value):
+    """A numpy scalar as the Python value it holds; anything else as it is."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _first(mask: np.ndarray, var: xr.DataArray) -> str:
+    """``value v at dim=coord, ...`` of the first True of ``mask`` (same shape as ``var``)."""
+    index = np.unravel_index(int(np.flatnonzero(mask.ravel())[0]), mask.shape)
+    where = ", ".join(f"{d}={_plain(var[d].values[i]) if d in var.coords else i}" for d, i in zip(var.dims, index))
+    return f"{_plain(np.asarray(var.values)[index])!r} at {where}"
+
+
+def check_metric(ds: xr.Dataset, name: str, sweep: str) -> None:
+    """Dims and range of metric ``name`` (module docstring). Raises :class:`ValueCheckError`."""
+    record = _metrics.metric(name)
+    var = ds[name]
+    want = tuple(d for d in ("policy", "draw") if d in ds.dims) + ("target", sweep)
+    if var.dims != want:
+        raise ValueCheckError(f"variable {name!r}: rule dims: it must have dims {want}, has {var.dims}")
+    values = np.asarray(var.values, dtype=np.float64)
+    if np.isnan(values).any():
+        raise ValueCheckError(f"variable {name!r}: rule range: NaN is not a value of {name}: first "
+                              f"{_first(np.isnan(values), var)}")
+    low, high = record.lower - TOLERANCE, record.upper + TOLERANCE
+    bad = (values < low) | (values > high)
+    if bad.any():
+        upper = "inf" if np.isinf(record.upper) else f"{record.upper:g}"
+        raise ValueCheckError(f"variable {name!r}: rule range: values must lie in [{record.lower:g}, {upper}] "
+                              f"(within {TOLERANCE:g}); first bad value {_first(bad, var)}")
+    if record.dtype.kind in "iu":
+        off = values != np.round(values)
+        if off.any():
+            raise ValueCheckError(f"variable {name!r}: rule range: values must be whole numbers; first bad value "
+                                  f"{_first(off, var)}")
+
+
+def check_coords(ds: xr.Dataset, sweep: str) -> None:
+    """Sweep, position and token-id coords (module docstring). Raises :class:`ValueCheckError`."""
+    values = ds[sweep].values
+    if values.dtype.kind not in "iu":
+        raise ValueCheckError(f"coord {sweep!r}: rule coords: {sweep}s must be whole numbers of tokens, got dtype "
+                              f"{values.dtype}")
+    n = ds.attrs.get("reference_context")
+    top = n if _whole(n, 1) else None
+    bad = (values < 1) | ((values > top) if top is not None else False)
+    if bad.any():
+        limit = f"[1, reference_context = {top}]" if top is not None else "at least 1"
+        raise ValueCheckError(f"coord {sweep!r}: rule coords: {sweep}s must lie in {limit} tokens; first bad value "
+                              f"{values[bad][0].item()}")
+    for name in ("position", "token_id"):
+        v = ds[name].values
+        if v.dtype.kind not in "iu" or (v < 0).any():
+            shown = v[v < 0][0].item() if v.dtype.kind in "iu" else v.dtype
+            raise ValueCheckError(f"coord {name!r}: rule coords: must be whole numbers >= 0; first bad value {shown}")
+
+
+def check_attrs(ds: xr.Dataset) -> None:
+    """:data:`ATTR_RULES` on the attrs present. Raises :class:`ValueCheckError`."""
+    for name, (rule, ok) in ATTR_RULES.items():
+        if name in ds.attrs and not ok(ds.attrs[name]):
+            raise ValueCheckError(f"attr {name!r}: rule attrs: it must be {rule}, got {ds.attrs[name]!r}")
+    if "positions" in ds.attrs and ds.attrs["positions"] not in POSITIONS:
+        raise ValueCheckError(f"attr 'positions': rule attrs: it must be one of {POSITIONS}, got {ds.attrs['positions']!r}")
+
+
+def check_values(ds: xr.Dataset, sweep: str, metrics: tuple[str, ...]) -> None:
+    """Every rule of the module docstring, in the order attrs, coords, metrics.
+
+    Raises:
+        ValueCheckError: the first rule broken.
+    """
+    check_attrs(ds)
+    check_coords(ds, sweep)
+    for name in metrics:
+        check_metric(ds, name, sweep)
