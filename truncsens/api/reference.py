@@ -91,7 +91,7 @@ def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path
     return final, install_reference(final) if install else None, summary
 
 
-def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 170.0, max_steps: int = 3000,
+def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 170.0, max_steps: int = 2000,
                     seed: int = 0, install: bool = False, threads: int = 0) -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint

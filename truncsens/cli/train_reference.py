@@ -12,7 +12,7 @@ from truncsens.cli.errors import user_errors
 def train_reference(
     out_dir: Path = typer.Option(Path("runs/reference"), help="Working folder (checkpoint, training log, exported model)."),
     minutes: float = typer.Option(170.0, help="Wall-clock budget of this call: the run checkpoints and stops; run again to resume."),
-    max_steps: int = typer.Option(3000, help="Optimizer steps of the whole run (the learning rate reaches its floor there)."),
+    max_steps: int = typer.Option(2000, help="Optimizer steps of the whole run (the learning rate reaches its floor there)."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
     install: bool = typer.Option(False, "--install", help="Copy the finished result into truncsens/models/reference/weights."),

@@ -44,7 +44,7 @@ class TrainConfig:
     batch_size: int = 4
     warm_context: int = 512  # the first warm_steps steps train on crops this long (batch scaled up)
     warm_steps: int = 400
-    max_steps: int = 3000
+    max_steps: int = 2000
     max_minutes: float = 170.0
     stop_at_step: int = 0  # > 0: this invocation stops (and checkpoints) once this step is done
     checkpoint_minutes: float = 10.0
