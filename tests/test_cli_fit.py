@@ -94,8 +94,11 @@ def test_fit_bad_input(files):
     assert_user_error(invoke("fit", files / "junk.nc"), "not a NetCDF results file")
     assert_user_error(invoke("fit", files / "missing.nc"), "not found")
     assert_user_error(invoke("fit", files / "one.nc"), "only one window")
-    zero = invoke("fit", files / "zero.nc", "--metric", "tv", "--out", files / "zero-fit.json")  # D = 0 everywhere: an answer
-    assert zero.exit_code == 0 and "reaches exactly 0 at window 1" in zero.stdout
+    # D = 0 everywhere: the measurement is the answer, but no law is fitted: exit 2 saying why, no file
+    # (issue 22: it exited 0 with every family "skipped")
+    zero = invoke("fit", files / "zero.nc", "--metric", "tv", "--out", files / "zero-fit.json")
+    assert_user_error(zero, "nothing was fitted")
+    assert "reaches exactly 0 at window 1" in zero.output and not (files / "zero-fit.json").exists()
     assert_user_error(invoke("fit", files / "code.nc", "--fit-range", "4-128"), "--fit-range")
     assert_user_error(invoke("fit", files / "code.nc", "--metric", "entropy", "--out", files / "bad.json"), "unknown metric")
     assert_user_error(invoke("fit", files / "code.nc", "--bootstrap", "-1"), "--bootstrap")
@@ -140,3 +143,23 @@ def test_plot_command(files, tmp_path):
     r = invoke("plot", files / "code.nc", "--fit", fit, "--out", tmp_path / "q")
     assert r.exit_code == 0, (r.output, r.exception)
     assert_user_error(invoke("plot", files / "nl.nc", "--fit", fit, "--out", tmp_path / "z"), "was not made from")
+
+
+def test_fit_warns_on_stderr_about_excluded_windows_and_refuses_when_nothing_fits(tmp_path):
+    """Issue 22: excluded windows were listed only in the summary (now also a warning on stderr); a
+    curve below the noise floor at every window (another curve with no usable window) exits 2."""
+    from truncsens import results
+    from truncsens.results.constructed import curve_results
+
+    windows = [1, 2, 4, 8, 16, 32, 64]
+    part = curve_results({"tv": lambda w: np.where(w >= 32, 0.0, 0.5 * w ** -0.7)}, windows, n_docs=4,
+                         reference_context=64)
+    path = results.save(part, tmp_path / "part.nc")
+    out = invoke("fit", path, "--metric", "tv", "--bootstrap", "0", "--out", tmp_path / "part.json")
+    assert out.exit_code == 0, out.output
+    assert "warning: part tv: windows excluded from the fits (zero: [32, 64])" in out.stderr
+    floor = curve_results({"tv": lambda w: np.full(w.shape, 1e-8)}, windows, n_docs=4, reference_context=64)
+    path = results.save(floor, tmp_path / "floor.nc")
+    assert_user_error(invoke("fit", path, "--metric", "tv", "--out", tmp_path / "floor.json"), "nothing was fitted",
+                      "noise floor")
+    assert not (tmp_path / "floor.json").exists()

@@ -52,3 +52,27 @@ def test_resume_refuses_shards_of_another_configuration(tiny_llama_dir, corpus_d
     with pytest.raises(MeasureError, match="windows"):
         run_measure(other)
     assert (tmp_path / "r.nc.shards" / "shard-00000.nc").is_file()  # nothing already written is lost
+
+
+def test_a_multi_process_resume_reports_every_reused_shard(tiny_llama_dir, corpus_dir, tmp_path, monkeypatch):
+    """Issue 22: rank 0 counted only the shards it owns. Shards 0 (an interrupted run) and 1, 3, 5
+    (rank 1 of 2) exist; rank 0 of 2 resumes, computes 2 and 4 and merges: 4 shards reused."""
+    import truncsens.engine.measure as measure_module
+    from truncsens.engine.run.distributed import Ranks
+
+    out = tmp_path / "r.nc"
+
+    def cfg(resume):
+        c = _config(tiny_llama_dir, corpus_dir, out, resume)
+        c.docs_per_shard = 1
+        return c
+
+    with pytest.raises(MeasureInterrupted):
+        run_measure(cfg(False), stop_after_shards=1)
+    monkeypatch.setattr(measure_module, "current_ranks", lambda device: Ranks(index=1, count=2))
+    assert run_measure(cfg(True)).shards_reused == 1  # rank 1 saw shard 0 left by the interrupted run
+    shards = sorted(p.name for p in (tmp_path / "r.nc.shards").glob("shard-*.nc"))
+    assert shards == ["shard-00000.nc", "shard-00001.nc", "shard-00003.nc", "shard-00005.nc"]
+    monkeypatch.setattr(measure_module, "current_ranks", lambda device: Ranks(index=0, count=2))
+    done = run_measure(cfg(True))
+    assert done.shards_reused == 4 and done.n_targets == 18

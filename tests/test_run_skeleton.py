@@ -16,7 +16,7 @@ from truncsens.targets import TokenDoc, select_targets
 
 N = 8
 ATTRS = {"truncsens_version": "0", "model": "fake", "model_revision": "", "tokenizer": "", "dtype": "float32",
-         "device": "cpu", "semantics": "reencode", "positions": "absolute", "n_sink": 0, "reference_context": N,
+         "device": "cpu", "semantics": "reencode", "positions": "original", "n_sink": 0, "reference_context": N,
          "corpus": "fake", "corpus_sha256": "", "domain": "code", "seed": 0, "created": "", "command": "test"}
 
 

@@ -19,7 +19,7 @@ from truncsens.fits import fitting
 from truncsens.fits.curves import default_metrics
 from truncsens.fits.fit_file import check_new_files, write_fit_file
 from truncsens.fits.fitting import FitConfig, fit_datasets, parse_range
-from truncsens.fits.laws import FAMILIES
+from truncsens.fits.laws import FAMILIES, FitError
 from truncsens.report.plots import figure_paths, plot_report
 from truncsens.report.printed import format_fit_report
 from truncsens.results import utc_now
@@ -47,6 +47,20 @@ class FitReport(fitting.FitReport):
         """
         check_new_files(figure_paths(out), overwrite)
         return plot_report(self.to_json(), out, metrics)
+
+    def warnings(self) -> list[str]:
+        """One line per curve and metric that had sweep points excluded from its fits, naming them by
+        reason (zero, below the noise floor, infinite, no values): what ``truncsens fit`` warns about
+        on stderr (the table's summary lists them too)."""
+        doc, out = self.to_json(), []
+        for curve in doc["curves"]:
+            for metric, entry in curve["metrics"].items():
+                excluded = entry.get("excluded") or {}
+                parts = [f"{reason}: {excluded[reason]}" for reason in ("zero", "noise_floor", "infinite", "no_values")
+                         if excluded.get(reason)]
+                if parts:
+                    out.append(f"{curve['label']} {metric}: {curve['sweep']}s excluded from the fits ({'; '.join(parts)})")
+        return out
 
     def write(self, path: str | Path, overwrite: bool = True) -> Path:
         """Write the fit file (JSON, :mod:`truncsens.fits.fit_file`) and return its path.
@@ -98,7 +112,8 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
         FileNotFoundError, truncsens.results.ResultsError: a results file is missing or not one; an
             unknown metric, fewer than two sweep points.
         truncsens.fits.laws.FitError, ValueError: as :func:`fit_config` and
-            :func:`truncsens.fits.fitting.fit_curve` (too few points in the fit range, ...).
+            :func:`truncsens.fits.fitting.fit_curve` (too few points in the fit range, ...); no law
+            fitted at all (every family skipped for every curve and metric: the reason is named).
     """
     cfg = fit_config(metrics, families, fit_range, holdout_range, bootstrap, seed, level)
     check_new_files([out, *(figure_paths(plot_out) if plot_out is not None else [])], overwrite)
@@ -107,8 +122,12 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
         cfg = replace(cfg, metrics=default_metrics(datasets))
     done = fit_datasets(datasets, cfg, sources)
     report = FitReport(done.config, done.results, utc_now())
+    doc = report.to_json()
+    if doc["fits"] and not any(f["status"] != "skipped" for f in doc["fits"]):
+        first = doc["fits"][0]
+        raise FitError(f"nothing was fitted: every law was skipped for every curve and metric "
+                       f"(first: {first['label']} {first['metric']}: {first['reason']})")
     if out is not None or plot_out is not None:
-        doc = report.to_json()
         if out is not None:
             write_fit_file(doc, out)
         if plot_out is not None:

@@ -38,6 +38,8 @@ def fit(
         report = fit_results(results_files, metrics=split_list(metric, "--metric"), families=split_list(family, "--family"),
                              fit_range=fit_range or None, holdout_range=holdout_range or None, bootstrap=bootstrap, seed=seed,
                              level=level, out=path, plot_out=prefix, overwrite=overwrite)
+        for line in report.warnings():
+            typer.echo(f"warning: {line}", err=True)
         wrote = f"wrote {path}" + "".join(f", {p}" for p in (figure_paths(prefix) if prefix is not None else []))
         if as_json:
             typer.echo(json.dumps(report.to_json(), indent=1))

@@ -98,7 +98,8 @@ class ShardedRun:
 
 
 class RunOutcome(NamedTuple):
-    """What :func:`run_sharded` did: the merged file, shards reused, targets (-1 on ranks other than 0)."""
+    """What :func:`run_sharded` did: the merged file, shards reused (by every rank: those an earlier run
+    had left), targets (-1 on ranks other than 0)."""
 
     path: Path
     shards_reused: int
@@ -142,7 +143,10 @@ def run_sharded(run: ShardedRun, ranks: Ranks | None = None, stop_after_shards: 
 
 def _run_locked(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shards: int | None) -> RunOutcome:
     prepare_shard_dir(shard_dir, run.fingerprint, run.resume, write=False)
-    ranks.barrier()  # every rank has checked before rank 0 writes
+    # the shards an earlier run left, seen by every rank before any rank writes one: the run's reused count
+    # (each rank skips only its own; rank 0 reports all of them)
+    before = {p.name for p in shard_dir.glob("shard-*.nc")} if shard_dir.is_dir() else set()
+    ranks.barrier()  # every rank has checked (and looked) before rank 0 writes
     if ranks.is_main:
         prepare_shard_dir(shard_dir, run.fingerprint, run.resume)
     ranks.barrier()
@@ -169,8 +173,9 @@ def _run_locked(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shard
             if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
                 raise MeasureInterrupted(f"stopped after {written} shards; resume with --resume")
     ranks.barrier()
+    reused_all = sum(f"shard-{i:05d}.nc" in before for i in range(len(plans)))
     if not ranks.is_main:
-        return RunOutcome(run.out, reused, -1)
+        return RunOutcome(run.out, reused_all, -1)
     parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
     check_shards(parts, plans, run_hash, shard_dir)
     merged = results.merge(parts)
@@ -181,7 +186,7 @@ def _run_locked(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shard
     merged.attrs["n_docs"] = len(docs)
     results.save(merged, run.out)
     shutil.rmtree(shard_dir, ignore_errors=True)
-    return RunOutcome(run.out, reused, int(merged.sizes["target"]))
+    return RunOutcome(run.out, reused_all, int(merged.sizes["target"]))
 
 
 @dataclass
