@@ -13,6 +13,7 @@ import torch
 from engine_calls import prefill_evict_logprobs
 from truncsens.policies.poisson_design import empirical_bernstein_radius
 from truncsens.certificates.estimator import attention_records, eb_sum_radius
+from truncsens.certificates.designs import CertifyDesign
 from truncsens.certificates.passes import certify_batch, design_of
 from truncsens.certificates.probe import CertifyModelError, CertifyProbe, check_model, probed
 from truncsens.engine.reference_pass import reference_pass
@@ -125,7 +126,7 @@ def test_probed_logits_equal_prefill_evict_engine(tiny_llama_dir):
     ids = torch.randint(0, model.config.vocab_size, (B, T), generator=torch.Generator().manual_seed(5))
     policies = [make_policy(n, n_sink=2) for n in ("poisson", "topk", "random")]
     seeds = [[[11 + b for b in range(B)]] for _ in policies]
-    out = certify_batch(model, ids, policies, [k], seeds, 0.05)
+    out = certify_batch(model, ids, policies, [k], seeds, 0.05, CertifyDesign("token"))  # the shared design
     ref = reference_pass(model, ids, attention=True, keep_cache=True)
     torch.testing.assert_close(out.ref_logprobs, ref.logprobs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.scores, ref.attention.sum(1), atol=1e-5, rtol=1e-5)  # H2O score of query T-1

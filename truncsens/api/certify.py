@@ -74,6 +74,7 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
                    sinks: int = 4, targets_per_doc: int = 2, max_docs: int | None = 16, seed: int = 0,
                    device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
                    out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
+                   granularity: str = "head", score: str = "window", obs_window: int = 32,
                    command: str = "") -> CertifyConfig:
     """The validated :class:`~truncsens.certificates.config.CertifyConfig` from ``truncsens certify``'s options
     (``out=None``: ``results/<model>-<corpus or domain>-certify.nc``).
@@ -85,7 +86,8 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
         model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context, budgets=budgets,
         delta=delta, n_sink=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, device=device,
         dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out), resume=resume,
-        overwrite=overwrite, progress=progress, command=command)
+        overwrite=overwrite, progress=progress, granularity=granularity, score=score, obs_window=obs_window,
+        command=command)
 
 
 def run_certification(cfg: CertifyConfig, plot_out: str | Path | None = None, loaded: LoadedModel | None = None,
@@ -116,6 +118,7 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
             delta: float = 0.05, sinks: int = 4, targets_per_doc: int = 2, max_docs: int | None = 16, seed: int = 0,
             device: str | None = None, dtype: str | None = None, batch_tokens: int | None = None, out: str | Path | None = None,
             plot_out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
+            granularity: str = "head", score: str = "window", obs_window: int = 32,
             command: str | None = None) -> Certification:
     """Measure the certificates of poisson eviction (and topk, random) at every budget.
 
@@ -124,6 +127,9 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
             with its ``tokenizer`` (as :func:`truncsens.measure`).
         device, dtype: None: cpu and float32 for a spec, the model object's own otherwise.
         budgets: token counts or percentages of N, comma-separated ("12.5%,25%,50%").
+        granularity, score, obs_window: the sampling design (:mod:`truncsens.certificates.designs`): one
+            per layer and key/value head from its ``score`` ("window" of the last ``obs_window`` prefill
+            queries, "h2o", "key_norm"), or ``granularity="token"``: one shared design (the ablation).
         out: keep the results file here; plot_out: write the figures as ``<plot_out>-*.png``.
         the others: ``truncsens certify``'s options (``truncsens certify --help``).
 

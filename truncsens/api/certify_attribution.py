@@ -73,6 +73,7 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
                        min_distance: int | None = None, trajectory: int = 0, trajectory_budget: str = "25%", seed: int = 0,
                        device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
                        out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
+                       granularity: str = "head", score: str = "window", obs_window: int = 32,
                        command: str = "") -> AttributionConfig:
     """The validated :class:`~truncsens.certificates.attribution_driver.AttributionConfig` from the command's
     options (``out=None``: ``results/<model>-<corpus or domain>-attribution.nc``).
@@ -85,7 +86,8 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
         delta=delta, n_sink=sinks, max_docs=max_docs, copy_per_doc=copy_per_doc, copy_rule=copy_rule, kv_docs=kv_docs,
         min_distance=min_distance, trajectory=trajectory, trajectory_budget=trajectory_budget, seed=seed,
         device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
-        overwrite=overwrite, progress=progress, command=command)
+        overwrite=overwrite, progress=progress, granularity=granularity, score=score, obs_window=obs_window,
+        command=command)
 
 
 def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None = None,
@@ -116,6 +118,7 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
                         seed: int = 0, device: str | None = None, dtype: str | None = None,
                         batch_tokens: int | None = None, out: str | Path | None = None,
                         plot_out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
+                        granularity: str = "head", score: str = "window", obs_window: int = 32,
                         command: str | None = None) -> Attribution:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random).
 

@@ -26,7 +26,9 @@ from truncsens import results
 from truncsens.certificates.attribution import FAILURE_NLL
 from truncsens.certificates.config import CertifyBase, CertifyConfig, CertifyError, parse_budgets, resolve_budgets
 from truncsens.certificates.probe import check_model
-from truncsens.certificates.driver import certify_sweep, certify_tokens_per_target, compute_arrays, shard_dataset
+from truncsens.certificates.driver import (
+    certify_sweep, certify_tokens_per_target, compute_arrays, design_attrs, shard_dataset,
+)
 from truncsens.certificates.tasks import build_task_set, copy_vocabulary, default_min_distance
 from truncsens.certificates.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError
@@ -132,7 +134,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
     tasks = build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N, D,
                            cfg.copy_per_doc, cfg.kv_docs, cfg.seed, induction=cfg.copy_rule == "induction")
-    attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta, "targets_per_doc": 0,
+    attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype), "targets_per_doc": 0,
              "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs,
              "failure_nll": FAILURE_NLL,
              "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",
@@ -141,7 +143,8 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     batch_tokens = mcfg.batch_tokens(loaded.device)
 
     def compute_shard(plan, on_tokens):
-        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens)
+        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens,
+                                cfg.design)
         return shard_dataset(arrays, plan, sweep, attrs)
 
     def finish(ds):  # the task set's variables and the trajectory, outside the progress
@@ -153,7 +156,8 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
             poisson = next(p for p in sweep.policies if p.name == "poisson")
             first = docs.used[0]
             prefix = first.ids[: N - cfg.trajectory].to(loaded.device)  # the trajectory ends within N tokens
-            traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed)
+            traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed,
+                                     cfg.design)
             ds.attrs["trajectory"] = json.dumps({"doc": first.id, **trajectory_summary(traj)})
             for name, values in (("trajectory_error", traj.error), ("trajectory_radius_step", traj.radius_step),
                                  ("trajectory_radius_naive", traj.radius_naive)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
+from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, CertifyDesign, DesignError
 from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig, default_out
 
 POLICIES = ("poisson", "topk", "random")
@@ -84,6 +85,9 @@ class CertifyBase:
         max_docs, seed: documents used (at most; None: all) and the seed of targets and Poisson draws.
         device, dtype, max_batch_tokens, out, overwrite, progress, command: where and how it runs;
             ``out`` defaults to ``results/<model>-<corpus or domain><OUT_SUFFIX>.nc``.
+        granularity, score, obs_window: the sampling design (:class:`~truncsens.certificates.designs.CertifyDesign`:
+            per layer and key/value head from the head's observation-window score by default;
+            ``granularity="token"`` is the shared design of earlier versions, the ablation).
         parsed_budgets: :func:`parse_budgets` of ``budgets`` (set at construction).
 
     Raises:
@@ -110,15 +114,27 @@ class CertifyBase:
     overwrite: bool = False
     progress: bool = True
     command: str = ""
+    granularity: str = "head"
+    score: str = "window"
+    obs_window: int = DEFAULT_OBS_WINDOW
     parsed_budgets: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.delta < 1:
             raise CertifyError(f"--delta must lie strictly between 0 and 1, got {self.delta}")
+        try:
+            self.design
+        except DesignError as exc:
+            raise CertifyError(str(exc)) from None
         self.parsed_budgets = parse_budgets(self.budgets)
         self.check_run_options()
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, self.OUT_SUFFIX))
+
+    @property
+    def design(self) -> CertifyDesign:
+        """The sampling design of the run (raises DesignError for a bad option)."""
+        return CertifyDesign(self.granularity, self.score, self.obs_window)
 
     def check_run_options(self) -> None:
         """Check the run options (counts, sinks, split, policies) once, by building the command's

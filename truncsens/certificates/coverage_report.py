@@ -37,12 +37,17 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
     doc = np.asarray(ds["doc"].values, dtype=str)
     policies = [str(p) for p in ds["policy"].values]
     budgets = []
+    floor_rel = float(ds.attrs.get("error_floor_relative", 0.0) or 0.0)  # 0: a file from before the floor
     for k in (int(b) for b in ds["budget"].values):
         r = _records(ds, "poisson", k)
-        tail = r["has_tail"] > 0
+        tail = r["has_tail"] > 0  # [target, layer, head]
+        floor = floor_rel * r["attn_norm"]
+        eb, normal = np.where(tail, r["radius_eb"], np.nan), np.where(tail, r["radius_normal"], np.nan)
         row = {"budget": k, "percent": 100 * k / N,
-               "coverage_eb": coverage(r["attn_error"][tail], r["radius_eb"][tail], 0.95),
-               "coverage_normal": coverage(r["attn_error"][tail], r["radius_normal"][tail], 0.95),
+               "coverage_eb": coverage(r["attn_error"], eb, 0.95, floor, doc, n_boot, seed),
+               "coverage_normal": coverage(r["attn_error"], normal, 0.95, floor, doc, n_boot, seed),
+               "coverage_eb_by_layer": [coverage(r["attn_error"][:, l], eb[:, l], 0.95, floor[:, l])
+                                        for l in range(eb.shape[1])],
                "spearman_eb": spearman_by_documents(r["radius_eb"], r["attn_error"], doc, n_boot, seed),
                "median_relative_error": {}, "kl": {}}
         for p in policies:
@@ -62,13 +67,18 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
         budgets.append(row)
     pooled = _records(ds, "poisson")
     spearman = spearman_by_documents(np.moveaxis(pooled["radius_eb"], 0, 0), pooled["attn_error"], doc, n_boot, seed)
+    measured = ds["attn_floor_error"].values if "attn_floor_error" in ds else None
     return {
         "model": ds.attrs.get("model"), "corpus": ds.attrs.get("corpus"), "reference_context": N, "delta": delta,
+        "design": ds.attrs.get("design", "one design shared by every layer and head (a file from before per-head designs)"),
+        "floor": {"declared_relative": floor_rel,
+                  "measured_relative_median": float(np.nanmedian(measured)) if measured is not None else None,
+                  "measured_relative_max": float(np.nanmax(measured)) if measured is not None else None},
         "n_targets": int(ds.sizes["target"]), "n_docs": len(set(doc)), "budgets": budgets,
         "auc": failure_aucs(ds, n_boot, seed),
         "spearman_eb_pooled": spearman,
         "verdict_spearman": "holds" if spearman["rho"] > PAPER_SPEARMAN else f"fails (paper: > {PAPER_SPEARMAN})",
-        "reliability": reliability({k: v for k, v in pooled.items()}),
+        "reliability": reliability({k: v for k, v in pooled.items()}, floor=floor_rel * pooled["attn_norm"]),
         "not_measured": ["attribution on a task set built to be lost by eviction (copy and key-value recall) and "
                          "gated recomputation: see truncsens certify-attribution",
                          "time-uniform validity on a generated trajectory: truncsens certify-attribution --trajectory N"],
@@ -106,19 +116,33 @@ def _pct(c: dict) -> str:
 
 def format_summary(s: dict) -> str:
     """Printed tables of :func:`summarize`."""
+    fl = s["floor"]
+    measured = ("" if fl["measured_relative_median"] is None else
+                f"; measured full-cache difference from float64: median {fmt_num(fl['measured_relative_median'], 2)}, "
+                f"max {fmt_num(fl['measured_relative_max'], 2)}")
     lines = [f"certify: {s['model']} on {s['corpus']}, N = {s['reference_context']}, {s['n_targets']} targets from "
-             f"{s['n_docs']} documents, delta = {s['delta']:g} (nominal coverage {100 * (1 - s['delta']):.1f}%)", ""]
-    cols = [Column("budget", ">"), Column("% of N", ">"), Column("coverage EB [95% CI]", ">"),
+             f"{s['n_docs']} documents, delta = {s['delta']:g} (nominal coverage {100 * (1 - s['delta']):.1f}%)",
+             f"design: {s['design']}",
+             f"floor: records with ||o^-o|| <= {fmt_num(fl['declared_relative'], 3)} ||o|| are at the floor, counted apart "
+             f"and left out of coverage{measured}", ""]
+    cols = [Column("budget", ">"), Column("% of N", ">"), Column("coverage EB [Wilson]", ">"), Column("[doc bootstrap]", ">"),
             Column("paper", ">"), Column("verdict"), Column("coverage normal", ">"), Column("Spearman EB [doc CI]", ">"),
-            Column("records", ">")]
+            Column("records", ">"), Column("at floor", ">")]
     rows = []
     for b in s["budgets"]:
-        sp = b["spearman_eb"]
-        rows.append([str(b["budget"]), f"{b['percent']:.1f}", _pct(b["coverage_eb"]),
+        sp, cov = b["spearman_eb"], b["coverage_eb"]
+        doc_ci = f"[{100 * cov['doc_ci'][0]:.1f}, {100 * cov['doc_ci'][1]:.1f}]" if math.isfinite(cov["doc_ci"][0]) else "-"
+        rows.append([str(b["budget"]), f"{b['percent']:.1f}", _pct(cov), doc_ci,
                      f"{100 * b['paper_coverage']:.1f}%" if b["paper_coverage"] else "-", b["verdict_coverage"],
                      _pct(b["coverage_normal"]), f"{fmt_num(sp['rho'], 3)} [{fmt_num(sp['ci'][0], 3)}, {fmt_num(sp['ci'][1], 3)}]",
-                     str(b["coverage_eb"]["n"])])
+                     str(cov["n"]), str(cov["n_at_floor"])])
     lines.append(render_table(cols, rows))
+    if s["budgets"]:
+        n_layers = len(s["budgets"][0]["coverage_eb_by_layer"])
+        cols = [Column("budget", ">")] + [Column(f"layer {l}", ">") for l in range(n_layers)]
+        rows = [[str(b["budget"])] + [f"{100 * c['rate']:.1f}%" if c["n"] else "-" for c in b["coverage_eb_by_layer"]]
+                for b in s["budgets"]]
+        lines += ["", "coverage EB by layer (records at the floor left out)", render_table(cols, rows)]
     sp = s["spearman_eb_pooled"]
     lines += ["", f"Spearman(radius EB, error), all budgets: {fmt_num(sp['rho'], 3)} [{fmt_num(sp['ci'][0], 3)}, "
                   f"{fmt_num(sp['ci'][1], 3)}] (paper > {PAPER_SPEARMAN}): {s['verdict_spearman']}", ""]

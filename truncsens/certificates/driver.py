@@ -23,6 +23,7 @@ import numpy as np
 
 from truncsens import results
 from truncsens.certificates.config import CertifyConfig
+from truncsens.certificates.designs import CertifyDesign
 from truncsens.certificates.passes import certify_batch
 from truncsens.certificates.probe import check_model
 from truncsens.engine.batching import run_in_batches
@@ -65,6 +66,9 @@ def shard_dataset(batches: dict, plan: TargetSet, sweep: Sweep, attrs: dict):
         ds[var] = (("policy", "target", "budget", "layer", "head"), batches["records"][rec])
     for var in ("argmax_ref", "confidence_ref"):
         ds[var] = (("target",), batches[var])
+    ds["attn_floor_error"] = (("target", "layer", "head"), batches["floor"])
+    ds["attn_floor_error"].attrs["description"] = ("||o_run_dtype - o_float64|| / ||o_float64|| of the full-cache "
+                                                   "attention of the target query: the measured numerical floor")
     for var in ("argmax_kept", "confidence_kept"):
         ds[var] = (("policy", "target", "budget"), batches[var])
     ds["confidence_ref"].attrs["description"] = "largest next-token probability under the full cache"
@@ -74,7 +78,7 @@ def shard_dataset(batches: dict, plan: TargetSet, sweep: Sweep, attrs: dict):
 
 
 def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float, device: str, batch_tokens: int,
-                   on_tokens: Callable[[int], None]) -> dict:
+                   on_tokens: Callable[[int], None], design: CertifyDesign = CertifyDesign()) -> dict:
     """Every pass of the targets of ``plan``: metrics [P, n, K], kept_tokens [P, n, K], records
     name -> [P, n, K, L, H] (float64), argmax_ref / confidence_ref [n] (top-1 id and its probability
     under the full cache), argmax_kept / confidence_kept [P, n, K], n_clamped."""
@@ -85,6 +89,7 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
     top = {"argmax_ref": np.zeros(n, np.int64), "confidence_ref": np.zeros(n),
            "argmax_kept": np.zeros((P, n, K), np.int64), "confidence_kept": np.zeros((P, n, K))}
     records: dict[str, np.ndarray] = {}
+    floor: list[np.ndarray] = []
     state = {"n_clamped": 0}
     context, token_id = plan.context.to(device), plan.token_id.to(device)
 
@@ -92,7 +97,7 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
         # one independent draw per budget, as certify has always drawn: the budget stands in the seed's
         # draw slot (the seed string "doc:position:policy:budget" of the results published before)
         seeds = [[policy_seeds(plan, sl, seed, p.name, draw=k) for k in sweep.budgets] for p in sweep.policies]
-        out = certify_batch(model, context[sl], sweep.policies, sweep.budgets, seeds, delta)
+        out = certify_batch(model, context[sl], sweep.policies, sweep.budgets, seeds, delta, design)
         for p in range(P):
             for j in range(K):
                 state["n_clamped"] += store_metrics(metrics, (p, sl, j), out.ref_logprobs, out.logprobs[p, j], token_id[sl])
@@ -106,10 +111,34 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
             if name not in records:
                 records[name] = np.full((P, n, K, *v.shape[3:]), np.nan)
             records[name][:, sl] = v.permute(0, 2, 1, 3, 4).numpy()  # [P, K, b, L, H] -> [P, b, K, L, H]
+        floor.append(out.floor.numpy())  # [b, L, H], batches in target order
         on_tokens((sl.stop - sl.start) * certify_tokens_per_target(N, sweep))
 
     run_in_batches(step, n, N, batch_tokens)
-    return {"metrics": metrics, "kept_tokens": kept_tokens, "records": records, **top, "n_clamped": state["n_clamped"]}
+    return {"metrics": metrics, "kept_tokens": kept_tokens, "records": records, **top, "n_clamped": state["n_clamped"],
+            "floor": np.concatenate(floor) if floor else np.zeros((0, 0, 0))}
+
+
+FLOOR_FACTOR = 10  # the declared floor: FLOOR_FACTOR x the machine epsilon of the run's dtype, relative to ||o||
+
+
+def declared_floor(dtype: str) -> float:
+    """The relative numerical floor declared before measuring: ``FLOOR_FACTOR · eps(dtype)`` (float32:
+    1.19e-6). A record whose error ``‖ô − o‖`` is at most this times ``‖o‖`` is "at the floor": the
+    run's own arithmetic cannot tell it from 0 (the measured difference of a float32 full-cache output
+    from its float64 value, ``attn_floor_error``, sits near 1e-7), so coverage leaves it out and
+    counts it apart (:mod:`truncsens.certificates.statistics`)."""
+    import torch
+
+    from truncsens.models import resolve_dtype
+
+    return FLOOR_FACTOR * float(torch.finfo(resolve_dtype(dtype)).eps)
+
+
+def design_attrs(design: CertifyDesign, dtype: str) -> dict:
+    """The results attrs naming the run's sampling design and its declared floor."""
+    return {"design": design.describe(), "design_granularity": design.granularity, "design_score": design.score,
+            "obs_window": design.obs_window, "error_floor_relative": declared_floor(dtype)}
 
 
 def certify_tokens_per_target(N: int, sweep: Sweep) -> int:
@@ -151,12 +180,13 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
     N = resolve_reference_context(cfg.measure_config(), loaded)
     budgets = cfg.resolve_budgets(N)
     mcfg, sweep, docs = certify_sweep(cfg, loaded, N, budgets)
-    attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta,
+    attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype),
              "certify": "attention-level certificates of the target query, arXiv 2607.21475 (truncsens certify)"}
     batch_tokens = mcfg.batch_tokens(loaded.device)
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
-        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens)
+        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens,
+                                cfg.design)
         return shard_dataset(arrays, plan, sweep, attrs)
 
     work = ShardWork(compute_shard, certify_tokens_per_target(N, sweep), "certify")

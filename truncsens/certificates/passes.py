@@ -3,10 +3,12 @@ query, and one evicted decode per (policy, budget), each recording attention-lev
 
 Prefill-evict semantics (docs/method.md section 3): keys and values of the first T − 1 tokens come
 from the full context; only the target's query (token T − 1) reads an evicted cache, in every layer,
-so its hidden state at layer l + 1 follows from the Hájek output ô of layer l. Scores are the
-attention each key received in the full-context pass, mean over layers and heads, summed over all
-query rows (H2O-style, arXiv 2306.14048; the ``attention`` score of
-:meth:`truncsens.engine.semantics.Semantics.scores`).
+so its hidden state at layer l + 1 follows from the Hájek output ô of layer l. The design
+(:class:`~truncsens.certificates.designs.CertifyDesign`) is drawn per layer and key/value head from
+that head's own prefill score (default: the attention of the last 32 prefill queries), or, as the
+token-level ablation, once from the attention each key received in the full-context pass, mean
+over layers and heads, summed over all query rows (H2O-style, arXiv 2306.14048; the ``attention``
+score of :meth:`truncsens.engine.semantics.Semantics.scores`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Sequence
 
 import torch
 
+from truncsens.certificates.designs import CertifyDesign, layer_head_seeds
 from truncsens.certificates.probe import CertifyProbe, probed
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs
@@ -33,8 +36,11 @@ class BatchRecords:
         logprobs: [P, K, B, V] float64 under each policy and budget.
         records: name (:data:`RECORDS`) -> [P, K, B, L, H] float64; radii are NaN for policies
             without a random design.
-        kept_tokens: [P, K, B] int64 keys the target's query kept.
-        scores: [B, T] float32 attention score of each key.
+        kept_tokens: [P, K, B] int64 keys the target's query kept (per-head designs: the mean over
+            layers and key/value heads, rounded).
+        scores: [B, T] float32 attention score of each key (the token-level design's score).
+        floor: [B, L, H] float64 relative difference of the full-cache attention output in the run's
+            dtype from its float64 value (the measured numerical floor, :class:`~truncsens.certificates.probe.CertifyProbe`).
     """
 
     ref_logprobs: torch.Tensor
@@ -42,6 +48,7 @@ class BatchRecords:
     records: dict[str, torch.Tensor]
     kept_tokens: torch.Tensor
     scores: torch.Tensor
+    floor: torch.Tensor
 
 
 def design_of(policy: Policy, context_len: int, budget: int, seeds: Sequence[int], scores: torch.Tensor):
@@ -65,9 +72,31 @@ def design_of(policy: Policy, context_len: int, budget: int, seeds: Sequence[int
     return kept, kept.to(torch.float64), torch.zeros_like(kept)
 
 
+def head_design_of(policy: Policy, context_len: int, budget: int, seeds: Sequence[int],
+                   scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(kept, pi, tail), each [B, L, Hkv, T]: :func:`design_of` for every (target, layer, key/value
+    head) row, from that head's scores [B, L, Hkv, T] and seeds from
+    :func:`~truncsens.certificates.designs.layer_head_seeds` of the B target seeds."""
+    B, L, Hkv, T = scores.shape
+    rows = layer_head_seeds(seeds, L, Hkv)  # B·L·Hkv seeds, row (b·L + l)·Hkv + h
+    out = design_of(policy, context_len, budget, rows, scores.reshape(B * L * Hkv, T))  # [B·L·Hkv, T] each
+    return tuple(t.reshape(B, L, Hkv, T) for t in out)  # type: ignore[return-value]
+
+
+def _head_scores(probe: CertifyProbe, design: CertifyDesign, T: int) -> torch.Tensor:
+    """[B, L, Hkv, T] per-head scores of ``design`` (the prefill covers keys 0..T − 2; the target's own
+    key, always kept, scores 0)."""
+    if design.score not in probe.head_scores:
+        raise PolicyError("per-head designs need attention modules with a layer index (layer_idx); "
+                          "use --granularity token")
+    s = probe.layer_scores(design.score)  # [B, L, Hkv, T - 1]
+    return torch.nn.functional.pad(s, (0, T - s.shape[-1]))  # [B, L, Hkv, T]
+
+
 @torch.no_grad()
 def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], budgets: Sequence[int],
-                  seeds: Sequence[Sequence[Sequence[int]]], delta: float) -> BatchRecords:
+                  seeds: Sequence[Sequence[Sequence[int]]], delta: float,
+                  design: CertifyDesign = CertifyDesign()) -> BatchRecords:
     """All passes of B targets.
 
     Args:
@@ -77,6 +106,7 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
         policies: P policies; budgets: K budgets (each < T).
         seeds: seeds[p][j] is the list of B seeds of policy p at budget j.
         delta: miss probability of the radii, in (0, 1).
+        design: per layer and key/value head (default) or shared (:mod:`truncsens.certificates.designs`).
 
     Returns:
         :class:`BatchRecords`.
@@ -90,7 +120,7 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
     pos = torch.arange(T, device=device).expand(B, T)  # [B, T]
     cache = kvcache.new_cache(model)
     kw = {kvcache.cache_keyword(model): cache}
-    probe = CertifyProbe(mode="prefill", delta=delta)
+    probe = CertifyProbe(mode="prefill", delta=delta, obs_window=design.obs_window)
     ones = torch.ones(B, T, dtype=torch.long, device=device)
     P, K = len(policies), len(budgets)
     with probed(model):
@@ -103,6 +133,7 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
         kvcache.truncate(cache, T - 1)
         ref_lp = last_logprobs(out.logits[:, -1, :])  # [B, V]
         scores = probe.received / heads  # [B, T] mean over layers and heads, summed over query rows
+        head_scores = _head_scores(probe, design, T) if design.per_head else None  # [B, L, Hkv, T]
         logprobs = torch.empty(P, K, B, ref_lp.shape[-1], dtype=torch.float64, device=device)
         kept_tokens = torch.zeros(P, K, B, dtype=torch.long)
         records: dict[str, torch.Tensor] = {}
@@ -110,7 +141,10 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
             for j, k in enumerate(budgets):
                 if k >= T:
                     raise PolicyError(f"budget {k} is at or above the context of {T} tokens: nothing would be evicted")
-                kept, pi, tail = design_of(policy, T, k, seeds[p][j], scores)
+                if head_scores is not None:
+                    kept, pi, tail = head_design_of(policy, T, k, seeds[p][j], head_scores)  # [B, L, Hkv, T]
+                else:
+                    kept, pi, tail = design_of(policy, T, k, seeds[p][j], scores)  # [B, T]
                 probe.evict(kept, pi, tail)
                 try:
                     out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=ones,
@@ -118,7 +152,7 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
                 finally:
                     kvcache.truncate(cache, T - 1)
                 logprobs[p, j] = last_logprobs(out.logits[:, -1, :])
-                kept_tokens[p, j] = kept.sum(-1).cpu()
+                kept_tokens[p, j] = kept.sum(-1).to(torch.float64).reshape(B, -1).mean(1).round().long().cpu()
                 for name in RECORDS:
                     values = probe.stacked(name).cpu()  # [B, L, H]
                     if name in ("radius_eb", "radius_normal") and not hasattr(policy, "design"):
@@ -126,4 +160,5 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
                     if name not in records:
                         records[name] = torch.full((P, K, *values.shape), float("nan"), dtype=torch.float64)
                     records[name][p, j] = values
-    return BatchRecords(ref_lp, logprobs, records, kept_tokens, scores)
+    floor = torch.stack(probe.floor, dim=1).cpu()  # L x [B, H] -> [B, L, H]
+    return BatchRecords(ref_lp, logprobs, records, kept_tokens, scores, floor)

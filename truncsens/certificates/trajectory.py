@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from truncsens.certificates.eprocess import e_process, rejects, step_levels
+from truncsens.certificates.designs import CertifyDesign
 from truncsens.certificates.passes import certify_batch
 from truncsens.certificates.statistics import radii_at
 from truncsens.policies import Policy
@@ -68,7 +69,7 @@ class Trajectory:
 
 @torch.no_grad()
 def greedy_trajectory(model, prefix: torch.Tensor, policy: Policy, budget: int, n_steps: int, delta: float,
-                      seed: int = 0) -> Trajectory:
+                      seed: int = 0, design: CertifyDesign = CertifyDesign()) -> Trajectory:
     """Continue ``prefix`` greedily for ``n_steps`` under ``policy`` (poisson) at ``budget``.
 
     Args:
@@ -93,7 +94,8 @@ def greedy_trajectory(model, prefix: torch.Tensor, policy: Policy, budget: int, 
     seq = prefix.clone()
     error, variance, value_range, n_random, has_tail, tokens = [], [], [], [], [], []
     for t in range(1, n_steps + 1):
-        out = certify_batch(model, seq.unsqueeze(0), [policy], [budget], [[[doc_seed(seed, f"trajectory:{t}")]]], delta)
+        out = certify_batch(model, seq.unsqueeze(0), [policy], [budget], [[[doc_seed(seed, f"trajectory:{t}")]]], delta,
+                            design)
         nxt = out.logprobs[0, 0, 0].argmax()
         tokens.append(int(nxt))
         rec = {name: v[0, 0, 0].numpy() for name, v in out.records.items()}  # each [L, H]

@@ -118,7 +118,7 @@ def logits_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         scaling: the logit scale; softcap: the cap or None; sinks: [H] sink logits or None.
 
     Returns:
-        [B, H, c, D] in the query's dtype (softmax in float32).
+        [B, H, c, D] in the query's dtype (softmax in float32, or float64 for a float64 query).
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # [B, H, c, n]
     if softcap is not None:
@@ -127,7 +127,7 @@ def logits_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if sinks is not None:
         B, H, c, _ = scores.shape
         scores = torch.cat([scores, sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, c, 1)], dim=-1)  # [B, H, c, n + 1]
-    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(query.dtype)
     if sinks is not None:
         probs = probs[..., :-1]  # [B, H, c, n]: the sink's share is dropped
     return torch.matmul(probs, value)  # [B, H, c, D]

@@ -28,7 +28,7 @@ def last_logprobs(logits: torch.Tensor) -> torch.Tensor:
     Raises:
         NonFiniteLogitsError: NaN or infinite logits.
     """
-    logits = logits.float()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # upcast only: float64 logits stay float64
     if not torch.isfinite(logits).all():
         raise NonFiniteLogitsError(
             "the model produced non-finite logits (NaN/inf); try --dtype float32, or check the checkpoint")
