@@ -13,7 +13,7 @@ from truncsens.engine.config import MeasureError
 
 SHARED = ["model", "domain", "corpus", "split", "reference_context", "budgets", "delta", "n_sink", "max_docs", "seed",
           "device", "dtype", "max_batch_tokens", "out", "overwrite", "progress", "command", "granularity", "score",
-          "obs_window"]
+          "obs_window", "temper", "top_fraction"]
 
 
 def test_the_shared_fields_are_declared_once_in_the_base():
@@ -43,16 +43,16 @@ def test_the_resume_fingerprint_keeps_its_keys():
     keys = sorted(CertifyConfig().fingerprint(budgets_tokens=[8]))
     assert keys == ["budgets", "budgets_tokens", "corpus", "delta", "docs_per_shard", "domain", "dtype", "granularity",
                     "max_docs", "model", "n_sink", "obs_window", "reference_context", "score", "seed", "split",
-                    "targets_per_doc", "text_field"]
+                    "targets_per_doc", "temper", "text_field", "top_fraction"]
     # and its values, pinned: a change of them makes every interrupted run unresumable. (The sampling
     # design joined them with per-head designs, issue 19: shards of the shared design must not be
     # resumed as per-head ones; runs from before also lack the model's content hash, issue 22.)
     from truncsens.engine.run.shards import fingerprint_hash
 
     assert fingerprint_hash(CertifyConfig().fingerprint(budgets_tokens=[8])) == (
-        "dd188fa786b0dd63948428e1e753de9c6add325a57180fa194e6f3fff183bc40")
+        "28aa787fb83e16786b0df21752e0c1658148b51e73a7fa51ca226a34148e2b97")
     assert fingerprint_hash(CertifyConfig(seed=3, budgets="40", n_sink=2).fingerprint(budgets_tokens=[40])) == (
-        "62667360e8c433508328c222b975bb056d61f92e46d3f07b447518a2ff9d7756")
+        "ce1338977d901c2e18a3cc46dcbc43de419a30bf053ac9c0cbafa4a53ff98ac7")
 
 
 @pytest.mark.parametrize("cls", [CertifyConfig, AttributionConfig])

@@ -27,7 +27,7 @@ def results_file(tmp_path):
     metrics = {m: np.full((2, 2), 0.25, np.float32) for m in METRICS}
     metrics["top1_agree"] = np.ones((2, 2), np.int8)
     attrs = {a: "x" for a in results.REQUIRED_ATTRS}
-    attrs.update(semantics="reencode", reference_context=8, n_sink=0, seed=0)
+    attrs.update(semantics="reencode", positions="original", reference_context=8, n_sink=0, seed=0)
     ds = results.make_results(metrics, "window", [1, 2], ["a", "b"], [8, 9], [1, 2], attrs)
     return results.save(ds, tmp_path / "r.nc")
 

@@ -75,6 +75,7 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
                    device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
                    out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
                    granularity: str = "head", score: str = "window", obs_window: int = 32,
+                   temper: float = 1.0, top_fraction: float = 0.25,
                    command: str = "") -> CertifyConfig:
     """The validated :class:`~truncsens.certificates.config.CertifyConfig` from ``truncsens certify``'s options
     (``out=None``: ``results/<model>-<corpus or domain>-certify.nc``).
@@ -87,6 +88,7 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
         delta=delta, n_sink=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, device=device,
         dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out), resume=resume,
         overwrite=overwrite, progress=progress, granularity=granularity, score=score, obs_window=obs_window,
+        temper=temper, top_fraction=top_fraction,
         command=command)
 
 
@@ -119,6 +121,7 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
             device: str | None = None, dtype: str | None = None, batch_tokens: int | None = None, out: str | Path | None = None,
             plot_out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
             granularity: str = "head", score: str = "window", obs_window: int = 32,
+                   temper: float = 1.0, top_fraction: float = 0.25,
             command: str | None = None) -> Certification:
     """Measure the certificates of poisson eviction (and topk, random) at every budget.
 

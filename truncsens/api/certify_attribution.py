@@ -74,6 +74,7 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
                        device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
                        out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
                        granularity: str = "head", score: str = "window", obs_window: int = 32,
+                   temper: float = 1.0, top_fraction: float = 0.25,
                        command: str = "") -> AttributionConfig:
     """The validated :class:`~truncsens.certificates.attribution_driver.AttributionConfig` from the command's
     options (``out=None``: ``results/<model>-<corpus or domain>-attribution.nc``).
@@ -87,6 +88,7 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
         min_distance=min_distance, trajectory=trajectory, trajectory_budget=trajectory_budget, seed=seed,
         device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
         overwrite=overwrite, progress=progress, granularity=granularity, score=score, obs_window=obs_window,
+        temper=temper, top_fraction=top_fraction,
         command=command)
 
 
@@ -119,6 +121,7 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
                         batch_tokens: int | None = None, out: str | Path | None = None,
                         plot_out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
                         granularity: str = "head", score: str = "window", obs_window: int = 32,
+                   temper: float = 1.0, top_fraction: float = 0.25,
                         command: str | None = None) -> Attribution:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random).
 

@@ -85,7 +85,9 @@ class CertifyBase:
         max_docs, seed: documents used (at most; None: all) and the seed of targets and Poisson draws.
         device, dtype, max_batch_tokens, out, overwrite, progress, command: where and how it runs;
             ``out`` defaults to ``results/<model>-<corpus or domain><OUT_SUFFIX>.nc``.
-        granularity, score, obs_window: the sampling design (:class:`~truncsens.certificates.designs.CertifyDesign`:
+        top_fraction: share of the budget poisson and topk keep surely as the top keys by score (the
+            poisson policy's ``top_fraction``; the recent share stays 1/4).
+        granularity, score, obs_window, temper: the sampling design (:class:`~truncsens.certificates.designs.CertifyDesign`:
             per layer and key/value head from the head's observation-window score by default;
             ``granularity="token"`` is the shared design of earlier versions, the ablation).
         parsed_budgets: :func:`parse_budgets` of ``budgets`` (set at construction).
@@ -117,6 +119,8 @@ class CertifyBase:
     granularity: str = "head"
     score: str = "window"
     obs_window: int = DEFAULT_OBS_WINDOW
+    temper: float = 1.0
+    top_fraction: float = 0.25
     parsed_budgets: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -134,7 +138,7 @@ class CertifyBase:
     @property
     def design(self) -> CertifyDesign:
         """The sampling design of the run (raises DesignError for a bad option)."""
-        return CertifyDesign(self.granularity, self.score, self.obs_window)
+        return CertifyDesign(self.granularity, self.score, self.obs_window, self.temper)
 
     def check_run_options(self) -> None:
         """Check the run options (counts, sinks, split, policies) once, by building the command's
@@ -188,7 +192,8 @@ class CertifyConfig(CertifyBase):
         return MeasureConfig(
             model=self.model, domain=self.domain, corpus=self.corpus, split=self.split, text_field=self.text_field,
             reference_context=self.reference_context, policies=list(POLICIES), budgets=budgets,
-            semantics="prefill_evict", n_sink=self.n_sink, targets_per_doc=self.targets_per_doc,
+            semantics="prefill_evict", n_sink=self.n_sink, top_fraction=self.top_fraction,
+            targets_per_doc=self.targets_per_doc,
             max_docs=self.max_docs, seed=self.seed, device=self.device, dtype=self.dtype,
             max_batch_tokens=self.max_batch_tokens, docs_per_shard=self.docs_per_shard, out=self.out or "unused.nc",
             resume=self.resume, overwrite=self.overwrite, progress=self.progress, command=self.command)

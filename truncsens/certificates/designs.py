@@ -48,6 +48,7 @@ class CertifyDesign:
         granularity: "head" (one design per layer and key/value head) or "token" (one shared design).
         score: the per-head score, one of :data:`SCORES` (ignored under "token").
         obs_window: W, prefill query rows of the ``window`` score (>= 1).
+        temper: γ > 0: π is drawn from score^γ (γ < 1 flattens the score, spreading π over more keys).
 
     Raises:
         DesignError: an unknown granularity or score, or W < 1.
@@ -56,8 +57,11 @@ class CertifyDesign:
     granularity: str = "head"
     score: str = "window"
     obs_window: int = DEFAULT_OBS_WINDOW
+    temper: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (self.temper > 0 and self.temper < float("inf")):
+            raise DesignError(f"--temper must be a positive number, got {self.temper}")
         if self.granularity not in GRANULARITIES:
             raise DesignError(f"--granularity must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}")
         if self.score not in SCORES:
@@ -74,7 +78,12 @@ class CertifyDesign:
         if not self.per_head:
             return "one design shared by every layer and head, score: attention received over all layers, heads and queries"
         score = f"window (W = {self.obs_window})" if self.score == "window" else self.score
-        return f"per layer and key/value head, score {score}"
+        temper = "" if self.temper == 1 else f", tempered (score^{self.temper:g})"
+        return f"per layer and key/value head, score {score}{temper}"
+
+    def tempered(self, scores):
+        """``scores ** temper`` (scores unchanged at the default 1)."""
+        return scores if self.temper == 1 else scores.clamp_min(0) ** self.temper
 
 
 def layer_head_seeds(seeds: Sequence[int], n_layers: int, n_kv_heads: int) -> list[int]:

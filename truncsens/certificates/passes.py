@@ -89,7 +89,7 @@ def _head_scores(probe: CertifyProbe, design: CertifyDesign, T: int) -> torch.Te
     if design.score not in probe.head_scores:
         raise PolicyError("per-head designs need attention modules with a layer index (layer_idx); "
                           "use --granularity token")
-    s = probe.layer_scores(design.score)  # [B, L, Hkv, T - 1]
+    s = design.tempered(probe.layer_scores(design.score))  # [B, L, Hkv, T - 1]
     return torch.nn.functional.pad(s, (0, T - s.shape[-1]))  # [B, L, Hkv, T]
 
 

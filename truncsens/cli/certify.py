@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from truncsens.cli.errors import user_errors
-from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Resume, Split
+from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, Temper, TopFraction, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Resume, Split
 
 
 
@@ -37,6 +37,8 @@ def certify(
     granularity: DesignGranularity = "head",
     score: DesignScore = "window",
     obs_window: ObsWindow = 32,
+    temper: Temper = 1.0,
+    top_fraction: TopFraction = 0.25,
     as_json: AsJson = False,
 ) -> None:
     """Measure the coverage and tightness of Hájek error certificates (poisson vs topk vs random)."""
@@ -48,7 +50,7 @@ def certify(
             budgets=budgets, delta=delta, sinks=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, batch_tokens=batch_tokens, out=out,
             resume=resume, overwrite=overwrite, progress=progress, granularity=granularity, score=score,
-            obs_window=obs_window, command="truncsens " + " ".join(sys.argv[1:]))
+            obs_window=obs_window, temper=temper, top_fraction=top_fraction, command="truncsens " + " ".join(sys.argv[1:]))
         # the figures and (unless resuming) the results file are checked together before anything is computed
         done = run_certification(cfg, Path(cfg.out).with_suffix(""))
         if as_json:

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from truncsens.cli.errors import user_errors
-from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Split
+from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, Temper, TopFraction, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Split
 
 
 def certify_attribution(
@@ -41,6 +41,8 @@ def certify_attribution(
     granularity: DesignGranularity = "head",
     score: DesignScore = "window",
     obs_window: ObsWindow = 32,
+    temper: Temper = 1.0,
+    top_fraction: TopFraction = 0.25,
     as_json: AsJson = False,
 ) -> None:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random)."""
@@ -54,7 +56,7 @@ def certify_attribution(
             min_distance=min_distance, trajectory=trajectory, trajectory_budget=trajectory_budget, seed=seed,
             device=device, dtype=dtype, batch_tokens=batch_tokens, out=out,
             overwrite=overwrite, progress=progress, granularity=granularity, score=score,
-            obs_window=obs_window, command="truncsens " + " ".join(sys.argv[1:]))
+            obs_window=obs_window, temper=temper, top_fraction=top_fraction, command="truncsens " + " ".join(sys.argv[1:]))
         # the results file and its figure are checked together before anything is computed
         done = run_attribution_report(cfg, Path(cfg.out).with_suffix(""))
         if as_json:

@@ -32,6 +32,8 @@ CertifyDtype = Annotated[str, typer.Option(help="float32, bfloat16, float16 or f
 DesignGranularity = Annotated[str, typer.Option("--granularity", help="Sampling design: 'head' (one per layer and key/value head, from the head's own score) or 'token' (one shared by every layer and head: the ablation, the design of earlier versions).")]
 DesignScore = Annotated[str, typer.Option("--score", help="Per-head score of the design: 'window' (attention of the last --obs-window prefill queries), 'h2o' (attention of every prefill query) or 'key_norm'.")]
 ObsWindow = Annotated[int, typer.Option("--obs-window", help="W: prefill queries of the 'window' score.")]
+Temper = Annotated[float, typer.Option("--temper", help="gamma > 0: inclusion probabilities from score^gamma (below 1 spreads them).")]
+TopFraction = Annotated[float, typer.Option("--top-fraction", help="Share of the budget poisson and topk keep surely as the top keys by score.")]
 BatchTokens = Annotated[Optional[int], typer.Option(help="Token budget of one forward pass.")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its shards.")]
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing results file.")]
