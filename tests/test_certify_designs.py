@@ -204,3 +204,22 @@ def test_certify_layer0_coverage_agrees_with_a_float64_monte_carlo(monkeypatch):
     lo, hi = proportion_confint(got["covered"], got["n"], alpha=0.01, method="wilson")
     assert got["n"] >= 100 and n >= 4000
     assert lo <= mc <= hi, (got, mc)
+
+
+def test_a_head_whose_window_scores_underflow_still_gets_a_design():
+    """A sharp head's window attention is exactly 0 on most keys (float32 underflow); a tail budget
+    larger than its positive-score keys was refused ("poisson tail budget 60 exceeds the 0 tail tokens
+    with a positive score", certify-attribution at N = 256, 50 %). The score floor spreads it."""
+    from truncsens.certificates.probe import CertifyProbe
+
+    T = 64
+    window = torch.zeros(1, 2, T - 1)  # [B, Hkv, T - 1]
+    window[0, 0, 5] = 3.0  # head 0: one key, head 1: nothing at all
+    probe = CertifyProbe(head_scores={"window": {0: window}})
+    scores = passes._head_scores(probe, CertifyDesign(), T)  # [1, 1, 2, T]
+    assert scores.shape == (1, 1, 2, T) and bool((scores[..., : T - 1] > 0).all())
+    kept, pi, tail = passes.head_design_of(make_policy("poisson", n_sink=4), T, 32, [0], scores)
+    expected = pi[tail].reshape(-1)
+    assert float(pi[0, 0, 0, 5]) == pytest.approx(1.0)
+    sums = (pi * tail).sum(-1)  # [1, 1, 2] expected kept tail keys per head
+    assert torch.allclose(sums, sums[..., :1].expand_as(sums)) and float(expected.min()) > 0

@@ -45,11 +45,15 @@ def test_write_card(tmp_path):
     summary = {"parameters": 1234, "steps": 10, "tokens_seen": 5000, "minutes": 2.0,
                "config": {"num_layers": 2, "hidden_size": 8, "num_heads": 2, "intermediate_size": 16,
                           "vocab_size": 64, "context": 1024, "batch_size": 2, "seed": 0}}
-    path = write_card(tmp_path, evals, summary)
+    tasks = {"reference_context": 2048, "copy": {"correct": 45, "n": 60, "accuracy": 0.75},
+             "kv": {"correct": 5, "n": 8, "accuracy": 0.625}}
+    path = write_card(tmp_path, evals, summary, tasks)
     text = path.read_text()
     assert "| NLL | 3.500 ± 0.100 | 3.200 ± 0.100 | 3.000 ± 0.100 | 2.900 ± 0.100 | 0.600 ± 0.050 |" in text
     assert "| parameters | 1,234 |" in text
     assert "| gain of max over c | 0.600 ± 0.050 | 0.300 ± 0.040 | 0.100 ± 0.020 | 0 | |" in text
+    assert "| long-range copy | 45 | 60 | 75.0 % |" in text and "| key-value recall | 5 | 8 | 62.5 % |" in text
+    assert "(N = 2048)" in text
     assert json.loads((tmp_path / "eval.json").read_text())["evaluations"][0]["domain"] == "code"
 
 

@@ -70,6 +70,46 @@ def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_p
     return out
 
 
+def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max_docs: int = 16,
+                  copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0, batch: int = 2) -> dict:
+    """Full-cache top-1 accuracy on the targets of ``truncsens certify-attribution`` with its defaults:
+    long-range copy targets of held-out code (induction rule, distance at least N/4) and synthetic
+    key–value recall documents (:mod:`truncsens.certificates.tasks`), each read with its whole N-token
+    reference context.
+
+    Returns:
+        ``{"reference_context": N, "copy": {"correct", "n", "accuracy"}, "kv": {...}}``.
+    """
+    import torch
+
+    from truncsens.certificates.attribution_driver import AttributionConfig
+    from truncsens.certificates.tasks import build_task_set, copy_vocabulary, default_min_distance
+    from truncsens.engine.documents import prepare_documents
+
+    N = reference_context or loaded.max_context
+    acfg = AttributionConfig(model=loaded.name, reference_context=N, max_docs=max_docs, copy_per_doc=copy_per_doc,
+                             kv_docs=kv_docs, seed=seed, progress=False, out="unused.nc")
+    docs = prepare_documents(acfg.certify_config().measure_config(), loaded, N)
+    tok = loaded.tokenizer
+    eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
+    tasks = build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N,
+                           default_min_distance(N), copy_per_doc, kv_docs, seed)
+    context, token = tasks.targets.context, tasks.targets.token_id  # [n, N], [n]
+    hits = torch.zeros(len(token), dtype=torch.bool)
+    with torch.no_grad():
+        for i in range(0, len(token), batch):
+            ids = context[i : i + batch].to(loaded.device)
+            logits = loaded.model(input_ids=ids, logits_to_keep=1).logits[:, -1]  # [b, V]
+            hits[i : i + batch] = logits.argmax(-1).cpu() == token[i : i + batch]
+    kinds = np.asarray(tasks.kind)
+    out: dict = {"reference_context": N}
+    for kind in ("copy", "kv"):
+        sel = torch.from_numpy(kinds == kind)
+        n, correct = int(sel.sum()), int(hits[sel].sum())
+        out[kind] = {"correct": correct, "n": n, "accuracy": correct / n if n else float("nan")}
+    return out
+
+
 def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path | None, dict]:
     """Train (or resume) with ``cfg``; once all ``max_steps`` are done, evaluate (:func:`context_nll` on
     both builtin domains at :data:`~truncsens.models.reference.card.CARD_CONTEXTS`), write the card into
@@ -87,7 +127,7 @@ def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path
     loaded = load_model(str(final))
     contexts = [c for c in CARD_CONTEXTS if c < loaded.max_context]
     evals = [context_nll(loaded, domain, contexts) for domain in ("code", "nl")]
-    write_card(final, evals, summary)
+    write_card(final, evals, summary, task_accuracy(loaded))
     return final, install_reference(final) if install else None, summary
 
 

@@ -83,13 +83,25 @@ def head_design_of(policy: Policy, context_len: int, budget: int, seeds: Sequenc
     return tuple(t.reshape(B, L, Hkv, T) for t in out)  # type: ignore[return-value]
 
 
+SCORE_FLOOR = 1e-6  # added to every key's score, relative to the row's mean score
+
+
 def _head_scores(probe: CertifyProbe, design: CertifyDesign, T: int) -> torch.Tensor:
     """[B, L, Hkv, T] per-head scores of ``design`` (the prefill covers keys 0..T − 2; the target's own
-    key, always kept, scores 0)."""
+    key, always kept, scores 0).
+
+    A sharp head's window attention is exactly 0 (float32 underflow) on most keys, and a Poisson
+    tail budget larger than its keys with a positive score could not be spread. Every key's score
+    is therefore raised by :data:`SCORE_FLOOR` times the row's mean score (by 1 in a row without any
+    score: a uniform design): π of such keys stays about 1e-6 of an average key's unless the budget
+    needs them, and the design always exists.
+    """
     if design.score not in probe.head_scores:
         raise PolicyError("per-head designs need attention modules with a layer index (layer_idx); "
                           "use --granularity token")
-    s = design.tempered(probe.layer_scores(design.score))  # [B, L, Hkv, T - 1]
+    s = design.tempered(probe.layer_scores(design.score)).to(torch.float64)  # [B, L, Hkv, T - 1]
+    mean = s.mean(-1, keepdim=True)  # [B, L, Hkv, 1]
+    s = s + torch.where(mean > 0, SCORE_FLOOR * mean, torch.ones_like(mean))  # a head with no score: uniform
     return torch.nn.functional.pad(s, (0, T - s.shape[-1]))  # [B, L, Hkv, T]
 
 

@@ -11,19 +11,22 @@ from pathlib import Path
 CARD_CONTEXTS = (16, 64, 256, 1024)  # shorter contexts evaluated beside the model's maximum
 
 
-def write_card(folder: Path, evaluations: list[dict], summary: dict) -> Path:
+def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict | None = None) -> Path:
     """Write README.md (the model card) and eval.json into the weights folder.
 
     Args:
         folder: the checkpoint folder.
         evaluations: one dict per domain, as :func:`truncsens.api.reference.context_nll` returns.
         summary: ``training_summary.json`` of :func:`truncsens.models.reference.train.train`.
+        tasks: full-cache accuracy on the certify-attribution tasks
+            (:func:`truncsens.api.reference.task_accuracy`), or None.
 
     Returns:
         the README.md path.
     """
     folder = Path(folder)
-    (folder / "eval.json").write_text(json.dumps({"evaluations": evaluations, "training": summary}, indent=2))
+    (folder / "eval.json").write_text(json.dumps({"evaluations": evaluations, "training": summary, "tasks": tasks},
+                                                 indent=2))
     cfg = summary.get("config", {})
     lines = [
         "# truncsens reference model",
@@ -42,7 +45,12 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict) -> Path:
         f"| context (max positions) | {cfg.get('context')} |",
         f"| optimizer steps | {summary.get('steps')} (batch {cfg.get('batch_size')} x {cfg.get('context')} tokens) |",
         f"| tokens seen | {summary.get('tokens_seen', 0):,} |",
-        f"| training time | {summary.get('minutes', 0):.0f} minutes on 2 CPU cores (bf16 autocast), seed {cfg.get('seed')} |",
+        f"| training time | {summary.get('minutes', 0):.0f} minutes on 2 CPU cores "
+        f"({'bf16 autocast' if cfg.get('bf16_autocast') else 'float32'}), seed {cfg.get('seed')} |",
+        *([f"| context schedule | {cfg['warm_context']}-token crops for {cfg['warm_steps']} steps, then {cfg['context']} |"]
+          if cfg.get("warm_steps") else []),
+        *([f"| synthetic share | {100 * cfg['repeat_share']:.0f} % long-range repeats, {100 * cfg['kv_share']:.0f} % "
+           "key-value recall (truncsens/models/reference/data.py) |"] if "kv_share" in cfg else []),
         "",
         "## Held-out NLL by context length",
         "",
@@ -64,7 +72,18 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict) -> Path:
             gains = [f"{m:.3f} ± {s:.3f}" for m, s in ev["gain_to_max"].values()]
             lines.append("| gain of max over c | " + " | ".join(gains) + " | 0 | |")
         lines.append("")
-    lines += ["Training curve: `train_log.csv` beside this card (held-out code NLL by position in 1024-token crops).", ""]
+    if tasks:
+        lines += ["## Full-cache accuracy on the certify-attribution tasks", "",
+                  f"Top-1 accuracy with the whole reference context (N = {tasks['reference_context']}) on the targets of "
+                  "`truncsens certify-attribution` with its defaults: long-range copy targets of held-out code and "
+                  "synthetic key-value recall documents.", "",
+                  "| task | correct | targets | accuracy |", "|---|---|---|---|"]
+        for kind, label in (("copy", "long-range copy"), ("kv", "key-value recall")):
+            t = tasks[kind]
+            lines.append(f"| {label} | {t['correct']} | {t['n']} | {100 * t['accuracy']:.1f} % |")
+        lines.append("")
+    lines += [f"Training curve: `train_log.csv` beside this card (held-out code NLL by position in "
+              f"{cfg.get('context', 1024)}-token crops).", ""]
     path = folder / "README.md"
     path.write_text("\n".join(lines))
     return path
