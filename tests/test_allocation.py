@@ -1,0 +1,70 @@
+"""Per-layer window allocation (issue 21, item 2): the closed form against brute force on small cases."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from truncsens.budget.allocation import (
+    AllocationError, continuous_allocation, integer_allocation, kvpress_ratios, linear_schedule, predicted_distortion,
+    uniform_windows,
+)
+
+
+def brute_force(C, a, b, budget, lo, hi):
+    best, arg = np.inf, None
+    for w in itertools.product(*[range(l, h + 1) for l, h in zip(lo, hi)]):
+        if np.dot(b, w) <= budget + 1e-9:
+            d = predicted_distortion(C, a, w)
+            if d < best - 1e-12:
+                best, arg = d, w
+    return best, np.array(arg)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_integer_allocation_matches_brute_force(case):
+    rng = np.random.default_rng(case)
+    L = int(rng.integers(2, 4))
+    C = rng.uniform(0.1, 2.0, L)
+    a = rng.uniform(0.3, 1.5, L)
+    b = rng.integers(1, 4, L).astype(float)
+    lo, hi = [1] * L, [int(h) for h in rng.integers(6, 14, L)]
+    budget = float(rng.uniform(b @ lo, b @ hi))
+    best, _ = brute_force(C, a, b, budget, lo, hi)
+    w = integer_allocation(C, a, b, budget, lo, hi)
+    assert float(b @ w) <= budget + 1e-9 and np.all(w >= lo) and np.all(w <= hi)
+    # optimal up to the last token the greedy could not afford: within one layer's step of the optimum
+    assert predicted_distortion(C, a, w) <= best + max(C * (1 - 2.0 ** -a)) * 1.0 + 1e-12
+    assert predicted_distortion(C, a, w) >= best - 1e-12
+
+
+def test_equal_costs_and_laws_give_equal_windows_and_kkt_holds():
+    w = continuous_allocation([1, 1, 1], [0.5, 0.5, 0.5], [1, 1, 1], 300, [1, 1, 1], [1000, 1000, 1000])
+    np.testing.assert_allclose(w, [100, 100, 100], rtol=1e-9)
+    C, a, b = np.array([1.0, 4.0]), np.array([0.5, 1.0]), np.array([1.0, 2.0])
+    w = continuous_allocation(C, a, b, 200, [1, 1], [10_000, 10_000])
+    assert b @ w == pytest.approx(200, rel=1e-9)
+    lam = a * C * w ** (-a - 1) / b  # the same multiplier in both layers
+    assert lam[0] == pytest.approx(lam[1], rel=1e-6)
+
+
+def test_bounds_and_errors():
+    w = continuous_allocation([1, 100], [1, 1], [1, 1], 50, [1, 1], [1000, 20])
+    assert w[1] == 20 and w[0] == pytest.approx(30)  # the sensitive layer hits its bound, the rest goes to the other
+    assert continuous_allocation([1, 1], [1, 1], [1, 1], 1e9, [1, 1], [8, 8]).tolist() == [8, 8]
+    with pytest.raises(AllocationError, match="below the smallest allocation"):
+        continuous_allocation([1, 1], [1, 1], [1, 1], 1, [1, 1], [8, 8])
+    with pytest.raises(AllocationError, match="alpha > 0"):
+        continuous_allocation([1, 1], [1, -0.2], [1, 1], 10, [1, 1], [8, 8])
+
+
+def test_uniform_linear_and_kvpress_ratios():
+    assert uniform_windows([1, 1, 1, 1], 256, 1, 1024).tolist() == [64] * 4
+    lin = linear_schedule([1, 1, 1, 1, 1], 500, 1, 1024)
+    assert lin[0] > lin[-1] and np.all(np.diff(lin) <= 0) and lin.sum() <= 500
+    assert lin.tolist() == [195, 147, 100, 52, 5]  # k_max = 2*100 - 5 = 195 down by 47.5 to k_min = 100/20 = 5
+    assert kvpress_ratios([256, 512, 1024], 1024) == [0.75, 0.5, 0.0]
+    with pytest.raises(AllocationError):
+        kvpress_ratios([0], 1024)
