@@ -1,0 +1,189 @@
+"""Prefill-evict with a window per layer: the decode step of the target's query in which layer l reads
+only its sinks and its last w_l keys (every layer its own w_l, or the full cache), the measurement
+behind ``truncsens plan`` (issue 21).
+
+Each attention module gets its own additive mask through a forward pre-hook that replaces the
+``attention_mask`` keyword of that module's call (transformers' decoder layers pass it by keyword),
+so the model's own attention function runs (soft-capping and learned sinks included) and a layer
+with a sliding window of its own keeps it: the kept keys of layer l are
+
+    keep_l(j) = (j < S or T − 1 − j < w_l) and (T − 1 − j < W_l when layer l slides over W_l),
+
+for the query at position T − 1 over keys 0..T − 1 (its own key included: ``T − 1 − j = 0``). The
+keys and values are those of the full-context prefill (prefill-evict semantics, docs/method.md
+section 3). Every hooked module must be called with an ``attention_mask`` keyword exactly once;
+otherwise the run stops (:class:`LayerMaskError`) instead of measuring an unmasked layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+
+from truncsens.engine import kvcache
+from truncsens.engine.attention_windows import layer_windows
+from truncsens.engine.forward import last_logprobs
+from truncsens.engine.masks import masked_value
+
+
+class LayerMaskError(ValueError):
+    """Per-layer masks cannot reach this model's attention modules; the message says why."""
+
+
+def attention_modules(model) -> dict[int, torch.nn.Module]:
+    """Layer index -> the attention module of that layer (modules with an int ``layer_idx`` and a
+    ``*Attention`` class name; the outermost one per layer index).
+
+    Raises:
+        LayerMaskError: no such modules.
+    """
+    found: dict[int, torch.nn.Module] = {}
+    for _, module in model.named_modules():
+        layer = getattr(module, "layer_idx", None)
+        if isinstance(layer, int) and type(module).__name__.endswith("Attention") and layer not in found:
+            found[layer] = module
+    if not found:
+        raise LayerMaskError(f"{type(model).__name__} has no attention modules with a layer index (layer_idx): "
+                             "per-layer windows cannot be applied")
+    return found
+
+
+@contextlib.contextmanager
+def per_layer_masks(model, masks: dict[int, torch.Tensor]) -> Iterator[dict[int, int]]:
+    """Inside the block, layer l's attention reads ``masks[l]`` (additive, [B, 1 | H, Tq, Tk]) instead
+    of the mask the model built; yields the count of hooked calls per layer.
+
+    Raises:
+        LayerMaskError: a layer index without an attention module, or (on the call) a module called
+            without an ``attention_mask`` keyword.
+    """
+    modules = attention_modules(model)
+    missing = sorted(set(masks) - set(modules))
+    if missing:
+        raise LayerMaskError(f"no attention module for layers {missing} (the model has {len(modules)})")
+    calls = {layer: 0 for layer in masks}
+    handles = []
+    for layer, mask in masks.items():
+        def hook(module, args, kwargs, layer=layer, mask=mask):
+            if "attention_mask" not in kwargs:
+                raise LayerMaskError(f"{type(module).__name__} (layer {layer}) is called without an attention_mask "
+                                     "keyword: per-layer windows cannot be applied to this model")
+            calls[layer] += 1
+            return args, {**kwargs, "attention_mask": mask}
+        handles.append(modules[layer].register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        yield calls
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def window_masks(model, T: int, windows: Sequence[int | None], n_sink: int, batch: int,
+                 dtype: torch.dtype, device) -> dict[int, torch.Tensor]:
+    """Layer -> [B, 1, 1, T] additive mask of the query at T − 1 (module docstring); ``windows[l]``
+    None keeps every key of layer l (within its own sliding window, if any).
+
+    Raises:
+        LayerMaskError: ``windows`` of another length than the model's layers, a window below 1.
+    """
+    own = layer_windows(model).windows
+    if len(windows) != len(own):
+        raise LayerMaskError(f"{len(windows)} windows for a model of {len(own)} layers")
+    distance = T - 1 - torch.arange(T, device=device)  # [T] distance of each key from the query
+    out = {}
+    for layer, (w, W) in enumerate(zip(windows, own)):
+        if w is not None and w < 1:
+            raise LayerMaskError(f"the window of layer {layer} must be at least 1 token, got {w}")
+        keep = torch.ones(T, dtype=torch.bool, device=device)
+        if w is not None:
+            keep = (torch.arange(T, device=device) < n_sink) | (distance < w)
+        if W is not None:
+            keep = keep & (distance < W)
+        mask = torch.where(keep, torch.zeros((), dtype=dtype, device=device),
+                           torch.tensor(masked_value(dtype), dtype=dtype, device=device))  # [T]
+        out[layer] = mask.view(1, 1, 1, T).expand(batch, 1, 1, T)  # [B, 1, 1, T]
+    return out
+
+
+@torch.no_grad()
+def decode_layer_windows(model, input_ids: torch.Tensor, cache, windows: Sequence[int | None], n_sink: int) -> torch.Tensor:
+    """Log-probabilities after ``input_ids`` [B, T] when layer l reads its sinks and last ``windows[l]``
+    keys of ``cache`` (the full-context cache of the first T − 1 tokens, truncated back afterwards so
+    one prefill serves every call).
+
+    Returns:
+        [B, V] float64.
+
+    Raises:
+        LayerMaskError: as :func:`window_masks` and :func:`per_layer_masks`, or a layer the forward
+            did not call.
+    """
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    masks = window_masks(model, T, windows, n_sink, B, dtype, input_ids.device)
+    pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)
+    plain = torch.zeros(B, 1, 1, T, dtype=dtype, device=input_ids.device)  # replaced in every layer
+    try:
+        with per_layer_masks(model, masks) as calls:
+            out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos, attention_mask=plain, use_cache=True,
+                        logits_to_keep=1, **{kvcache.cache_keyword(model): cache})
+    finally:
+        kvcache.truncate(cache, T - 1)
+    skipped = sorted(layer for layer, n in calls.items() if n != 1)
+    if skipped:
+        raise LayerMaskError(f"layers {skipped} were not called exactly once with their mask")
+    return last_logprobs(out.logits[:, -1, :])
+
+
+def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int | None]], n_sink: int, device,
+                          max_batch_tokens: int, on_tokens=None) -> tuple[dict, int]:
+    """Every metric of every target under each per-layer window configuration (prefill-evict).
+
+    Args:
+        targets: :class:`~truncsens.targets.TargetSet` (n targets, contexts [n, N]).
+        configurations: C sequences of per-layer windows (None: the full cache), each of the model's
+            length L; one prefill per batch serves all of them.
+        n_sink: S, the first keys every windowed layer keeps.
+        on_tokens: called with the forward tokens of each batch (progress).
+
+    Returns:
+        (metric name -> [C, n] array in its record's dtype, values clamped for rounding).
+
+    Raises:
+        LayerMaskError: as :func:`decode_layer_windows`.
+    """
+    from truncsens.engine.batching import run_in_batches
+    from truncsens.engine.kernel import metric_arrays, store_metrics
+    from truncsens.engine.reference_pass import reference_pass
+
+    n, N = targets.context.shape
+    configurations = [list(c) for c in configurations]
+    metrics = metric_arrays((len(configurations), n))
+    clamped = [0]
+    context, token_id = targets.context.to(device), targets.token_id.to(device)
+
+    def step(sl: slice) -> None:
+        ids = context[sl]  # [b, N]
+        ref = reference_pass(model, ids, keep_cache=True)
+        for c, windows in enumerate(configurations):
+            lp = decode_layer_windows(model, ids, ref.cache, windows, n_sink)  # [b, V]
+            clamped[0] += store_metrics(metrics, (c, sl), ref.logprobs, lp, token_id[sl])
+        if on_tokens:
+            on_tokens(ids.numel() + ids.shape[0] * len(configurations))
+
+    run_in_batches(step, n, N, max_batch_tokens)
+    return metrics, clamped[0]
+
+
+def layer_sweep_configurations(n_layers: int, windows: Sequence[int]) -> list[list[int | None]]:
+    """The configurations of a per-layer sweep, layer-major: layer l at window w, every other layer
+    with its full cache (index ``l · len(windows) + j`` for window ``windows[j]``)."""
+    out = []
+    for layer in range(n_layers):
+        for w in windows:
+            cfg: list[int | None] = [None] * n_layers
+            cfg[layer] = int(w)
+            out.append(cfg)
+    return out
