@@ -30,7 +30,7 @@ _API = {
     "recommend_window": "truncsens.api.recommend", "compare_policies": "truncsens.api.compare",
     "certify": "truncsens.api.certify", "certify_attribution": "truncsens.api.certify_attribution",
     "plot": "truncsens.api.plot", "show": "truncsens.api.show", "load": "truncsens.api.load",
-    "train_reference": "truncsens.api.reference",
+    "train_reference": "truncsens.api.reference", "plan": "truncsens.api.plan",
 }
 
 __all__ = ["__version__", *_API]

@@ -16,7 +16,7 @@ import typer
 
 COMMAND_MODULES = (
     "measure", "show", "train_reference", "fit", "recommend_window", "plot", "compare_policies", "certify",
-    "certify_attribution",
+    "certify_attribution", "plan",
 )
 
 app = typer.Typer(

@@ -1,0 +1,44 @@
+"""truncsens plan (issue 21): end to end on a tiny model, the JSON round-trips, errors are named."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from truncsens.api.plan import PlanError, plan
+from truncsens.cli.main import app
+
+
+def test_plan_end_to_end_and_json_round_trip(tiny_llama_dir, corpus_dir, tmp_path):
+    out = tmp_path / "plan.json"
+    report = plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[8, 24], sweep=[2, 4, 8, 16, 32],
+                  sinks=2, targets_per_doc=2, max_docs=6, n_boot=20, out=out, plot_out=tmp_path / "plan", progress=False)
+    doc = json.loads(out.read_text())
+    assert doc == json.loads(json.dumps(report.to_json()))  # what is written is what the API returns
+    assert doc["kind"] == "truncsens-plan" and doc["semantics"] == "prefill_evict" and doc["model_sha256"]
+    assert len(doc["layers"]) == 2 and all(law["status"] == "ok" for law in doc["layers"])
+    per_token = doc["bytes_per_token_per_layer"]
+    for b in doc["budgets"]:
+        for name in ("plan", "uniform", "linear"):
+            w = np.array(b[name]["windows"])
+            assert b[name]["kv_bytes"] == int(per_token * (w + 2).sum()) <= b["kv_bytes"]
+            assert np.isfinite(b[name]["measured"]["value"]) and b[name]["measured"]["value"] >= 0
+        assert b["plan"]["kvpress_compression_ratios"] == [1 - (w + 2) / 64 for w in b["plan"]["windows"]]
+        assert b["additivity"]["sum_of_layers"] > 0
+    assert (tmp_path / "plan.png").is_file()
+    assert "plan / uniform" in report.table()
+    with pytest.raises(FileExistsError):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, out=out, progress=False)
+
+
+def test_plan_refuses_bad_budgets_and_sweeps(tiny_llama_dir, corpus_dir):
+    with pytest.raises(PlanError, match="one of the two"):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[8], kv_bytes=[1000])
+    with pytest.raises(PlanError, match=r"sweep windows must lie in \[1, N - sinks\)"):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, sweep=[8, 62], sinks=4, progress=False)
+    result = CliRunner().invoke(app, ["plan", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context",
+                                      "64", "--average-window", "eight"])
+    assert result.exit_code == 2 and "error: --average-window takes numbers, got eight" in result.output

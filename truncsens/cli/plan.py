@@ -1,0 +1,72 @@
+"""``truncsens plan``: per-layer KV windows from measured per-layer sensitivity, validated against the
+uniform window and a linear schedule at equal KV bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from truncsens.cli.errors import user_errors
+
+
+def plan(
+    model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id or a local checkpoint folder."),
+    domain: str = typer.Option("code", help="Builtin domain: code or nl."),
+    corpus: Optional[str] = typer.Option(None, help="Override the corpus: manifest name, .yaml manifest, folder, .txt or .jsonl."),
+    reference_context: Optional[int] = typer.Option(None, help="N: tokens of context (default: model maximum)."),
+    average_window: Optional[List[str]] = typer.Option(None, "--average-window", help="Budget as the average window per layer (recent keys; sinks on top), repeated or comma-separated (default 64,256)."),
+    kv_bytes: Optional[List[str]] = typer.Option(None, "--kv-bytes", help="Budget in KV bytes per sequence (sinks included), instead of --average-window."),
+    sweep: Optional[str] = typer.Option(None, help="Windows of the per-layer sweep, comma-separated (default 4,8,...,N/2)."),
+    sinks: int = typer.Option(4, help="First keys every windowed layer keeps."),
+    metric: str = typer.Option("kl", help="Divergence planned for (kl, tv, js, ...)."),
+    targets_per_doc: int = typer.Option(4, help="Targets per document (half the documents fit, half validate)."),
+    max_docs: Optional[int] = typer.Option(16, help="Use at most this many (long enough) documents."),
+    bootstrap: int = typer.Option(200, "--bootstrap", help="Document-bootstrap resamples of every interval."),
+    seed: int = typer.Option(0, help="Seed of the targets and the bootstrap."),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:N, mps or auto (default cpu)."),
+    dtype: Optional[str] = typer.Option(None, help="float32, bfloat16, float16 or float64 (default float32)."),
+    out: Optional[Path] = typer.Option(None, "--out", "--json-out", help="Write the plan JSON here."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Draw D_l(w) per layer with the planned windows to PREFIX.png."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan JSON instead of the table."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing plan file or figure."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
+) -> None:
+    """Plan per-layer KV windows for a KV budget from each layer's measured sensitivity (prefill-evict)."""
+    from truncsens.api.plan import plan as make_plan
+    from truncsens.cli.options import int_list, split_list
+
+    with user_errors():
+        averages = _numbers(split_list(average_window, "--average-window"), float, "--average-window")
+        budgets = int_list(kv_bytes, "--kv-bytes") if kv_bytes else None
+        if averages is None and budgets is None:
+            averages = [64.0, 256.0]
+        report = make_plan(model, domain=domain, corpus=corpus, reference_context=reference_context,
+                           average_windows=averages, kv_bytes=budgets,
+                           sweep=int_list([sweep], "--sweep") if sweep else None, sinks=sinks, metric=metric,
+                           targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, n_boot=bootstrap,
+                           device=device, dtype=dtype, out=out, plot_out=plot_out, overwrite=overwrite,
+                           progress=progress)
+        if as_json:
+            typer.echo(json.dumps(report.to_json(), indent=1, allow_nan=False))
+        else:
+            typer.echo(report.table())
+            written = [str(p) for p in (out, Path(str(plot_out).removesuffix(".png") + ".png") if plot_out else None) if p]
+            if written:
+                typer.echo("wrote " + ", ".join(written))
+
+
+def _numbers(values, kind, option: str):
+    """The values as numbers of ``kind``, or None for none; ValueError naming ``option`` otherwise."""
+    if not values:
+        return None
+    try:
+        return [kind(v) for v in values]
+    except ValueError:
+        raise ValueError(f"{option} takes numbers, got {', '.join(values)}") from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)
