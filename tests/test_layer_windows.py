@@ -78,3 +78,43 @@ def test_sweep_layer_by_layer_and_errors():
         decode_layer_windows(model, ids, reference_pass(model, ids, keep_cache=True).cache, [1, 2, 3], 1)
     with pytest.raises(LayerMaskError, match="at least 1 token"):
         decode_layer_windows(model, ids, reference_pass(model, ids, keep_cache=True).cache, [0, 2], 1)
+
+
+def streaming_loop(model, ids, windows, n_sink):
+    """Streaming with a window per layer, token by token: at step q each layer's cache holds only its
+    sinks and last w_l earlier keys (keys as computed at their own step), copied from the stored keys;
+    token q is run alone against it with no mask."""
+    B, T = ids.shape
+    rows = []
+    for b in range(B):
+        keys, values = {}, {}
+        for q in range(T):
+            cache = DynamicCache()
+            if q:
+                for layer, w in enumerate(windows):
+                    keep = [j for j in range(q) if w is None or j < n_sink or q - j < w]
+                    index = torch.tensor(keep, dtype=torch.long)
+                    cache.update(keys[layer][:, :, :q].index_select(2, index), values[layer][:, :, :q].index_select(2, index), layer)
+            with torch.no_grad():
+                out = model(input_ids=ids[b : b + 1, q : q + 1], position_ids=torch.tensor([[q]]), cache=cache, use_cache=True)
+            for layer in range(len(windows)):
+                k, v = cache.layers[layer].keys, cache.layers[layer].values
+                if layer not in keys:
+                    keys[layer] = k.new_zeros(1, k.shape[1], T, k.shape[3])
+                    values[layer] = v.new_zeros(1, v.shape[1], T, v.shape[3])
+                keys[layer][:, :, q], values[layer][:, :, q] = k[:, :, -1], v[:, :, -1]
+        rows.append(out.logits[:, -1].double().log_softmax(-1))
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("windows", [[3, None, 6], [1, 2, 4]])
+def test_streaming_per_layer_windows_equal_a_token_by_token_cache(windows):
+    from truncsens.engine.layer_windows_pass import stream_layer_windows
+
+    model = sharp_tiny_llama(layers=3)
+    ids = torch.randint(0, model.config.vocab_size, (2, 18), generator=torch.Generator().manual_seed(6))
+    got = stream_layer_windows(model, ids, windows, 1)
+    assert_close(got, streaming_loop(model, ids, windows, 1))
+    ref = reference_pass(model, ids)
+    assert float((got - ref.logprobs).abs().max()) > 1e-3
+    assert_close(stream_layer_windows(model, ids, [None] * 3, 1), ref.logprobs)

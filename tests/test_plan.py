@@ -34,7 +34,16 @@ def test_plan_end_to_end_and_json_round_trip(tiny_llama_dir, corpus_dir, tmp_pat
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, out=out, progress=False)
 
 
+def test_plan_under_streaming(tiny_llama_dir, corpus_dir):
+    report = plan(tiny_llama_dir, corpus=corpus_dir, reference_context=48, average_windows=[8], sweep=[2, 4, 8, 16],
+                  sinks=2, targets_per_doc=1, max_docs=6, n_boot=0, semantics="streaming", progress=False)
+    doc = report.to_json()
+    assert doc["semantics"] == "streaming" and doc["budgets"][0]["plan"]["measured"]["value"] > 0
+
+
 def test_plan_refuses_bad_budgets_and_sweeps(tiny_llama_dir, corpus_dir):
+    with pytest.raises(PlanError, match="--semantics must be one of prefill_evict, streaming"):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, semantics="reencode")
     with pytest.raises(PlanError, match="one of the two"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[8], kv_bytes=[1000])
     with pytest.raises(PlanError, match=r"sweep windows must lie in \[1, N - sinks\)"):

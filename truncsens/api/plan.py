@@ -32,7 +32,7 @@ from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.fits.per_layer import layer_power_laws
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 
-SEMANTICS = "prefill_evict"
+SEMANTICS = ("prefill_evict", "streaming")
 
 
 class PlanError(ValueError):
@@ -168,7 +168,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
          targets_per_doc: int = 4, max_docs: int | None = 16, seed: int = 0, n_boot: int = 200, level: float = 0.95,
          device: str | None = None, dtype: str | None = None, batch_tokens: int | None = None,
          out: str | Path | None = None, plot_out: str | Path | None = None, overwrite: bool = False,
-         progress: bool = True) -> PlanReport:
+         progress: bool = True, semantics: str = "prefill_evict") -> PlanReport:
     """Per-layer windows for given KV budgets, measured and validated (module docstring).
 
     Args:
@@ -182,6 +182,9 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         targets_per_doc, max_docs, seed: the targets (half the documents fit, half validate).
         n_boot, level: document bootstrap of every interval.
         out: write the plan JSON; plot_out: draw ``<plot_out>.png``; overwrite: replace them.
+        semantics: "prefill_evict" (keys computed with the full context, then each layer keeps its
+            window: one prefill per batch) or "streaming" (every token processed with its layers'
+            windows: one full pass per configuration).
 
     Returns:
         a :class:`PlanReport`.
@@ -204,6 +207,8 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     from truncsens.targets import select_targets
 
     metric_record(metric)  # an unknown metric fails here, before any pass
+    if semantics not in SEMANTICS:
+        raise PlanError(f"--semantics must be one of {', '.join(SEMANTICS)}, got {semantics!r}")
     if (average_windows is None) == (kv_bytes is None) or not (average_windows or kv_bytes):
         raise PlanError("give the budgets as average windows (--average-window) or as KV bytes (--kv-bytes), one of the two")
     check_new_files([p for p in (out, None if plot_out is None else str(plot_out).removesuffix(".png") + ".png") if p],
@@ -229,7 +234,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     batch = cfg.batch_tokens(loaded.device)
     with torch.no_grad():
         sweep_metrics, _ = measure_layer_windows(loaded.model, fit_targets, layer_sweep_configurations(n_layers, windows),
-                                                 sinks, loaded.device, batch)
+                                                 sinks, loaded.device, batch, semantics=semantics)
     values = sweep_metrics[metric].astype(np.float64).reshape(n_layers, len(windows), -1).transpose(0, 2, 1)  # [L, n, W]
     laws = layer_power_laws(values, windows, list(fit_targets.doc), n_boot, seed, level)
     bad = [law for law in laws if law["status"] != "ok" or law["alpha"]["value"] <= 0]
@@ -258,7 +263,8 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         configs += [list(map(int, s)) for s in schedules.values()]
         configs += [[int(planned[l]) if i == l else None for i in range(n_layers)] for l in range(n_layers)]
     with torch.no_grad():
-        held, _ = measure_layer_windows(loaded.model, held_targets, configs, sinks, loaded.device, batch)
+        held, _ = measure_layer_windows(loaded.model, held_targets, configs, sinks, loaded.device, batch,
+                                        semantics=semantics)
     held_values = held[metric].astype(np.float64)  # [configs, n_held]
     held_doc = list(held_targets.doc)
     budgets_out = []
@@ -276,7 +282,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         budgets_out.append(entry)
     doc = {"kind": "truncsens-plan", "schema": 1, "model": loaded.name, "model_revision": loaded.revision,
            "model_sha256": loaded.content_sha256, "corpus": docs.corpus, "corpus_sha256": docs.sha256,
-           "domain": docs.domain, "semantics": SEMANTICS, "positions": "original", "reference_context": N,
+           "domain": docs.domain, "semantics": semantics, "positions": "original", "reference_context": N,
            "sinks": sinks, "metric": metric, "bytes_per_token_per_layer": per_token, "sweep": windows,
            "n_fit_targets": len(fit_targets), "n_fit_docs": half, "n_heldout_targets": len(held_targets),
            "n_heldout_docs": len(docs.used) - half, "seed": seed, "n_boot": n_boot, "level": level,

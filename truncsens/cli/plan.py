@@ -22,6 +22,7 @@ def plan(
     sweep: Optional[str] = typer.Option(None, help="Windows of the per-layer sweep, comma-separated (default 4,8,...,N/2)."),
     sinks: int = typer.Option(4, help="First keys every windowed layer keeps."),
     metric: str = typer.Option("kl", help="Divergence planned for (kl, tv, js, ...)."),
+    semantics: str = typer.Option("prefill_evict", help="prefill_evict (keys from the full-context prefill, then each layer keeps its window) or streaming (every token processed under its layers' windows)."),
     targets_per_doc: int = typer.Option(4, help="Targets per document (half the documents fit, half validate)."),
     max_docs: Optional[int] = typer.Option(16, help="Use at most this many (long enough) documents."),
     bootstrap: int = typer.Option(200, "--bootstrap", help="Document-bootstrap resamples of every interval."),
@@ -48,7 +49,7 @@ def plan(
                            sweep=int_list([sweep], "--sweep") if sweep else None, sinks=sinks, metric=metric,
                            targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, n_boot=bootstrap,
                            device=device, dtype=dtype, out=out, plot_out=plot_out, overwrite=overwrite,
-                           progress=progress)
+                           progress=progress, semantics=semantics)
         if as_json:
             typer.echo(json.dumps(report.to_json(), indent=1, allow_nan=False))
         else:

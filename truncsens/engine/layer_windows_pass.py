@@ -1,6 +1,7 @@
-"""Prefill-evict with a window per layer: the decode step of the target's query in which layer l reads
-only its sinks and its last w_l keys (every layer its own w_l, or the full cache), the measurement
-behind ``truncsens plan`` (issue 21).
+"""A window per layer, the measurement behind ``truncsens plan`` (issue 21): under prefill-evict, the
+decode step of the target's query in which layer l reads only its sinks and its last w_l keys
+(every layer its own w_l, or the full cache); under streaming, one parallel pass in which every
+token was processed that way (:func:`stream_layer_windows`).
 
 Each attention module gets its own additive mask through a forward pre-hook that replaces the
 ``attention_mask`` keyword of that module's call (transformers' decoder layers pass it by keyword),
@@ -81,9 +82,11 @@ def per_layer_masks(model, masks: dict[int, torch.Tensor]) -> Iterator[dict[int,
 
 
 def window_masks(model, T: int, windows: Sequence[int | None], n_sink: int, batch: int,
-                 dtype: torch.dtype, device) -> dict[int, torch.Tensor]:
-    """Layer -> [B, 1, 1, T] additive mask of the query at T − 1 (module docstring); ``windows[l]``
-    None keeps every key of layer l (within its own sliding window, if any).
+                 dtype: torch.dtype, device, queries: int = 1) -> dict[int, torch.Tensor]:
+    """Layer -> [B, 1, Q, T] additive mask of the last Q queries (positions T − Q .. T − 1) over keys
+    0..T − 1 (module docstring, with q in place of T − 1, and j <= q); ``windows[l]`` None keeps
+    every key of layer l (within its own sliding window, if any). Q = 1: the prefill-evict decode;
+    Q = T: streaming, every token processed under its own window.
 
     Raises:
         LayerMaskError: ``windows`` of another length than the model's layers, a window below 1.
@@ -91,20 +94,48 @@ def window_masks(model, T: int, windows: Sequence[int | None], n_sink: int, batc
     own = layer_windows(model).windows
     if len(windows) != len(own):
         raise LayerMaskError(f"{len(windows)} windows for a model of {len(own)} layers")
-    distance = T - 1 - torch.arange(T, device=device)  # [T] distance of each key from the query
+    q = torch.arange(T - queries, T, device=device).view(queries, 1)  # [Q, 1]
+    j = torch.arange(T, device=device).view(1, T)  # [1, T]
+    distance = q - j  # [Q, T] distance of each key from each query (negative: a later key)
     out = {}
     for layer, (w, W) in enumerate(zip(windows, own)):
         if w is not None and w < 1:
             raise LayerMaskError(f"the window of layer {layer} must be at least 1 token, got {w}")
-        keep = torch.ones(T, dtype=torch.bool, device=device)
+        keep = distance >= 0  # [Q, T] causal
         if w is not None:
-            keep = (torch.arange(T, device=device) < n_sink) | (distance < w)
+            keep = keep & ((j < n_sink) | (distance < w))
         if W is not None:
             keep = keep & (distance < W)
         mask = torch.where(keep, torch.zeros((), dtype=dtype, device=device),
-                           torch.tensor(masked_value(dtype), dtype=dtype, device=device))  # [T]
-        out[layer] = mask.view(1, 1, 1, T).expand(batch, 1, 1, T)  # [B, 1, 1, T]
+                           torch.tensor(masked_value(dtype), dtype=dtype, device=device))  # [Q, T]
+        out[layer] = mask.view(1, 1, queries, T).expand(batch, 1, queries, T)  # [B, 1, Q, T]
     return out
+
+
+@torch.no_grad()
+def stream_layer_windows(model, input_ids: torch.Tensor, windows: Sequence[int | None], n_sink: int) -> torch.Tensor:
+    """Streaming with a window per layer: one parallel pass over ``input_ids`` [B, T] in which every
+    token was processed with the cache of its own step, layer l holding its sinks and last
+    ``windows[l]`` keys (a streaming cache that evicts by position never re-admits a key, so one
+    [T, T] mask per layer describes it exactly).
+
+    Returns:
+        [B, V] float64 log-probabilities after the last token.
+
+    Raises:
+        LayerMaskError: as :func:`window_masks` and :func:`per_layer_masks`.
+    """
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    masks = window_masks(model, T, windows, n_sink, B, dtype, input_ids.device, queries=T)
+    pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+    plain = torch.zeros(B, 1, T, T, dtype=dtype, device=input_ids.device)  # replaced in every layer
+    with per_layer_masks(model, masks) as calls:
+        out = model(input_ids=input_ids, position_ids=pos, attention_mask=plain, use_cache=False, logits_to_keep=1)
+    skipped = sorted(layer for layer, n in calls.items() if n != 1)
+    if skipped:
+        raise LayerMaskError(f"layers {skipped} were not called exactly once with their mask")
+    return last_logprobs(out.logits[:, -1, :])
 
 
 @torch.no_grad()
@@ -138,8 +169,8 @@ def decode_layer_windows(model, input_ids: torch.Tensor, cache, windows: Sequenc
 
 
 def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int | None]], n_sink: int, device,
-                          max_batch_tokens: int, on_tokens=None) -> tuple[dict, int]:
-    """Every metric of every target under each per-layer window configuration (prefill-evict).
+                          max_batch_tokens: int, on_tokens=None, semantics: str = "prefill_evict") -> tuple[dict, int]:
+    """Every metric of every target under each per-layer window configuration.
 
     Args:
         targets: :class:`~truncsens.targets.TargetSet` (n targets, contexts [n, N]).
@@ -147,6 +178,8 @@ def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int 
             length L; one prefill per batch serves all of them.
         n_sink: S, the first keys every windowed layer keeps.
         on_tokens: called with the forward tokens of each batch (progress).
+        semantics: "prefill_evict" (:func:`decode_layer_windows`, one prefill per batch) or
+            "streaming" (:func:`stream_layer_windows`, one full pass per configuration).
 
     Returns:
         (metric name -> [C, n] array in its record's dtype, values clamped for rounding).
@@ -158,6 +191,8 @@ def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int 
     from truncsens.engine.kernel import metric_arrays, store_metrics
     from truncsens.engine.reference_pass import reference_pass
 
+    if semantics not in ("prefill_evict", "streaming"):
+        raise LayerMaskError(f"per-layer windows run under prefill_evict or streaming, not {semantics!r}")
     n, N = targets.context.shape
     configurations = [list(c) for c in configurations]
     metrics = metric_arrays((len(configurations), n))
@@ -166,12 +201,16 @@ def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int 
 
     def step(sl: slice) -> None:
         ids = context[sl]  # [b, N]
-        ref = reference_pass(model, ids, keep_cache=True)
+        ref = reference_pass(model, ids, keep_cache=semantics == "prefill_evict")
         for c, windows in enumerate(configurations):
-            lp = decode_layer_windows(model, ids, ref.cache, windows, n_sink)  # [b, V]
+            if semantics == "prefill_evict":
+                lp = decode_layer_windows(model, ids, ref.cache, windows, n_sink)  # [b, V]
+            else:
+                lp = stream_layer_windows(model, ids, windows, n_sink)  # [b, V]
             clamped[0] += store_metrics(metrics, (c, sl), ref.logprobs, lp, token_id[sl])
         if on_tokens:
-            on_tokens(ids.numel() + ids.shape[0] * len(configurations))
+            per_config = ids.shape[0] if semantics == "prefill_evict" else ids.numel()
+            on_tokens(ids.numel() + per_config * len(configurations))
 
     run_in_batches(step, n, N, max_batch_tokens)
     return metrics, clamped[0]
