@@ -91,3 +91,15 @@ def test_layer_power_laws_recover_known_exponents():
         assert law["alpha"]["ci"][0] <= a[l] <= law["alpha"]["ci"][1]
     zero = layer_power_laws(np.zeros((1, 4, 6)), windows, ["a", "a", "b", "b"], n_boot=0)[0]
     assert zero["status"] == "failed" and zero["C"] is None
+
+
+def test_budget_for_eps_is_the_smallest_that_reaches_it():
+    from truncsens.budget.allocation import budget_for
+
+    C, a, b, lo, hi = [1.0, 3.0], [0.5, 1.0], [1.0, 1.0], [1, 1], [500, 500]
+    B = budget_for(C, a, b, 0.2, lo, hi)
+    assert predicted_distortion(C, a, integer_allocation(C, a, b, B, lo, hi)) <= 0.2
+    assert predicted_distortion(C, a, integer_allocation(C, a, b, B - 2, lo, hi)) > 0.2
+    assert budget_for(C, a, b, 1e-6, lo, hi) is None  # not reachable within the bounds
+    with pytest.raises(AllocationError, match="--eps"):
+        budget_for(C, a, b, 0, lo, hi)

@@ -34,6 +34,21 @@ def test_plan_end_to_end_and_json_round_trip(tiny_llama_dir, corpus_dir, tmp_pat
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, out=out, progress=False)
 
 
+def test_plan_for_a_distortion(tiny_llama_dir, corpus_dir):
+    """--eps: the smallest budget whose plan the laws predict at or below eps; an eps the plan at an
+    average window of 8 reaches needs at most that window's bytes (within the one token's bytes the
+    bisection leaves)."""
+    common = dict(corpus=corpus_dir, reference_context=48, sweep=[2, 4, 8, 16], sinks=2, targets_per_doc=1, max_docs=6,
+                  n_boot=0, progress=False)
+    at8 = plan(tiny_llama_dir, average_windows=[8], **common).to_json()["budgets"][0]
+    eps = at8["plan"]["predicted"]
+    b = plan(tiny_llama_dir, eps=[eps], **common).to_json()["budgets"][0]
+    per_token = at8["kv_bytes"] // ((8 + 2) * 2)  # 2 layers, window 8 plus 2 sinks
+    assert b["plan"]["predicted"] <= eps and b["kv_bytes"] <= at8["kv_bytes"] + per_token  # within one token's bytes
+    with pytest.raises(PlanError, match="ask for a larger --eps"):
+        plan(tiny_llama_dir, eps=[1e-12], **common)
+
+
 def test_plan_under_streaming(tiny_llama_dir, corpus_dir):
     report = plan(tiny_llama_dir, corpus=corpus_dir, reference_context=48, average_windows=[8], sweep=[2, 4, 8, 16],
                   sinks=2, targets_per_doc=1, max_docs=6, n_boot=0, semantics="streaming", progress=False)
@@ -44,7 +59,7 @@ def test_plan_under_streaming(tiny_llama_dir, corpus_dir):
 def test_plan_refuses_bad_budgets_and_sweeps(tiny_llama_dir, corpus_dir):
     with pytest.raises(PlanError, match="--semantics must be one of prefill_evict, streaming"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, semantics="reencode")
-    with pytest.raises(PlanError, match="one of the two"):
+    with pytest.raises(PlanError, match="one of the three"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[8], kv_bytes=[1000])
     with pytest.raises(PlanError, match=r"sweep windows must lie in \[1, N - sinks\)"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, sweep=[8, 62], sinks=4, progress=False)

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from truncsens.budget.allocation import (
-    integer_allocation, kvpress_ratios, linear_schedule, predicted_distortion, uniform_windows,
+    budget_for, integer_allocation, kvpress_ratios, linear_schedule, predicted_distortion, uniform_windows,
 )
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.fits.per_layer import layer_power_laws
@@ -163,8 +163,8 @@ def bytes_per_token(model, dtype: str) -> int:
 
 
 def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code", corpus: str | None = None,
-         split: str = "auto", reference_context: int | None = None, average_windows: Sequence[float] | None = (64, 256),
-         kv_bytes: Sequence[int] | None = None, sweep: Sequence[int] | None = None, sinks: int = 4, metric: str = "kl",
+         split: str = "auto", reference_context: int | None = None, average_windows: Sequence[float] | None = None,
+         kv_bytes: Sequence[int] | None = None, eps: Sequence[float] | None = None, sweep: Sequence[int] | None = None, sinks: int = 4, metric: str = "kl",
          targets_per_doc: int = 4, max_docs: int | None = 16, seed: int = 0, n_boot: int = 200, level: float = 0.95,
          device: str | None = None, dtype: str | None = None, batch_tokens: int | None = None,
          out: str | Path | None = None, plot_out: str | Path | None = None, overwrite: bool = False,
@@ -174,8 +174,9 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     Args:
         model, tokenizer: as :func:`truncsens.measure`.
         average_windows: budgets as the average window per layer (recent keys, tokens; the sinks come
-            on top in every layer); or ``kv_bytes``: budgets in KV bytes per sequence, sinks included
-            (one of the two).
+            on top in every layer); or ``kv_bytes``: budgets in KV bytes per sequence, sinks included;
+            or ``eps``: for each distortion ε, the smallest budget whose plan the laws predict to reach
+            it (one of the three; none: average windows 64 and 256).
         sweep: windows of the per-layer sweep (default 4, 8, ..., N/2); sinks: keys every windowed
             layer keeps in front; metric: the divergence planned for (default KL, whose per-layer
             sums the additivity check tests).
@@ -209,8 +210,11 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     metric_record(metric)  # an unknown metric fails here, before any pass
     if semantics not in SEMANTICS:
         raise PlanError(f"--semantics must be one of {', '.join(SEMANTICS)}, got {semantics!r}")
-    if (average_windows is None) == (kv_bytes is None) or not (average_windows or kv_bytes):
-        raise PlanError("give the budgets as average windows (--average-window) or as KV bytes (--kv-bytes), one of the two")
+    if average_windows is None and kv_bytes is None and eps is None:
+        average_windows = (64, 256)
+    if sum(x is not None and len(x) > 0 for x in (average_windows, kv_bytes, eps)) != 1:
+        raise PlanError("give the budgets as average windows (--average-window), as KV bytes (--kv-bytes) or as "
+                        "distortions to reach (--eps), one of the three")
     check_new_files([p for p in (out, None if plot_out is None else str(plot_out).removesuffix(".png") + ".png") if p],
                     overwrite)
     spec, device, dtype_, loaded = model_argument(model, tokenizer, device, dtype)
@@ -247,9 +251,18 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     alpha = np.array([law["alpha"]["value"] for law in laws])
     per_token = bytes_per_token(loaded.model, loaded.dtype)
     cost = np.full(n_layers, float(per_token))
-    budgets_bytes = ([int(b) for b in kv_bytes] if kv_bytes else
-                     [int(round((a + sinks) * n_layers * per_token)) for a in average_windows])
     lo, hi = 1, N - sinks  # windows count the recent keys; the sinks come on top in every layer
+    if eps:
+        budgets_bytes = []
+        for e in eps:
+            room = budget_for(C, alpha, cost, float(e), [lo] * n_layers, [hi] * n_layers)
+            if room is None:
+                raise PlanError(f"eps = {e:g}: the laws predict more than that even with every layer at its full "
+                                f"context of {hi} keys; ask for a larger --eps")
+            budgets_bytes.append(int(np.ceil(room + sinks * float(cost.sum()))))
+    else:
+        budgets_bytes = ([int(b) for b in kv_bytes] if kv_bytes else
+                         [int(round((a + sinks) * n_layers * per_token)) for a in average_windows])
     configs, entries = [], []
     for budget in budgets_bytes:
         room = budget - sinks * float(cost.sum())  # the bytes left for windows once every layer holds its sinks

@@ -97,6 +97,32 @@ def integer_allocation(C: Sequence[float], alpha: Sequence[float], cost: Sequenc
         left -= b[l]
 
 
+def budget_for(C: Sequence[float], alpha: Sequence[float], cost: Sequence[float], eps: float,
+               lo: Sequence[int], hi: Sequence[int]) -> float | None:
+    """The smallest budget (bytes, within one layer's token cost) whose :func:`integer_allocation`
+    has a predicted distortion ``Σ C_l w_l^-α_l <= eps``, by bisection; None when even every layer
+    at ``hi`` predicts more than ``eps``.
+
+    Raises:
+        AllocationError: eps <= 0, or as :func:`continuous_allocation`.
+    """
+    if not eps > 0:
+        raise AllocationError(f"--eps must be a positive distortion, got {eps}")
+    b, lo_a, hi_a = (np.asarray(x, dtype=np.float64) for x in (cost, lo, hi))
+    if predicted_distortion(C, alpha, hi_a) > eps:
+        return None
+    low, high = float(b @ lo_a), float(b @ hi_a)
+    if predicted_distortion(C, alpha, integer_allocation(C, alpha, cost, low, lo, hi)) <= eps:
+        return low
+    while high - low > float(b.min()):
+        mid = (low + high) / 2
+        if predicted_distortion(C, alpha, integer_allocation(C, alpha, cost, mid, lo, hi)) <= eps:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
 def predicted_distortion(C: Sequence[float], alpha: Sequence[float], windows: Sequence[float]) -> float:
     """``Σ_l C_l w_l^-α_l``: the sum of per-layer distortions the laws predict."""
     C, a, w = (np.asarray(x, dtype=np.float64) for x in (C, alpha, windows))

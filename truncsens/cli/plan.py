@@ -19,6 +19,7 @@ def plan(
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context (default: model maximum)."),
     average_window: Optional[List[str]] = typer.Option(None, "--average-window", help="Budget as the average window per layer (recent keys; sinks on top), repeated or comma-separated (default 64,256)."),
     kv_bytes: Optional[List[str]] = typer.Option(None, "--kv-bytes", help="Budget in KV bytes per sequence (sinks included), instead of --average-window."),
+    eps: Optional[List[str]] = typer.Option(None, "--eps", help="Budget as a distortion to reach: the smallest KV budget whose plan the per-layer laws predict at or below it."),
     sweep: Optional[str] = typer.Option(None, help="Windows of the per-layer sweep, comma-separated (default 4,8,...,N/2)."),
     sinks: int = typer.Option(4, help="First keys every windowed layer keeps."),
     metric: str = typer.Option("kl", help="Divergence planned for (kl, tv, js, ...)."),
@@ -42,10 +43,11 @@ def plan(
     with user_errors():
         averages = _numbers(split_list(average_window, "--average-window"), float, "--average-window")
         budgets = int_list(kv_bytes, "--kv-bytes") if kv_bytes else None
-        if averages is None and budgets is None:
+        eps_values = _numbers(split_list(eps, "--eps"), float, "--eps")
+        if averages is None and budgets is None and eps_values is None:
             averages = [64.0, 256.0]
         report = make_plan(model, domain=domain, corpus=corpus, reference_context=reference_context,
-                           average_windows=averages, kv_bytes=budgets,
+                           average_windows=averages, kv_bytes=budgets, eps=eps_values,
                            sweep=int_list([sweep], "--sweep") if sweep else None, sinks=sinks, metric=metric,
                            targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, n_boot=bootstrap,
                            device=device, dtype=dtype, out=out, plot_out=plot_out, overwrite=overwrite,
