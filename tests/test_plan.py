@@ -28,6 +28,8 @@ def test_plan_end_to_end_and_json_round_trip(tiny_llama_dir, corpus_dir, tmp_pat
             assert np.isfinite(b[name]["measured"]["value"]) and b[name]["measured"]["value"] >= 0
         assert b["plan"]["kvpress_compression_ratios"] == [1 - (w + 2) / 64 for w in b["plan"]["windows"]]
         assert b["additivity"]["sum_of_layers"] > 0
+        assert len(b["plan"]["per_target"]) == doc["n_heldout_targets"] == len(doc["heldout_targets"]["doc"])
+        assert np.mean(b["uniform"]["per_target"]) == pytest.approx(b["uniform"]["measured"]["value"], rel=1e-9)
     assert (tmp_path / "plan.png").is_file()
     assert "plan / uniform" in report.table()
     with pytest.raises(FileExistsError):

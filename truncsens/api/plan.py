@@ -286,6 +286,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         for i, (name, w) in enumerate(schedules.items()):
             entry[name] = {"windows": [int(x) for x in w], "predicted": predicted_distortion(C, alpha, w),
                            "measured": _mean_ci(held_values[first + i], held_doc, n_boot, seed, level),
+                           "per_target": [float(v) for v in held_values[first + i]],
                            "kv_bytes": int(cost @ (w + sinks))}
         entry["plan"]["kvpress_compression_ratios"] = kvpress_ratios([w + sinks for w in entry["plan"]["windows"]], N)
         entry["ratio_plan_uniform"] = _ratio_ci(held_values[first], held_values[first + 1], held_doc, n_boot, seed, level)
@@ -298,7 +299,9 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
            "domain": docs.domain, "semantics": semantics, "positions": "original", "reference_context": N,
            "sinks": sinks, "metric": metric, "bytes_per_token_per_layer": per_token, "sweep": windows,
            "n_fit_targets": len(fit_targets), "n_fit_docs": half, "n_heldout_targets": len(held_targets),
-           "n_heldout_docs": len(docs.used) - half, "seed": seed, "n_boot": n_boot, "level": level,
+           "n_heldout_docs": len(docs.used) - half,
+           "heldout_targets": {"doc": [str(d) for d in held_targets.doc],
+                               "position": [int(p) for p in held_targets.position]}, "seed": seed, "n_boot": n_boot, "level": level,
            "layers": laws, "budgets": budgets_out}
     report = PlanReport(doc)
     if out is not None:
