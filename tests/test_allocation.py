@@ -64,7 +64,11 @@ def test_uniform_linear_and_kvpress_ratios():
     assert uniform_windows([1, 1, 1, 1], 256, 1, 1024).tolist() == [64] * 4
     lin = linear_schedule([1, 1, 1, 1, 1], 500, 1, 1024)
     assert lin[0] > lin[-1] and np.all(np.diff(lin) <= 0) and lin.sum() <= 500
-    assert lin.tolist() == [195, 147, 100, 52, 5]  # k_max = 2*100 - 5 = 195 down by 47.5 to k_min = 100/20 = 5
+    # k_max = 2*100 - 5 = 195 down by 47.5 to k_min = 100/20 = 5, rounded down; the token the rounding
+    # left unspent goes to the shallowest layer
+    assert lin.tolist() == [196, 147, 100, 52, 5] and lin.sum() == 500
+    clipped = linear_schedule([1] * 5, 5 * 252, 1, 252)  # the schedule wants more than 252 in front: clipped,
+    assert clipped.sum() == 5 * 252  # and what clipping left unspent is spent further down
     assert kvpress_ratios([256, 512, 1024], 1024) == [0.75, 0.5, 0.0]
     with pytest.raises(AllocationError):
         kvpress_ratios([0], 1024)

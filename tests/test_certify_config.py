@@ -61,6 +61,8 @@ def test_the_resume_fingerprint_keeps_its_keys():
     ({"budgets": "12.5%,x"}, CertifyError, "--budgets: 'x' is neither a token count"),
     ({"budgets": " , "}, CertifyError, "--budgets is empty"),
     ({"max_docs": 0}, MeasureError, "--max-docs must be at least 1, got 0"),
+    ({"top_fraction": 1.5}, CertifyError, "--top-fraction must lie in"),
+    ({"granularity": "layer"}, CertifyError, "--granularity must be one of head, token, got 'layer'"),
 ])
 def test_shared_checks_and_messages(cls, kwargs, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(").replace(".", r"\.")):

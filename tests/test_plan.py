@@ -64,7 +64,14 @@ def test_plan_refuses_bad_budgets_and_sweeps(tiny_llama_dir, corpus_dir):
     with pytest.raises(PlanError, match="one of the three"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[8], kv_bytes=[1000])
     with pytest.raises(PlanError, match=r"sweep windows must lie in \[1, N - sinks\)"):
-        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, sweep=[8, 62], sinks=4, progress=False)
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[8], sweep=[8, 62], sinks=4,
+             progress=False)
+    with pytest.raises(PlanError, match="--average-window must be at least 1 token, got 0"):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[0])
+    with pytest.raises(PlanError, match=r"--average-window 60 leaves nothing to allocate.*N - sinks = 60"):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[60], sinks=4, progress=False)
+    with pytest.raises(PlanError, match="outside what a plan can allocate"):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, kv_bytes=[10], progress=False)
     result = CliRunner().invoke(app, ["plan", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context",
                                       "64", "--average-window", "eight"])
     assert result.exit_code == 2 and "error: --average-window takes numbers, got eight" in result.output

@@ -215,6 +215,12 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     if sum(x is not None and len(x) > 0 for x in (average_windows, kv_bytes, eps)) != 1:
         raise PlanError("give the budgets as average windows (--average-window), as KV bytes (--kv-bytes) or as "
                         "distortions to reach (--eps), one of the three")
+    for a in average_windows or ():
+        if not a >= 1:
+            raise PlanError(f"--average-window must be at least 1 token, got {a:g}")
+    for b in kv_bytes or ():
+        if not b > 0:
+            raise PlanError(f"--kv-bytes must be a positive number of bytes, got {b}")
     check_new_files([p for p in (out, None if plot_out is None else str(plot_out).removesuffix(".png") + ".png") if p],
                     overwrite)
     spec, device, dtype_, loaded = model_argument(model, tokenizer, device, dtype)
@@ -231,6 +237,10 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     half = (len(docs.used) + 1) // 2
     fit_targets = select_targets(docs.used[:half], N, cfg.targets_per_doc, cfg.seed)
     held_targets = select_targets(docs.used[half:], N, cfg.targets_per_doc, cfg.seed)
+    for a in average_windows or ():
+        if a >= N - sinks:
+            raise PlanError(f"--average-window {a:g} leaves nothing to allocate: every layer would keep its whole context "
+                            f"(N - sinks = {N - sinks} keys); use a smaller average window")
     windows = [int(w) for w in (sweep or default_sweep(N))]
     if not windows or min(windows) < 1 or max(windows) + sinks >= N:
         raise PlanError(f"sweep windows must lie in [1, N - sinks) = [1, {N - sinks}), got {windows}")
@@ -263,6 +273,12 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     else:
         budgets_bytes = ([int(b) for b in kv_bytes] if kv_bytes else
                          [int(round((a + sinks) * n_layers * per_token)) for a in average_windows])
+    for budget in budgets_bytes:
+        least, most = (1 + sinks) * n_layers * per_token, N * n_layers * per_token
+        if not least <= budget < most:
+            raise PlanError(f"a KV budget of {budget:,} bytes lies outside what a plan can allocate: at least {least:,} "
+                            f"(every layer keeping its sinks and one key) and below {most:,} (every layer keeping all "
+                            f"N = {N} keys)")
     configs, entries = [], []
     for budget in budgets_bytes:
         room = budget - sinks * float(cost.sum())  # the bytes left for windows once every layer holds its sinks

@@ -139,7 +139,8 @@ def uniform_windows(cost: Sequence[float], budget: float, lo: int, hi: int) -> n
 def linear_schedule(cost: Sequence[float], budget: float, lo: int, hi: int, beta: float = 20.0) -> np.ndarray:
     """[L] int64 PyramidKV-style windows falling linearly with depth at equal bytes (module docstring):
     ``k_min = k̄/β``, ``k_max = 2k̄ − k_min`` around the mean window ``k̄`` that the budget buys,
-    rounded down and clipped to [lo, hi].
+    rounded down and clipped to [lo, hi]; bytes that clipping at ``hi`` leaves unspent go to the
+    shallowest layers still below ``hi``, so the schedule spends what the budget allows.
 
     Raises:
         AllocationError: β <= 1, or fewer than 2 layers.
@@ -151,8 +152,14 @@ def linear_schedule(cost: Sequence[float], budget: float, lo: int, hi: int, beta
     mean = budget / float(b.sum())  # the mean window at equal bytes when every layer costs the same
     k_min = mean / beta
     k_max = 2 * mean - k_min
-    w = k_max - np.arange(L) * (k_max - k_min) / (L - 1)
-    return np.clip(np.floor(w + 1e-9).astype(np.int64), lo, hi)
+    w = np.clip(np.floor(k_max - np.arange(L) * (k_max - k_min) / (L - 1) + 1e-9).astype(np.int64), lo, hi)
+    # windows clipped at hi leave bytes unspent: hand them out one token at a time, shallowest layer
+    # first, so the schedule spends what the uniform window spends
+    while True:
+        room = np.flatnonzero((w < hi) & (b <= budget - float(b @ w) + 1e-9))
+        if room.size == 0:
+            return w
+        w[room[0]] += min(hi - w[room[0]], max(1, int((budget - float(b @ w)) // (b[room[0]] * room.size))))
 
 
 def kvpress_ratios(windows: Sequence[int], context: int) -> list[float]:

@@ -130,6 +130,9 @@ class CertifyBase:
             self.design
         except DesignError as exc:
             raise CertifyError(str(exc)) from None
+        if not 0 <= self.top_fraction <= 0.75:
+            raise CertifyError(f"--top-fraction must lie in [0, 0.75] (the recent keys take the first quarter of the "
+                               f"budget), got {self.top_fraction}")
         self.parsed_budgets = parse_budgets(self.budgets)
         self.check_run_options()
         if self.out is None:
