@@ -132,5 +132,50 @@ def test_max_context_of():
     assert max_context_of(SimpleNamespace(n_positions=1024)) == 1024
     assert max_context_of(SimpleNamespace(max_position_embeddings=None, n_ctx=2048)) == 2048
     assert max_context_of(SimpleNamespace(max_position_embeddings=0, seq_length=512)) == 512
-    with pytest.raises(ModelLoadError, match="states no context limit; pass --reference-context"):
-        max_context_of(SimpleNamespace(hidden_size=8))
+    assert max_context_of(SimpleNamespace(hidden_size=8)) == 0  # no stated limit (ALiBi): N must be given
+
+
+def test_a_model_without_a_context_limit_runs_with_an_explicit_n():
+    """A BLOOM config states no position limit (ALiBi). Loading it said "pass --reference-context
+    explicitly", and passing it did not help: the limit was demanded at load. Now the model loads, a run
+    without N is refused with that advice, and a run with N measures (issue 22 follow-up)."""
+    import numpy as np
+    from transformers import BloomConfig, BloomForCausalLM
+
+    import truncsens
+    from conftest import build_tokenizer
+    from truncsens.engine.config import MeasureError
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = BloomForCausalLM(BloomConfig(vocab_size=len(tok), hidden_size=32, n_layer=2, n_head=4)).eval()
+    texts = [" ".join(["alpha beta gamma delta"] * 40)] * 2
+    with pytest.raises(MeasureError, match="states no context limit.*pass --reference-context N"):
+        truncsens.measure(model, tok, texts=texts, windows=[4], progress=False)
+    ds = truncsens.measure(model, tok, texts=texts, reference_context=32, windows=[4, 31], progress=False)
+    assert ds.attrs["max_context"] == 0 and np.all(ds["kl"].sel(window=4).values > 0)
+
+
+def test_alibi_models_are_refused_by_the_masked_semantics_by_name():
+    """BLOOM builds its ALiBi biases from a 2D padding mask: under streaming and prefill-evict it failed
+    with "too many values to unpack"; now one error names the feature and the semantics that runs it,
+    and re-encoding measures."""
+    import numpy as np
+    from transformers import BloomConfig, BloomForCausalLM
+
+    import truncsens
+    from conftest import build_tokenizer
+    from truncsens.engine.semantics import SemanticsError
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = BloomForCausalLM(BloomConfig(vocab_size=len(tok), hidden_size=32, n_layer=2, n_head=4)).eval()
+    texts = [" ".join(["alpha beta gamma delta"] * 40)] * 2
+    for semantics in ("streaming", "prefill_evict"):
+        with pytest.raises(SemanticsError, match=f"ALiBi position biases, which semantics {semantics} cannot combine.*"
+                                                 "--semantics reencode"):
+            truncsens.measure(model, tok, texts=texts, reference_context=16, policies="sink_recent", budgets=[6],
+                              semantics=semantics, progress=False)
+    ds = truncsens.measure(model, tok, texts=texts, reference_context=16, policies="sink_recent", budgets=[6, 15],
+                           semantics="reencode", progress=False)
+    assert np.all(np.isfinite(ds["kl"].values))

@@ -36,7 +36,7 @@ class LoadedModel:
             its ``config._name_or_path`` (or class name) and :data:`IN_MEMORY` (:func:`truncsens.models.in_memory_model`).
         revision: commit hash or "" (the ``model_revision`` attr).
         tokenizer_name: what the ``tokenizer`` attr records.
-        max_context: the model's position limit in tokens.
+        max_context: the model's position limit in tokens (0: its config states none).
         device, dtype: where and in which precision it runs.
         source: the kind of model source that loaded it, one of :data:`SOURCE_KINDS`
             ("reference", "synthetic", "local", "hub", "memory": a model object passed in); "hub" when built by hand.
@@ -88,13 +88,11 @@ def resolve_device(device: str) -> str:
 
 
 def max_context_of(config: Any) -> int:
-    """The position limit of a HF config (``max_position_embeddings``, ``n_positions``, ...).
-
-    Raises:
-        ModelLoadError: the config states no limit.
-    """
+    """The position limit of a HF config (``max_position_embeddings``, ``n_positions``, ...), or 0 when
+    the config states none (ALiBi models such as BLOOM): a run of such a model then needs an explicit
+    ``--reference-context`` (:func:`truncsens.engine.measure.resolve_reference_context` says so)."""
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
             return value
-    raise ModelLoadError("the model config states no context limit; pass --reference-context explicitly")
+    return 0

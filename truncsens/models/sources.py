@@ -175,8 +175,8 @@ def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | No
 
     Raises:
         ValueError: no tokenizer; a device or dtype other than the model's (the message says how to move it).
-        ModelLoadError: an object without a transformers ``config``, a ``forward`` without
-            ``logits_to_keep``, or a config that states no context limit.
+        ModelLoadError: an object without a transformers ``config`` or a ``forward`` without
+            ``logits_to_keep``.
     """
     import torch
 

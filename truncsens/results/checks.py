@@ -41,7 +41,7 @@ ATTR_RULES: dict[str, tuple[str, Callable[[object], bool]]] = {
     "n_sink": ("a whole number >= 0", lambda v: _whole(v, 0)),
     "seed": ("a whole number", lambda v: _whole(v, -(2**63))),
     "targets_per_doc": ("a whole number >= 0", lambda v: _whole(v, 0)),
-    "max_context": ("a whole number of tokens >= 1", lambda v: _whole(v, 1)),
+    "max_context": ("a whole number of tokens >= 0 (0: the config states no limit)", lambda v: _whole(v, 0)),
     **{name: ("text", lambda v: isinstance(v, str)) for name in TEXT_ATTRS},
 }
 

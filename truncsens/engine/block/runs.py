@@ -84,7 +84,7 @@ def block_work(cfg, loaded, reference_context: int, sweep, docs, attrs: dict) ->
         return policy_block_work(cfg, loaded, reference_context, sweep, docs, attrs)
     N = reference_context
     B = block_length(N, cfg.block_fraction, cfg.block_size)
-    room = max(0, loaded.max_context - N)  # positions the model has beyond N
+    room = max(0, loaded.max_context - N) if loaded.max_context else 0  # 0: no stated limit  # positions the model has beyond N
     n_sink = getattr(sweep.policies[0], "n_sink", 0) if sweep.policies else 0  # suffix: 0; sink_recent: its sinks
     windows = [k - n_sink for k in sweep.budgets]  # window w is budget n_sink + w (truncsens.engine.sweep)
     check_block_windows(windows, N, n_sink, B, room)
@@ -128,7 +128,7 @@ def policy_block_work(cfg, loaded, reference_context: int, sweep, docs, attrs: d
     """
     N = reference_context
     B = block_length(N, cfg.block_fraction, cfg.block_size)
-    room = max(0, loaded.max_context - N)
+    room = max(0, loaded.max_context - N) if loaded.max_context else 0  # 0: no stated limit
     check_block_budgets(sweep.budgets, N, B, room)  # the rest was checked by MeasureConfig (check_policy_blocks)
     attrs = {**attrs, **block_attrs(cfg, B, room)}
     if sweep.semantics.streams:  # one stream per block: its targets share its draws

@@ -12,6 +12,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 
 import torch
 
+from truncsens.engine.attention_features import ALIBI, attention_features
 from truncsens.engine.granularity import fold_reference, heads_of
 from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
@@ -101,12 +102,17 @@ class Semantics:
 
     def check_model(self, model, name: str) -> None:
         """Raise :class:`SemanticsError` when ``model`` cannot run this semantics: not a transformers
-        model, or attention layers whose windows the kept masks cannot express (the message names them)."""
+        model, attention layers whose windows the kept masks cannot express, or ALiBi position biases,
+        which these models build from a 2D padding mask and cannot combine with a kept-key mask (the
+        message names the feature and the semantics that runs it)."""
         if self.needs_transformers and not hasattr(model, "set_attn_implementation"):
             raise SemanticsError(
                 f"semantics {self.name} needs a transformers model (masked attention and attention statistics); "
                 f"{name!r} is not one: use --semantics reencode")
         if self.needs_transformers:
+            if ALIBI in attention_features(model):
+                raise SemanticsError(f"model {name!r} has {ALIBI.description}, which semantics {self.name} cannot "
+                                     "combine with a mask of kept keys; use --semantics reencode")
             windows_of(model, self.name, name)
 
     def check_granularity(self, granularity: str) -> None:
