@@ -155,9 +155,6 @@ def test_certify_layer0_coverage_agrees_with_a_float64_monte_carlo(monkeypatch):
     # the Monte Carlo: layer-0 query, keys and values of the target from a plain eager forward
     kept, pi, tail = (t[0, 0].numpy() for t in captured["design"])  # [Hkv, T] of layer 0
     attn = model.model.layers[0].self_attn
-    store = {}
-    hook = attn.register_forward_hook(lambda mod, a, kw_out: None)
-    hook.remove()
     with torch.no_grad():
         h = model.model.embed_tokens(ids)
         h = model.model.layers[0].input_layernorm(h)

@@ -200,6 +200,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
 
     from truncsens.api.measure import measure_config, model_argument
     from truncsens.budget.allocation import AllocationError
+    from truncsens.engine.attention_windows import layer_windows
     from truncsens.engine.documents import prepare_documents
     from truncsens.engine.layer_windows_pass import layer_sweep_configurations, measure_layer_windows
     from truncsens.engine.measure import resolve_reference_context
@@ -244,7 +245,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     windows = [int(w) for w in (sweep or default_sweep(N))]
     if not windows or min(windows) < 1 or max(windows) + sinks >= N:
         raise PlanError(f"sweep windows must lie in [1, N - sinks) = [1, {N - sinks}), got {windows}")
-    n_layers = len(__import__("truncsens.engine.attention_windows", fromlist=["x"]).layer_windows(loaded.model).windows)
+    n_layers = len(layer_windows(loaded.model).windows)
     batch = cfg.batch_tokens(loaded.device)
     with torch.no_grad():
         sweep_metrics, _ = measure_layer_windows(loaded.model, fit_targets, layer_sweep_configurations(n_layers, windows),
