@@ -164,7 +164,11 @@ def linear_schedule(cost: Sequence[float], budget: float, lo: int, hi: int, beta
 
 def kvpress_ratios(windows: Sequence[int], context: int) -> list[float]:
     """Per-layer ``compression_ratio`` of kvpress's ``PerLayerCompressionPress`` for a window plan over a
-    context of ``context`` tokens: the share of keys each layer removes, ``1 − w_l/context``.
+    context of ``context`` tokens: the share of keys each layer removes, ``1 − w_l/context``
+    (``windows`` here count every key a layer reads: sinks, recent keys and the query's own key).
+    kvpress keeps ``int(T'(1 − r))`` keys of a prefill of T' = context − 1 tokens, which is
+    ``w_l − 1`` for ``w_l < context``: with the query's own key, layer l reads ``w_l`` keys
+    (docs/plan.md; tests/test_kvpress_plan.py checks it against kvpress's scorer).
 
     Raises:
         AllocationError: a window outside [1, context].

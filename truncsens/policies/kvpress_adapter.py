@@ -184,20 +184,9 @@ class KVPressPolicy(Policy):
         T1 = kv[0][0].shape[2]  # T - 1
         press = self.build(compression_ratio(budget, T1 + 1))
         press.post_init_from_model(layers.model)
-        rotary = getattr(getattr(layers.model, "model", None), "rotary_emb", None)
         out = []
-        for layer, module in enumerate(layers.modules):
-            keys, values = kv[layer]  # [B, H, T-1, d]
-            added = rotary is not None and not hasattr(module, "rotary_emb")
-            if added:  # kvpress's hook gives every attention module the model's rotary embedding
-                module.rotary_emb = rotary
-            try:
-                scores = press.score(module, layers.hidden_states[layer], keys, values, None, layers.kwargs[layer])
-            except (AssertionError, ValueError, NotImplementedError) as exc:  # the press's own checks
-                raise PolicyError(f"press {self.press} cannot score layer {layer} at budget {budget}: {exc}") from None
-            finally:
-                if added:
-                    del module.rotary_emb
+        for layer in range(len(layers.modules)):
+            scores = score_layer(press, layers, kv, layer, f"at budget {budget}")  # [B, H, T-1]
             top = scores.topk(budget - 1, dim=-1).indices  # [B, H, k-1], kvpress's selection
             out.append(torch.sort(top, dim=-1).values)
         return torch.stack(out)  # [L, B, H, k-1]
@@ -231,6 +220,81 @@ class KVPressPolicy(Policy):
         keep[:, -1] = True
         keep = keep.unsqueeze(1)  # [B, 1, T]
         return HeadKept(keep, torch.zeros(keep.shape, dtype=torch.float32, device=keep.device), queries, heads)
+
+
+def score_layer(press, layers, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], layer: int, where: str = "") -> torch.Tensor:
+    """[B, H_kv, T - 1] scores of layer ``layer``'s prefill keys by ``press`` (``press.score`` with the
+    layer's module, input hidden states, keys, values, no attention weights and its keyword arguments;
+    the module gets the model's rotary embedding for the call, as kvpress's hook gives it).
+
+    Args:
+        press: a kvpress ``ScorerPress`` instance; layers, kv: as :meth:`KVPressPolicy.head_index`;
+        where: words for the error message (e.g. "at budget 64").
+
+    Raises:
+        PolicyError: the press refuses to score (its own checks).
+    """
+    module = layers.modules[layer]
+    keys, values = kv[layer]  # [B, H, T-1, d]
+    rotary = getattr(getattr(layers.model, "model", None), "rotary_emb", None)
+    added = rotary is not None and not hasattr(module, "rotary_emb")
+    if added:  # kvpress's hook gives every attention module the model's rotary embedding
+        module.rotary_emb = rotary
+    try:
+        return press.score(module, layers.hidden_states[layer], keys, values, None, layers.kwargs[layer])
+    except (AssertionError, ValueError, NotImplementedError) as exc:  # the press's own checks
+        raise PolicyError(f"press {type(press).__name__} cannot score layer {layer} {where}: {exc}") from None
+    finally:
+        if added:
+            del module.rotary_emb
+
+
+def n_kept(prefix: int, ratio: float) -> int:
+    """Keys kvpress keeps of ``prefix`` prefill keys at ``compression_ratio = ratio`` (its
+    ``compute_n_kept``, kvpress 0.5.5): all at 0, none at >= 1, else ``max(1, int(prefix (1 - ratio)))``."""
+    if ratio == 0:
+        return prefix
+    return 0 if ratio >= 1 else max(1, int(prefix * (1 - ratio)))
+
+
+@torch.no_grad()
+def per_layer_head_index(press, ratios: Sequence[float], layers, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """Kept prefix positions per layer and key/value head when ``press`` runs inside kvpress's
+    ``PerLayerCompressionPress(press, compression_ratios=ratios)``: layer l scores its keys with the
+    press's ``compression_ratio`` set to ``ratios[l]`` (restored afterwards, as the wrapper does) and
+    keeps its :func:`n_kept` keys of highest score (``scores.topk``).
+
+    This is the scorer's side of the wrapper, layer by layer: kvpress's own hook path for
+    ``PerLayerCompressionPress`` runs only with FlashAttention, so on other back-ends the kept sets
+    come from here (the ``truncsens plan`` JSON's ``kvpress_compression_ratios`` are checked this way
+    in tests/test_kvpress_plan.py).
+
+    Args:
+        press: a kvpress ``ScorerPress`` instance; ratios: L compression ratios in [0, 1);
+        layers, kv: as :meth:`KVPressPolicy.head_index` (prefill of T - 1 tokens).
+
+    Returns:
+        L tensors [B, H_kv, n_l] int64, increasing along the last dim (n_l may differ by layer).
+
+    Raises:
+        PolicyError: a ratio count other than L, a ratio outside [0, 1), or the press refuses to score.
+    """
+    if len(ratios) != len(layers.modules):
+        raise PolicyError(f"{len(ratios)} compression ratios for a model of {len(layers.modules)} layers")
+    if any(not 0 <= r < 1 for r in ratios):
+        raise PolicyError(f"compression ratios must lie in [0, 1), got {list(ratios)}")
+    press.post_init_from_model(layers.model)
+    original = press.compression_ratio
+    out = []
+    try:
+        for layer, ratio in enumerate(ratios):
+            press.compression_ratio = ratio
+            scores = score_layer(press, layers, kv, layer, f"at compression ratio {ratio:g}")  # [B, H, T-1]
+            top = scores.topk(n_kept(scores.shape[-1], ratio), dim=-1).indices  # [B, H, n_l]
+            out.append(torch.sort(top, dim=-1).values)
+    finally:
+        press.compression_ratio = original
+    return out
 
 
 def check_policy_args(classes: Sequence[type], args: dict | None) -> None:
