@@ -1,0 +1,267 @@
+"""Re-run every command whose output the README and docs/ quote for the bundled reference model, and
+put the printed output back into the pages.
+
+Every number in README.md and docs/*.md that was measured on the reference model comes from a
+command shown beside it. This script holds those commands (:data:`STEPS`, each exactly as the page
+shows it), runs them from the repository root in order, and keeps each one's printed output under
+``runs/numbers/`` (``<step>.out``, ``<step>.err``, ``<step>.json`` with its time and the weights' hash).
+A step that finished for the installed weights is not run again, so a run stopped at any point
+(a session's end) continues where it stopped; a step whose recorded hash differs is run again, its
+old output files removed first (the commands refuse to overwrite).
+
+With ``--update-docs``, every fenced block in README.md and docs/*.md that follows a marker line
+``<!-- numbers: STEP -->`` is replaced by that step's printed output (a first line ``$ command``
+inside the block is kept), and figures the steps wrote are copied to the paths the pages show
+(:data:`FIGURES`). A fenced ``python`` block after ``<!-- numbers-source: STEP -->`` is the source a
+``python-block`` step runs, so the README's code is the code that ran. Tables and sentences that
+quote numbers from a JSON file are edited by hand from the kept output; the pages say which.
+
+Usage::
+
+    python reproduce/reference_numbers.py --list
+    nohup python reproduce/reference_numbers.py > runs/numbers.log 2>&1 &    # hours on 2 CPU cores
+    python reproduce/reference_numbers.py --only plan,certify                 # some steps (and what they need)
+    python reproduce/reference_numbers.py --update-docs                        # rewrite the marked blocks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KVPRESS_PYTHON = "/work/venvs/kvpress/bin/python"  # docs/plan.md: kvpress pins its own transformers
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the pages.
+
+    Attributes:
+        name: the marker name; command: a bash command line run from the repository root (or, for
+            ``kind="python-block"``, empty: the code is the page's ``numbers-source`` block).
+        outputs: files (relative to the root) the command writes, removed before it runs again.
+        needs: steps whose outputs it reads; merge_stderr: the page shows stderr lines too
+            (progress-bar lines are always dropped); env: extra environment variables.
+    """
+
+    name: str
+    command: str
+    outputs: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
+    kind: str = "shell"
+    merge_stderr: bool = False
+    env: dict = field(default_factory=dict)
+
+
+POLICY_OPTS = "--budgets 16,32,64,128,256,512 --domain code --max-docs 8 --targets-per-doc 2"
+STEPS = [
+    Step("measure-code", "truncsens measure --domain code", ("results/reference-code.nc",)),
+    Step("measure-nl", "truncsens measure --domain nl", ("results/reference-nl.nc",)),
+    Step("fit", "truncsens fit results/reference-code.nc results/reference-nl.nc --out results/reference.fit.json --plot",
+         ("results/reference.fit.json", "results/reference.fit.png", "results/reference.fit.pdf"),
+         needs=("measure-code", "measure-nl")),
+    Step("recommend", "truncsens recommend-window results/reference.fit.json --eps 0.01 --eps 0.05", needs=("fit",),
+         merge_stderr=True),
+    Step("api-example", "", kind="python-block"),
+    Step("plan", "truncsens plan --reference-context 1024 --average-window 64,256 --out results/plan.json "
+                 "--plot-out results/plan", ("results/plan.json", "results/plan.png")),
+    Step("certify", "truncsens certify --domain code",
+         ("results/reference-code-certify.nc", "results/reference-code-certify-reliability.png",
+          "results/reference-code-certify-scatter.png")),
+    Step("certify-designs", "python benchmarks/certify_designs.py --reference-context 1024 --out results/certify-designs.json",
+         ("results/certify-designs.json",)),
+    Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
+         ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png")),
+    Step("policies-streaming-a", "truncsens measure --policy suffix,sink_recent,h2o,tova,key_norm,topk "
+                                 f"--semantics streaming {POLICY_OPTS} --out results/stream-a.nc", ("results/stream-a.nc",)),
+    Step("policies-streaming-b", f"truncsens measure --policy random,poisson --semantics streaming {POLICY_OPTS} "
+                                 "--out results/stream-b.nc", ("results/stream-b.nc",)),
+    Step("policies-streaming", "truncsens compare-policies results/stream-a.nc results/stream-b.nc "
+                               "--truncation results/reference-code.nc --metrics kl --plot",
+         ("results/stream-a-policies.png", "results/stream-a-policies.pdf"),
+         needs=("measure-code", "policies-streaming-a", "policies-streaming-b")),
+    Step("policies-prefill-run", "truncsens measure --policy suffix,sink_recent,random,poisson,h2o,tova,key_norm,topk,snapkv "
+                                 f"--semantics prefill_evict {POLICY_OPTS} --out results/reference-code-prefill.nc",
+         ("results/reference-code-prefill.nc",)),
+    Step("policies-prefill", "truncsens compare-policies results/reference-code-prefill.nc --metrics kl",
+         needs=("policies-prefill-run",)),
+    Step("policy-blocks-streaming", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16"),
+    Step("policy-blocks-prefill", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16 "
+                                  "--semantics prefill_evict --policies h2o,snapkv,key_norm"),
+    Step("protocol-pe8", "python benchmarks/protocol_efficiency.py --docs 47 --block-targets 8 --block-size 8 "
+                         "--paired-targets --designs --out-dir runs/pe8", ("runs/pe8",)),
+    Step("protocol-pe64", "python benchmarks/protocol_efficiency.py --docs 47 --exact-results runs/pe8/exact.nc "
+                          "--designs --out-dir runs/pe64", ("runs/pe64",), needs=("protocol-pe8",)),
+    Step("protocol-exact32", "truncsens measure --reference-context 1024 --targets-per-doc 32 --max-docs 47 "
+                             "--out runs/exact32.nc", ("runs/exact32.nc",)),
+    Step("protocol-pe32", "python benchmarks/protocol_efficiency.py --docs 47 --exact-targets 32 --exact-results "
+                          "runs/exact32.nc --block-results runs/pe64/block.nc --designs --out-dir runs/pe32",
+         ("runs/pe32",), needs=("protocol-pe64", "protocol-exact32")),
+    Step("throughput-measure", "python benchmarks/measure_throughput.py"),
+    Step("throughput-policies", "python benchmarks/policies_throughput.py"),
+    Step("throughput-certify", "python benchmarks/certify_throughput.py"),
+    Step("kvpress-parity", f"PYTHONPATH=. {KVPRESS_PYTHON} benchmarks/kvpress_parity.py"),
+    Step("golden", "python -m pytest -q -p no:cacheprovider tests/test_cli_golden.py",
+         env={"TRUNCSENS_GOLDEN_WRITE": "1"}),
+]
+FIGURES = {  # a step's figure -> the path the pages show it at
+    "results/reference.fit.png": "docs/reference-fit.png",
+    "results/stream-a-policies.png": "docs/reference-policies.png",
+    "results/reference-code-attribution-recomputation.png": "docs/reference-attribution.png",
+}
+PAGES = ("README.md", "docs/*.md")
+MARKER = re.compile(r"^<!-- numbers: ([\w-]+) -->\n(```[^\n]*\n)(.*?)(^```$)", re.M | re.S)
+SOURCE = re.compile(r"^<!-- numbers-source: ([\w-]+) -->\n```python\n(.*?)^```$", re.M | re.S)
+PROGRESS = re.compile(r"\r|\d+%\|")
+
+
+def weights_sha() -> str:
+    """SHA-256 of the installed reference weights (what a finished step was measured on)."""
+    from truncsens.models.identity import checkpoint_sha256
+    from truncsens.models.sources import REFERENCE_DIR
+
+    return checkpoint_sha256(REFERENCE_DIR)
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    return [p for pattern in PAGES for p in sorted(root.glob(pattern))]
+
+
+def source_of(step: Step) -> str:
+    """The python block after ``<!-- numbers-source: NAME -->`` in the pages.
+
+    Raises:
+        SystemExit: no such block.
+    """
+    for page in pages():
+        for name, code in SOURCE.findall(page.read_text()):
+            if name == step.name:
+                return code
+    sys.exit(f"error: no '<!-- numbers-source: {step.name} -->' python block in {', '.join(PAGES)}")
+
+
+def clean(text: str) -> str:
+    """Printed output without progress-bar lines and trailing spaces."""
+    return "\n".join(line.rstrip() for line in text.splitlines() if not PROGRESS.search(line)).strip("\n") + "\n"
+
+
+def run_step(step: Step, out_dir: Path, sha: str) -> bool:
+    """Run one step (its old outputs removed first); True when it exited 0."""
+    for rel in step.outputs:
+        path = ROOT / rel
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    command = [sys.executable, "-c", source_of(step)] if step.kind == "python-block" else ["bash", "-c", step.command]
+    print(f"[{time.strftime('%H:%M:%S')}] {step.name}: {step.command or 'python block'}", flush=True)
+    start = time.time()
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **step.env})
+    seconds = time.time() - start
+    (out_dir / f"{step.name}.out").write_text(proc.stdout)
+    (out_dir / f"{step.name}.err").write_text(proc.stderr)
+    record = {"step": step.name, "command": step.command, "returncode": proc.returncode, "seconds": round(seconds, 1),
+              "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "weights_sha256": sha}
+    (out_dir / f"{step.name}.json").write_text(json.dumps(record, indent=1))
+    print(f"    exit {proc.returncode} after {seconds:.0f} s", flush=True)
+    return proc.returncode == 0
+
+
+def done(step: Step, out_dir: Path, sha: str) -> bool:
+    path = out_dir / f"{step.name}.json"
+    if not path.is_file():
+        return False
+    record = json.loads(path.read_text())
+    return record["returncode"] == 0 and record["weights_sha256"] == sha and record["command"] == step.command
+
+
+def with_needs(names: list[str]) -> list[Step]:
+    """The named steps and, first, every step they need (in :data:`STEPS` order).
+
+    Raises:
+        SystemExit: an unknown name.
+    """
+    by_name = {s.name: s for s in STEPS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        sys.exit(f"error: unknown step(s) {', '.join(unknown)}; --list shows them")
+    wanted, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += list(by_name[name].needs)
+    return [s for s in STEPS if s.name in wanted]
+
+
+def update_docs(out_dir: Path, root: Path = ROOT) -> None:
+    """Replace every marked block by its step's output; copy the figures (see the module docstring).
+
+    Raises:
+        SystemExit: a marker names no step.
+    """
+    for page in pages(root):
+        text = page.read_text()
+
+        def fill(m: re.Match) -> str:
+            name, fence, body, close = m.groups()
+            step = next((s for s in STEPS if s.name == name), None)
+            if step is None:
+                sys.exit(f"error: {page.relative_to(root)} marks a block for unknown step {name!r}")
+            out, err = out_dir / f"{name}.out", out_dir / f"{name}.err"
+            if not out.is_file():
+                print(f"  {page.relative_to(root)}: {name} has not run; block left as it is")
+                return m.group(0)
+            printed = out.read_text() + (err.read_text() if step.merge_stderr else "")
+            first = body.splitlines()[0] if body.startswith("$ ") else None
+            return f"<!-- numbers: {name} -->\n{fence}" + (first + "\n" if first else "") + clean(printed) + close
+
+        new = MARKER.sub(fill, text)
+        if new != text:
+            page.write_text(new)
+            print(f"  rewrote {page.relative_to(root)}")
+    for src, dst in FIGURES.items():
+        if (root / src).is_file():
+            shutil.copyfile(root / src, root / dst)
+            print(f"  copied {src} -> {dst}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--list", action="store_true", help="list the steps and whether they are done")
+    ap.add_argument("--only", default="", help="comma-separated steps (and the steps they need)")
+    ap.add_argument("--update-docs", action="store_true", help="rewrite the marked blocks and copy the figures")
+    ap.add_argument("--out-dir", default=str(ROOT / "runs" / "numbers"))
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.update_docs:
+        update_docs(out_dir)
+        return 0
+    sha = weights_sha()
+    steps = with_needs([n for n in args.only.split(",") if n]) if args.only else STEPS
+    if args.list:
+        for s in steps:
+            print(f"{'done' if done(s, out_dir, sha) else 'todo'}  {s.name:24s} {s.command or 'python block'}")
+        return 0
+    failed = []
+    for s in steps:
+        if done(s, out_dir, sha):
+            continue
+        if any(n in failed for n in s.needs):
+            print(f"skip {s.name}: a step it needs failed")
+            failed.append(s.name)
+        elif not run_step(s, out_dir, sha):
+            failed.append(s.name)
+    print(f"failed: {', '.join(failed)}" if failed else "all steps done")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
