@@ -5,7 +5,6 @@ every step the pages mark exists, and every README/docs figure the steps feed is
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def test_the_pages_markers_name_steps_and_sources_exist(numbers):
     marked = set()
     for page in numbers.pages():
         text = page.read_text()
-        marked |= set(re.findall(r"<!-- numbers: ([\w-]+) -->", text))
+        marked |= {m.group(1) for m in numbers.MARKER.finditer(text)}
     assert marked and marked <= names
     assert "import truncsens" in numbers.source_of(next(s for s in numbers.STEPS if s.name == "api-example"))
     for dst in numbers.FIGURES.values():
