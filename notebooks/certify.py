@@ -25,9 +25,10 @@ from truncsens.api.certify_attribution import Attribution
 from truncsens.api.notebook import ensure_results, repo_root, show
 
 RESULTS = repo_root(globals().get("__file__")) / "results"
-certify_nc = ensure_results(RESULTS / "reference-code-certify.nc", truncsens.certify, domain="code")
+# the runs of docs/certify.md's commands (certify at N = 1,024; certify-attribution --trajectory 8)
+certify_nc = ensure_results(RESULTS / "reference-code-certify.nc", truncsens.certify, domain="code", reference_context=1024)
 attribution_nc = ensure_results(RESULTS / "reference-code-attribution.nc", truncsens.certify_attribution, domain="code",
-                                trajectory=16)
+                                trajectory=8)
 
 # %% [markdown]
 # ## Coverage and tightness of the per-step certificates (`truncsens certify`)

@@ -62,7 +62,7 @@ class Step:
     env: dict = field(default_factory=dict)
 
 
-POLICY_OPTS = "--budgets 16,32,64,128,256,512 --domain code --max-docs 8 --targets-per-doc 2"
+POLICY_OPTS = "--budgets 16,32,64,128,256,512 --domain code --reference-context 1024 --max-docs 8 --targets-per-doc 2"
 STEPS = [
     Step("measure-code", "truncsens measure --domain code", ("results/reference-code.nc",)),
     Step("measure-nl", "truncsens measure --domain nl", ("results/reference-nl.nc",)),
@@ -74,7 +74,7 @@ STEPS = [
     Step("api-example", "", kind="python-block"),
     Step("plan", "truncsens plan --reference-context 1024 --average-window 64,256 --out results/plan.json "
                  "--plot-out results/plan", ("results/plan.json", "results/plan.png")),
-    Step("certify", "truncsens certify --domain code",
+    Step("certify", "truncsens certify --domain code --reference-context 1024",
          ("results/reference-code-certify.nc", "results/reference-code-certify-reliability.png",
           "results/reference-code-certify-scatter.png")),
     Step("certify-designs", "python benchmarks/certify_designs.py --reference-context 1024 --out results/certify-designs.json",
