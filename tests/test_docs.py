@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Paths named in backticks or prose: `truncsens/engine/attention_windows.py`, benchmarks/gpu_suite.sh, ...
-REPO_PATH = re.compile(r"(?<![\w/.$-])((?:truncsens|benchmarks|tests|notebooks|docs)/[\w/.-]*)")
+REPO_PATH = re.compile(r"(?<![\w/.$-])((?:truncsens|benchmarks|tests|notebooks|docs|reproduce)/[\w/.-]*)")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
