@@ -59,7 +59,7 @@ def measure_config(model: str = "reference", *, texts: Sequence[str] | None = No
                    semantics: str | None = None, score: str = "attention", per_query: bool = False,
                    policy_args: dict | None = None, chunk: int = 1, protocol: str = "exact",
                    block_fraction: float = 0.125, block_size: int = 64, granularity: str = "token", draws: int = 1,
-                   policy_seed: int | None = None, command: str = "") -> MeasureConfig:
+                   policy_seed: int | None = None, per_layer: bool = False, command: str = "") -> MeasureConfig:
     """The validated configuration of one run (:class:`~truncsens.engine.config.MeasureConfig`, whose
     docstring says what every option means), from ``truncsens measure``'s options in snake_case.
 
@@ -78,7 +78,7 @@ def measure_config(model: str = "reference", *, texts: Sequence[str] | None = No
         model=model, domain=domain, corpus=texts_corpus(texts) if texts is not None else corpus, split=split,
         text_field=text_field, reference_context=reference_context, windows=_ints(windows), policies=_names(policies),
         budgets=_ints(budgets), semantics=semantics, n_sink=sinks, positions=positions, score=score,
-        per_query=per_query, policy_args=policy_args, chunk=chunk, granularity=granularity, draws=draws,
+        per_query=per_query, policy_args=policy_args, chunk=chunk, granularity=granularity, per_layer=per_layer, draws=draws,
         policy_seed=policy_seed, protocol=protocol, block_fraction=block_fraction, block_size=block_size,
         targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, device=device, dtype=dtype,
         max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard, out=None if out is None else str(out),
@@ -112,8 +112,9 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
             semantics: str | None = None, score: str = "attention", per_query: bool = False,
             policy_args: dict | None = None, chunk: int = 1, protocol: str = "exact", block_fraction: float = 0.125,
             block_size: int = 64, granularity: str = "token", draws: int = 1, policy_seed: int | None = None,
-            command: str | None = None) -> xr.Dataset | None:
-    """Measure D(w) (a window sweep) or D(k) (``policies=``: a budget sweep) and return the results.
+            per_layer: bool = False, command: str | None = None) -> xr.Dataset | None:
+    """Measure D(w) (a window sweep), D_l(w) (``per_layer=True``: each layer alone windowed) or D(k)
+    (``policies=``: a budget sweep) and return the results.
 
     Args:
         model: a spec ("reference", "synthetic:ALPHA", a hub id, a checkpoint folder), or a transformers
@@ -130,7 +131,7 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
         the others: ``truncsens measure``'s options (``truncsens measure --help``, :func:`measure_config`).
 
     Returns:
-        the results Dataset (dims target x window, or target x budget [x policy]; schema
+        the results Dataset (dims target x window, layer x target x window, or [policy x] target x budget; schema
         :mod:`truncsens.results.schema`); None on ranks other than 0 of a multi-process run.
 
     Raises:

@@ -127,8 +127,13 @@ def recommend(fit_doc: dict, eps_values: Sequence[float], metric: str = "tv", le
 
     Raises:
         ValueError: bad eps (:func:`truncsens.budget.windows.check_eps`).
-        FitError: the fit file has no power law entry for ``metric``.
+        FitError: the fit file has no power law entry for ``metric``, or it fits per-layer curves (a
+            window for one layer alone is not a cache budget: ``truncsens plan`` allocates per layer).
     """
+    per_layer = [c.get("label", str(i)) for i, c in enumerate(fit_doc["curves"]) if "per_layer" in c.get("provenance", {})]
+    if per_layer:
+        raise FitError(f"curve {per_layer[0]} is a per-layer sweep (one layer windowed, the others full): its window is "
+                       "not a cache budget for the model; use truncsens plan for per-layer windows at a KV budget")
     eps_values = [check_eps(e, metric) for e in eps_values]
     if not eps_values:
         raise ValueError("give at least one --eps")

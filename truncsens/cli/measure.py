@@ -36,7 +36,7 @@ def measure(
     # -- retention policies (truncsens.engine.retention): sweep budgets instead of windows --
     policy: Optional[List[str]] = typer.Option(None, help="Retention policies (suffix, sink_recent, random, poisson, h2o, tova, key_norm, snapkv, topk), repeated or comma-separated: measure D(k) at budgets instead of windows; several share the reference pass."),
     budgets: Optional[List[str]] = typer.Option(None, help="With --policy: budgets k, repeated or comma-separated: kept tokens of the target's query, its own included (default: powers of two from 16 to N/2)."),
-    semantics: Optional[str] = typer.Option(None, help="With --policy: reencode, streaming (default) or prefill_evict."),
+    semantics: Optional[str] = typer.Option(None, help="With --policy: reencode, streaming (default) or prefill_evict; with --per-layer: prefill_evict (default) or streaming."),
     score: str = typer.Option("attention", help="With --policy poisson: inclusion scores, attention (default) or key_norm."),
     per_query: bool = typer.Option(False, "--per-query", help="With --policy random: draw anew for every query instead of once per sequence (not under streaming)."),
     policy_arg: Optional[List[str]] = typer.Option(None, help="With --policy kvpress:<PressClass>: a press parameter key=value (repeatable; int, float, true/false or text), e.g. n_sink=8."),
@@ -47,6 +47,7 @@ def measure(
     granularity: str = typer.Option("token", help="With --semantics streaming or prefill_evict: token (one kept set for all layers and heads) or head (one per key/value head, shared by the layers; the budget counts per head)."),
     draws: int = typer.Option(1, help="With --policy random or poisson: independent draws of each randomized policy (R > 1 adds a 'draw' dim; readers average over it)."),
     policy_seed: Optional[int] = typer.Option(None, help="Seed of the randomized policies' draws (default: --seed); the targets stay those of --seed."),
+    per_layer: bool = typer.Option(False, "--per-layer", help="Per-layer window sweep: D_l(w) for each layer alone keeping its sinks (default 4) and last w keys, every other layer its full cache (--semantics prefill_evict or streaming); results gain a 'layer' dim."),
 ) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.api.measure import measure_config, run_measurement
@@ -60,6 +61,7 @@ def measure(
             policies=split_list(policy, "--policy"),
             budgets=int_list(budgets, "--budgets"), semantics=semantics, sinks=sinks, positions=positions,
             score=score, per_query=per_query, policy_args=parse_policy_args(policy_arg), chunk=chunk, granularity=granularity, draws=draws, policy_seed=policy_seed,
+            per_layer=per_layer,
             protocol=protocol, block_fraction=block_fraction, block_size=block_size,
             targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
             device=device, dtype=dtype, batch_tokens=batch_tokens, docs_per_shard=docs_per_shard,
@@ -88,6 +90,8 @@ def _run_and_report(run, cfg) -> None:
     extra = summary.extra
     what = (f"policies {', '.join(extra['policies'])}, semantics {extra['semantics']}, budgets"
             if "policies" in extra else "windows")
+    if "per_layer" in extra:
+        what = f"each of {extra['per_layer']} layers alone, semantics {extra['semantics']}, windows"
     if "protocol" in extra:
         what = f"{extra['protocol']} protocol, {what}"
     points = (", ".join(str(v) for v in summary.sweep) if len(summary.sweep) <= 3

@@ -29,7 +29,8 @@ DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block.plan)
 DEFAULT_BLOCK_FRACTION = 0.125
 DEFAULT_BLOCK_SIZE = 64
-BLOCK_POLICIES = ("suffix", "sink_recent")  # the policies whose kept set is a window (block protocol)
+BLOCK_POLICIES = ("suffix", "sink_recent")
+PER_LAYER_SEMANTICS = ("prefill_evict", "streaming")  # per-layer window sweeps (truncsens.engine.layer_windows_pass)  # the policies whose kept set is a window (block protocol)
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
@@ -71,6 +72,11 @@ class MeasureConfig:
         granularity: "token" (one kept set per target, shared by all layers and heads) or "head"
             (one per key/value head, shared by all layers; ``streaming`` and ``prefill_evict`` only;
             :mod:`truncsens.engine.granularity`).
+        per_layer: a per-layer window sweep (issue 21): for each layer l alone, D_l(w), layer l keeping
+            its ``n_sink`` first and last w keys (the query's own among them) while every other layer
+            keeps its full cache, under ``prefill_evict`` (default) or ``streaming``
+            (:mod:`truncsens.engine.layer_windows_pass`); ``n_sink`` defaults to 4; results gain a
+            leading ``layer`` dim.
         draws: R, independent draws of every randomized policy (``random``, ``poisson``); R > 1 adds
             a ``draw`` dim to the results (:func:`truncsens.engine.kernel.measure_draws`).
         policy_seed: seed of the randomized policies' draws (None: ``seed``), separate from the
@@ -98,7 +104,8 @@ class MeasureConfig:
             message names ``--protocol exact``), ``granularity`` other than token or
             head, head granularity under ``reencode`` or with a ``kvpress:`` policy (presses keep their
             own per-layer, per-head sets), more than one draw
-            without a randomized policy.
+            without a randomized policy; ``per_layer`` with ``--policy``, a semantics other than
+            :data:`PER_LAYER_SEMANTICS`, ``--protocol block`` or ``--positions reindexed``.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -126,6 +133,7 @@ class MeasureConfig:
     block_fraction: float = DEFAULT_BLOCK_FRACTION
     block_size: int = DEFAULT_BLOCK_SIZE
     granularity: str = "token"
+    per_layer: bool = False
     draws: int = 1
     policy_seed: int | None = None
     targets_per_doc: int | None = 8
@@ -152,7 +160,9 @@ class MeasureConfig:
                 raise MeasureError(f"{option} must be at least 1, got {value}")
         if self.n_sink is not None and self.n_sink < 0:
             raise MeasureError(f"--sinks must be >= 0, got {self.n_sink}")
-        if self.policies is None:
+        if self.per_layer:
+            self._check_per_layer()
+        elif self.policies is None:
             if self.budgets is not None or self.semantics is not None:
                 raise MeasureError("--budgets and --semantics need --policy NAME (window sweeps are re-encode; "
                                    "for a suffix window under another semantics use --policy suffix)")
@@ -197,7 +207,27 @@ class MeasureConfig:
                                "poisson); " + ("a window sweep is deterministic" if self.policies is None else
                                               f"{', '.join(self.policies)} decide deterministically") + " (leave --draws at 1)")
         if self.out is None:
-            self.out = str(default_out(self.model, self.corpus_name, self.domain, "" if self.policies is None else "-policies"))
+            suffix = "-per-layer" if self.per_layer else "" if self.policies is None else "-policies"
+            self.out = str(default_out(self.model, self.corpus_name, self.domain, suffix))
+
+    def _check_per_layer(self) -> None:
+        """Options of a per-layer window sweep, with its defaults (prefill_evict, 4 sinks).
+
+        Raises:
+            MeasureError: see the class docstring.
+        """
+        if self.policies is not None or self.budgets is not None:
+            raise MeasureError("--per-layer sweeps windows layer by layer; it takes --windows, not --policy or --budgets")
+        self.semantics = self.semantics or PER_LAYER_SEMANTICS[0]
+        if self.semantics not in PER_LAYER_SEMANTICS:
+            raise MeasureError(f"--per-layer runs under --semantics {' or '.join(PER_LAYER_SEMANTICS)} (the cache a "
+                               f"server keeps per layer), not {self.semantics}")
+        if self.protocol != "exact":
+            raise MeasureError("--per-layer runs the exact protocol only (leave --protocol at exact)")
+        if self.positions != "original":
+            raise MeasureError("--per-layer keeps original positions (each layer's kept keys are those of the full "
+                               "prefill); leave --positions at original")
+        self.n_sink = DEFAULT_POLICY_SINKS if self.n_sink is None else self.n_sink
 
     def _check_protocol(self, semantics: Semantics) -> None:
         if self.protocol not in PROTOCOLS:

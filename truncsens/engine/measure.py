@@ -7,7 +7,8 @@ to the block protocol (:mod:`truncsens.engine.block.runs`), and writes what it r
 :mod:`truncsens.results`; the lock, shards, resume and merge are the run skeleton's
 (:func:`truncsens.engine.run.skeleton.run_sharded`).
 
-Results: dims (target, window) for a window sweep; (target, budget), or (policy, target, budget)
+Results: dims (target, window) for a window sweep, (layer, target, window) for a per-layer window
+sweep (``--per-layer``: :mod:`truncsens.engine.per_layer_runs`); (target, budget), or (policy, target, budget)
 when several policies run, for a policy sweep, whose attrs add ``policy`` (names in order),
 ``policy_params`` (JSON), ``budget_counts``, ``score_source`` (where scores came from) and, for
 streaming, ``chunk`` (tokens between eviction decisions), ``granularity`` (``token``: one kept set per
@@ -33,6 +34,7 @@ from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import draws_measured, measure_draws
+from truncsens.engine.per_layer_runs import per_layer_attrs, per_layer_work
 from truncsens.engine.run.shard_results import shard_results
 from truncsens.engine.run.shards import check_output
 from truncsens.engine.run.skeleton import ShardedRun, ShardWork, run_sharded
@@ -155,7 +157,11 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     attrs = provenance(cfg, loaded, N, docs, sweep)
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
-    if cfg.protocol == "block":
+    if cfg.per_layer:
+        attrs.update(per_layer_attrs(loaded))
+        work = per_layer_work(cfg, loaded, N, sweep, docs, attrs)
+        extra.update(per_layer=int(attrs["n_layers"]), semantics=sweep.semantics.name)
+    elif cfg.protocol == "block":
         work = block_work(cfg, loaded, N, sweep, docs, attrs)
         extra["protocol"] = "block"
     else:

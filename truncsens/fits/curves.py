@@ -22,7 +22,7 @@ import numpy as np
 import xarray as xr
 
 from truncsens.metrics import divergences_in, present
-from truncsens.results.schema import ResultsError, mean_over_draws, sweep_dim
+from truncsens.results.schema import ResultsError, group_label, groups, mean_over_draws, sweep_dim
 from truncsens.stats import doc_sums, mean_with_inf, resampled_mean_se
 
 
@@ -110,7 +110,8 @@ def default_metrics(datasets: Sequence[xr.Dataset]) -> tuple[str, ...]:
 
 
 def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", label: str | None = None) -> list[Curve]:
-    """Split a results dataset into :class:`Curve` objects (one per policy, if any).
+    """Split a results dataset into :class:`Curve` objects (one per layer of a per-layer sweep and per
+    policy of a policy sweep, labelled ``label[layer 3]``, ``label[h2o]``).
 
     A file with a ``draw`` dim is first averaged over draws per target
     (:func:`truncsens.results.mean_over_draws`): a target is one observation whatever R.
@@ -130,7 +131,6 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
             f"(measure more {sweep}s, e.g. the default powers of two)")
     order = np.argsort(points)
     label = label or (Path(results_file).stem if results_file else "results")
-    policies = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else [None]
     attrs = {k: plain(v) for k, v in ds.attrs.items()}
     try:
         n_ref = int(ds.attrs.get("reference_context", 0))
@@ -140,14 +140,15 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
     if f"actual_{sweep}" in ds.coords:  # block protocol: mean actual window (budget) per nominal one
         x = np.asarray(ds[f"actual_{sweep}"].transpose("target", sweep).values, np.float64).mean(0)[order]  # [S]
     out = []
-    for policy in policies:
-        sub = ds if policy is None else ds.sel(policy=policy)
+    for group in groups(ds):
+        sub, policy = ds.sel(group), group.get("policy")
+        name = policy if set(group) <= {"policy"} else group_label(group)
         sums, counts, docs = {}, {}, []
         pos, neg, nan = {}, {}, {}
         for m in metrics:
             values = np.asarray(sub[m].transpose("target", sweep).values, dtype=np.float64)[:, order]  # [n_targets, S]
             sums[m], counts[m], docs = doc_sums(values, ds["doc"].values)
             pos[m], neg[m], nan[m] = np.isposinf(values).sum(0), np.isneginf(values).sum(0), np.isnan(values).sum(0)  # [S]
-        out.append(Curve(results_file, label if policy is None else f"{label}[{policy}]", policy, sweep, points[order],
+        out.append(Curve(results_file, label if not group else f"{label}[{name}]", policy, sweep, points[order],
                          sums, counts, docs, int(ds.sizes["target"]), n_ref, attrs, pos, neg, nan, x))
     return out

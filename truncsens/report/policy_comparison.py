@@ -34,7 +34,7 @@ from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.fit_file import sanitize
 from truncsens.fits.fitting import FitConfig, fit_curve
 from truncsens.fits.laws import FitError
-from truncsens.results import ResultsError, load, sweep_dim
+from truncsens.results import ResultsError, is_per_layer, load, sweep_dim
 from truncsens.results.join import SAME_SOURCE, attr_differences, check_same_weights, policy_names, target_difference
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
@@ -190,7 +190,7 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         :class:`PolicyComparison`.
 
     Raises:
-        ResultsError: not a policy results file, or an unknown metric.
+        ResultsError: not a policy results file, an unknown metric, or a per-layer ``truncation`` file.
         ValueError: an explicit numerator or denominator that is not a policy of the file.
         FitError: bootstrap asked with fewer than 2 documents.
     """
@@ -233,6 +233,9 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
                         seed=cfg.seed, level=cfg.level)
     extra = []
     if truncation is not None:
+        if is_per_layer(truncation):
+            raise ResultsError("the --truncation file is a per-layer sweep (measure --per-layer): its curves window one "
+                               "layer at a time, no yardstick for a policy that evicts in every layer; pass a window sweep")
         check_same_weights(ds, truncation, "the policy run", "the truncation run")
         notes += truncation_mismatch(ds, truncation)
         extra = [(f"truncation{'' if c.policy is None else '[' + c.policy + ']'}", c) for c in curves_of(truncation, list(cfg.metrics))]

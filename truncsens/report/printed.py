@@ -50,7 +50,7 @@ def protocol_note(attrs: dict, contexts: tuple[int, int] | None = None) -> str:
 
 
 def format_summary(rows: list[dict], sweep: str) -> str:
-    """Rows of :func:`truncsens.report.summary.summarize` as text, one block per (policy, metric).
+    """Rows of :func:`truncsens.report.summary.summarize` as text, one block per ([layer,] [policy,] metric).
 
     A block whose rows hold infinite or NaN values gets the columns ``n_inf`` and ``n_nan`` beside
     ``n`` and a note under it: a mean over a set with +inf is printed as ``inf``, never as the
@@ -62,10 +62,11 @@ def format_summary(rows: list[dict], sweep: str) -> str:
     blocks: list[tuple[str, list[dict]]] = []
     key = None
     for r in rows:
-        k = (r.get("policy"), r["metric"])
+        k = (r.get("layer"), r.get("policy"), r["metric"])
         if k != key:
             key = k
-            blocks.append((r["metric"] + (f"  (policy {r['policy']})" if r.get("policy") else ""), []))
+            where = ", ".join(f"{d} {r[d]}" for d in ("layer", "policy") if r.get(d) is not None)
+            blocks.append((r["metric"] + (f"  ({where})" if where else ""), []))
         blocks[-1][1].append(r)
     out = []
     for title, block in blocks:

@@ -23,7 +23,7 @@ import xarray as xr
 
 from truncsens.fits.fit_file import sanitize
 from truncsens.report.printed import format_summary
-from truncsens.results import load, mean_over_draws, metrics_of, sweep_dim
+from truncsens.results import groups, load, mean_over_draws, metrics_of, sweep_dim
 from truncsens.stats import cluster_mean_se, quantiles_with_inf
 
 COUNTS = ("n", "n_inf", "n_nan")
@@ -62,7 +62,8 @@ def summarize_values(values: np.ndarray, doc: list[str] | None = None) -> dict[s
 
 
 def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
-    """One row per (policy,) sweep value and metric: ``{"policy"?, sweep, "metric", "n", "n_inf", "n_nan", stats...}``
+    """One row per ([layer,] [policy,] sweep value, metric): ``{"layer"?, "policy"?, sweep, "metric", "n", "n_inf",
+    "n_nan", stats...}``
     (counts and stats of :func:`summarize_values`). ``metrics`` defaults to every metric the file holds
     (:func:`truncsens.results.metrics_of`, in the order of :data:`truncsens.metrics.METRICS`).
 
@@ -80,17 +81,14 @@ def summarize(ds: xr.Dataset, metrics: list[str] | None = None) -> list[dict]:
     if unknown:
         raise ValueError(f"unknown metric(s) {', '.join(unknown)}; the file has {', '.join(held)}")
     sweep = sweep_dim(ds)
-    policies = list(ds["policy"].values) if "policy" in ds.dims else [None]
     docs = [str(d) for d in ds["doc"].values]
     rows = []
-    for policy in policies:
-        sub = ds if policy is None else ds.sel(policy=policy)
+    for group in groups(ds):  # one curve per (layer, policy) present
+        sub = ds.sel(group)
         for metric in metrics:
             for value in ds[sweep].values:
                 col = sub[metric].sel({sweep: value}).values.astype(float)  # [target]
-                row = {"metric": metric, sweep: int(value)}
-                if policy is not None:
-                    row["policy"] = str(policy)
+                row = {"metric": metric, sweep: int(value), **group}
                 row.update(summarize_values(col, docs))
                 rows.append(row)
     return rows

@@ -6,7 +6,7 @@ offending value.
 
 Rules:
 
-- ``dims``: every metric has the dims ``([policy,] [draw,] target, window|budget)``, in that order.
+- ``dims``: every metric has the dims ``([layer,] [policy,] [draw,] target, window|budget)``, in that order.
 - ``range``: every value of a metric lies in its record's ``[lower, upper]`` (``math.inf`` above:
   +inf allowed, counted by readers) within :data:`TOLERANCE` for rounding; NaN is refused (the
   engine never stores one: it stops on non-finite logits); ``top1_agree`` holds 0 or 1.
@@ -66,7 +66,7 @@ def check_metric(ds: xr.Dataset, name: str, sweep: str) -> None:
     """Dims and range of metric ``name`` (module docstring). Raises :class:`ValueCheckError`."""
     record = _metrics.metric(name)
     var = ds[name]
-    want = tuple(d for d in ("policy", "draw") if d in ds.dims) + ("target", sweep)
+    want = (("layer",) if "per_layer" in ds.attrs else ()) + tuple(d for d in ("policy", "draw") if d in ds.dims) + ("target", sweep)
     if var.dims != want:
         raise ValueCheckError(f"variable {name!r}: rule dims: it must have dims {want}, has {var.dims}")
     values = np.asarray(var.values, dtype=np.float64)

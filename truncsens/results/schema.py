@@ -3,7 +3,9 @@
 Schema (docs/results.md):
 
 - dims: ``target`` and one sweep dim, ``window`` (suffix truncation) or ``budget`` (retention
-  sweeps); retention sweeps over several policies add a leading ``policy`` dim, and runs with
+  sweeps); per-layer window sweeps (``truncsens measure --per-layer``, attr ``per_layer``) add a
+  leading ``layer`` dim (int64 coord: the layer that alone kept the window, every other layer its
+  full cache); retention sweeps over several policies add a leading ``policy`` dim, and runs with
   ``--draws R`` (R > 1) a ``draw`` dim after it (coord 0..R-1: independent draws of the randomized
   policies; a deterministic policy holds the same values in every draw). Files without ``draw``
   are one draw. Readers average over draws per target first (:func:`mean_over_draws`).
@@ -54,7 +56,8 @@ REQUIRED_ATTRS = (
 # from before an option means its default. At the default they are left out of a run's fingerprint
 # (with the options that only mean something beside them), so a run from before them still resumes,
 # and joins of results read a missing attr as its default.
-LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token", "draws": 1}
+LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token", "draws": 1,
+                 "per_layer": False}
 LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
 
 
@@ -77,6 +80,7 @@ def make_results(
     attrs: Mapping[str, object],
     policies: Sequence[str] | None = None,
     draws: int | None = None,
+    layers: Sequence[int] | None = None,
 ) -> xr.Dataset:
     """Build a results Dataset.
 
@@ -91,6 +95,8 @@ def make_results(
             :mod:`truncsens.results.codec`.
         policies: policy names for a leading ``policy`` dim, or None.
         draws: R for a ``draw`` dim (coord 0..R-1), or None (one draw, no dim).
+        layers: layer indices for a leading ``layer`` dim (per-layer window sweeps: [layer, target,
+            window]), or None.
 
     Raises:
         ResultsError: a shape, name or attr does not fit the schema, or an attr value cannot be stored.
@@ -99,7 +105,10 @@ def make_results(
         raise ResultsError(f"sweep dim must be one of {SWEEP_DIMS}, got {sweep!r}")
     if draws is not None and draws < 1:
         raise ResultsError(f"draws must be at least 1, got {draws}")
-    dims = (("policy",) if policies is not None else ()) + (("draw",) if draws is not None else ()) + ("target", sweep)
+    if layers is not None and (policies is not None or draws is not None or sweep != "window"):
+        raise ResultsError("a layer dim belongs to per-layer window sweeps only (no policy or draw dim)")
+    dims = ((("layer",) if layers is not None else ()) + (("policy",) if policies is not None else ())
+            + (("draw",) if draws is not None else ()) + ("target", sweep))
     data_vars = {}
     for m in _metrics.METRICS:
         if m.name not in metrics:
@@ -115,8 +124,12 @@ def make_results(
         coords["policy"] = _strings(policies, "policy")
     if draws is not None:
         coords["draw"] = np.arange(draws, dtype=np.int64)
+    if layers is not None:
+        coords["layer"] = np.asarray(layers, dtype=np.int64)
     ds = xr.Dataset(data_vars, coords=coords, attrs=dict(attrs))
     ds.attrs.setdefault("log_base", "e")
+    if (layers is not None) != ("per_layer" in ds.attrs):
+        raise ResultsError("a layer dim and the per_layer attr (what a layer kept) go together")
     validate(ds)
     return ds
 
@@ -199,6 +212,10 @@ def validate(ds: xr.Dataset, strict: bool = False) -> None:
     values = ds[sweep].values
     if values.ndim != 1 or len(np.unique(values)) != len(values):
         raise ResultsError(f"{sweep} values must be unique, got {values.tolist()}")
+    if "layer" in ds.coords:
+        layer = ds["layer"].values
+        if layer.dtype.kind not in "iu" or (layer < 0).any() or len(np.unique(layer)) != len(layer):
+            raise ResultsError("the layer coord must hold unique layer indices >= 0")
     if "draw" in ds.dims and ("draw" not in ds.coords or ds["draw"].values.tolist() != list(range(ds.sizes["draw"]))):
         raise ResultsError("the draw coord must be 0..R-1")
     if strict:
@@ -206,6 +223,29 @@ def validate(ds: xr.Dataset, strict: bool = False) -> None:
             checks.check_values(ds, sweep, held)
         except checks.ValueCheckError as exc:
             raise ResultsError(str(exc)) from None
+
+
+def is_per_layer(ds: xr.Dataset) -> bool:
+    """Whether ``ds`` is a per-layer window sweep (attr ``per_layer``; its metrics have a ``layer`` dim).
+    Other files may have ``layer`` dims on other variables (``truncsens certify`` records)."""
+    return "per_layer" in ds.attrs and "layer" in ds.dims
+
+
+def groups(ds: xr.Dataset) -> list[dict]:
+    """The curves a results dataset holds, as ``sel`` keyword dicts: one per (layer, policy) present
+    (``{}`` for a plain window or one-policy file); every reader that splits a file into curves
+    (``show``, ``fit``) goes through this."""
+    out = [{}]
+    for dim in ("layer", "policy"):
+        if dim in ds.dims and (dim != "layer" or is_per_layer(ds)):
+            values = [int(v) if dim == "layer" else str(v) for v in ds[dim].values]
+            out = [{**g, dim: v} for g in out for v in values]
+    return out
+
+
+def group_label(group: dict) -> str:
+    """``"layer 3, policy h2o"``-style text of a :func:`groups` entry (empty for ``{}``)."""
+    return ", ".join(f"{dim} {value}" for dim, value in group.items())
 
 
 def mean_over_draws(ds: xr.Dataset) -> xr.Dataset:

@@ -12,6 +12,14 @@ from truncsens.engine.sweep import Sweep
 from truncsens.targets import TargetSet
 
 
+def with_bos_first(ds, plan: TargetSet, bos_id: int | None):
+    """``ds`` with the per-target int8 coord ``bos_first``: whether the reference context began with
+    the tokenizer's BOS (all 0 when it has none)."""
+    first = plan.context[:, 0].numpy() if len(plan) else np.zeros(0, np.int64)  # [n]
+    bos_first = (first == bos_id) if bos_id is not None else np.zeros(len(plan), bool)
+    return ds.assign_coords(bos_first=("target", bos_first.astype(np.int8)))
+
+
 def shard_results(out: KernelOutput, plan: TargetSet, sweep: Sweep, attrs: dict, bos_id: int | None = None):
     """The results Dataset of one shard from ``out`` of :func:`~truncsens.engine.kernel.measure_draws`
     (arrays [P, R, n, K]; the layout is in the docstring of :mod:`truncsens.engine.measure`: the ``policy`` dim only for P > 1,
@@ -28,9 +36,7 @@ def shard_results(out: KernelOutput, plan: TargetSet, sweep: Sweep, attrs: dict,
     ds = results.make_results({m: layout(v) for m, v in out.metrics.items()}, sweep.dim, sweep.values,
                               plan.doc, plan.position, plan.token_id.numpy(), {**attrs, "n_clamped": out.n_clamped},
                               policies=None if single else names, draws=R if R > 1 else None)
-    first = plan.context[:, 0].numpy() if len(plan) else np.zeros(0, np.int64)  # [n]
-    bos_first = (first == bos_id) if bos_id is not None else np.zeros(len(plan), bool)
-    ds = ds.assign_coords(bos_first=("target", bos_first.astype(np.int8)))
+    ds = with_bos_first(ds, plan, bos_id)
     if sweep.is_window_sweep:
         return ds
     dims = ds["kl"].dims
