@@ -81,6 +81,9 @@ STEPS = [
          ("results/certify-designs.json",)),
     Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
          ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png")),
+    Step("certify-attribution-max", "truncsens certify-attribution --domain code --reference-context 2048 "
+                                    "--out results/reference-code-attribution-2048.nc",
+         ("results/reference-code-attribution-2048.nc", "results/reference-code-attribution-2048-recomputation.png")),
     Step("policies-streaming-a", "truncsens measure --policy suffix,sink_recent,h2o,tova,key_norm,topk "
                                  f"--semantics streaming {POLICY_OPTS} --out results/stream-a.nc", ("results/stream-a.nc",)),
     Step("policies-streaming-b", f"truncsens measure --policy random,poisson --semantics streaming {POLICY_OPTS} "
