@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KVPRESS_PYTHON = "/work/venvs/kvpress/bin/python"  # docs/plan.md: kvpress pins its own transformers
+# kvpress pins its own transformers, so it runs from a venv of its own (docs/plan.md)
+KVPRESS_PYTHON = os.environ.get("TRUNCSENS_KVPRESS_PYTHON", "/work/venvs/kvpress/bin/python")
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = with_needs([n for n in args.only.split(",") if n]) if args.only else STEPS
     if args.list:
         for s in steps:
-            print(f"{'done' if done(s, out_dir, sha) else 'todo'}  {s.name:24s} {s.command or 'python block'}")
+            print(f"{'done' if done(s, out_dir, sha) else 'todo'}  {s.name:32s} {s.command or 'python block'}")
         return 0
     failed = []
     for s in steps:

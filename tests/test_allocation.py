@@ -95,6 +95,15 @@ def test_layer_power_laws_recover_known_exponents():
         assert law["alpha"]["ci"][0] <= a[l] <= law["alpha"]["ci"][1]
     zero = layer_power_laws(np.zeros((1, 4, 6)), windows, ["a", "a", "b", "b"], n_boot=0)[0]
     assert zero["status"] == "failed" and zero["C"] is None
+    # a layer that reaches the float32 noise floor of KL (1e-13) at its two largest windows: they are left
+    # out (as truncsens fit leaves them out) and the law is that of the other windows, exactly
+    floored = values[2:3].copy()
+    floored[..., -2:] = 5e-14
+    law = layer_power_laws(floored, windows, doc, n_boot=20, metric="kl")[0]
+    assert law["excluded"]["noise_floor"] == [64, 128]
+    assert law["alpha"]["value"] == pytest.approx(a[2], rel=1e-9) and law["C"]["value"] == pytest.approx(C[2], rel=1e-9)
+    tv = layer_power_laws(floored, windows, doc, n_boot=0, metric="tv")[0]  # TV's floor (1.5e-7) takes the same two
+    assert tv["excluded"]["noise_floor"] == [64, 128]
 
 
 def test_budget_for_eps_is_the_smallest_that_reaches_it():

@@ -81,12 +81,15 @@ def test_resume_show_and_fit_per_layer(tiny_llama_dir, corpus_dir, tmp_path):
     (dict(semantics="reencode"), "prefill_evict or streaming"),
     (dict(protocol="block"), "exact protocol only"),
     (dict(positions="reindexed"), "original positions"),
+    (dict(granularity="head"), "leave --granularity at token"),
+    (dict(model="synthetic:1.0"), "synthetic source"),
 ])
 def test_bad_combinations_are_refused(options, message):
     from truncsens.api.measure import measure_config
 
+    options = {"model": "reference", **options}
     with pytest.raises(MeasureError, match=message):
-        measure_config("reference", per_layer=True, **options)
+        measure_config(per_layer=True, **options)
 
 
 def test_per_layer_files_are_no_cache_budget_and_no_truncation_yardstick(tiny_llama_dir, corpus_dir, tmp_path):

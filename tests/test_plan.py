@@ -51,6 +51,16 @@ def test_plan_for_a_distortion(tiny_llama_dir, corpus_dir):
         plan(tiny_llama_dir, eps=[1e-12], **common)
 
 
+def test_input_errors_come_before_any_pass(tiny_llama_dir, corpus_dir):
+    """--eps 0 is refused before the model is loaded (a bad path would fail later); a default budget
+    that cannot fit says it was the default."""
+    with pytest.raises(PlanError, match="--eps must be a positive distortion"):
+        plan("/nonexistent/model", eps=[0.0], progress=False)
+    with pytest.raises(PlanError, match="one of the default budgets 64,256"):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=48, sweep=[2, 4], sinks=2, targets_per_doc=1,
+             max_docs=6, n_boot=0, progress=False)
+
+
 def test_plan_under_streaming(tiny_llama_dir, corpus_dir):
     report = plan(tiny_llama_dir, corpus=corpus_dir, reference_context=48, average_windows=[8], sweep=[2, 4, 8, 16],
                   sinks=2, targets_per_doc=1, max_docs=6, n_boot=0, semantics="streaming", progress=False)

@@ -59,7 +59,16 @@ class PlanReport:
                  f"({d['n_heldout_docs']} documents)", ""]
         cols = [Column("layer", ">"), Column("C [CI]", ">"), Column("alpha [CI]", ">")]
         rows = [[str(law["layer"]), _est(law["C"]), _est(law["alpha"])] for law in d["layers"]]
-        lines += [render_table(cols, rows), ""]
+        lines += [render_table(cols, rows)]
+        for law in d["layers"]:
+            floor = (law.get("excluded") or {}).get("noise_floor") or []
+            if floor:
+                lines.append(f"  note: layer {law['layer']}: windows {floor} lie at the float32 noise floor of {d['metric']} "
+                             "and are left out of its law (as truncsens fit does)")
+            if law.get("n_boot_failed"):
+                lines.append(f"  note: layer {law['layer']}: {law['n_boot_failed']} of {d['n_boot']} bootstrap refits failed "
+                             "(too few windows above the floor in those resamples); its interval is over the rest")
+        lines.append("")
         for b in d["budgets"]:
             lines.append(f"average window {b['average_window']:g} ({b['kv_bytes']:,} KV bytes per sequence):")
             cols = [Column("schedule"), Column("windows"), Column("predicted", ">"), Column(f"measured {d['metric']} [doc CI]", ">")]
@@ -211,7 +220,8 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     metric_record(metric)  # an unknown metric fails here, before any pass
     if semantics not in SEMANTICS:
         raise PlanError(f"--semantics must be one of {', '.join(SEMANTICS)}, got {semantics!r}")
-    if average_windows is None and kv_bytes is None and eps is None:
+    defaulted = average_windows is None and kv_bytes is None and eps is None
+    if defaulted:
         average_windows = (64, 256)
     if sum(x is not None and len(x) > 0 for x in (average_windows, kv_bytes, eps)) != 1:
         raise PlanError("give the budgets as average windows (--average-window), as KV bytes (--kv-bytes) or as "
@@ -222,6 +232,9 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     for b in kv_bytes or ():
         if not b > 0:
             raise PlanError(f"--kv-bytes must be a positive number of bytes, got {b}")
+    for e in eps or ():
+        if not e > 0:
+            raise PlanError(f"--eps must be a positive distortion, got {e:g}")
     check_new_files([p for p in (out, None if plot_out is None else str(plot_out).removesuffix(".png") + ".png") if p],
                     overwrite)
     spec, device, dtype_, loaded = model_argument(model, tokenizer, device, dtype)
@@ -240,8 +253,9 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     held_targets = select_targets(docs.used[half:], N, cfg.targets_per_doc, cfg.seed)
     for a in average_windows or ():
         if a >= N - sinks:
-            raise PlanError(f"--average-window {a:g} leaves nothing to allocate: every layer would keep its whole context "
-                            f"(N - sinks = {N - sinks} keys); use a smaller average window")
+            given = " (one of the default budgets 64,256)" if defaulted else ""
+            raise PlanError(f"--average-window {a:g}{given} leaves nothing to allocate: every layer would keep its whole "
+                            f"context (N - sinks = {N - sinks} keys); use a smaller average window")
     windows = [int(w) for w in (sweep or default_sweep(N))]
     if not windows or min(windows) < 1 or max(windows) + sinks >= N:
         raise PlanError(f"sweep windows must lie in [1, N - sinks) = [1, {N - sinks}), got {windows}")
@@ -251,7 +265,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         sweep_metrics, _ = measure_layer_windows(loaded.model, fit_targets, layer_sweep_configurations(n_layers, windows),
                                                  sinks, loaded.device, batch, semantics=semantics)
     values = sweep_metrics[metric].astype(np.float64).reshape(n_layers, len(windows), -1).transpose(0, 2, 1)  # [L, n, W]
-    laws = layer_power_laws(values, windows, list(fit_targets.doc), n_boot, seed, level)
+    laws = layer_power_laws(values, windows, list(fit_targets.doc), n_boot, seed, level, metric)
     bad = [law for law in laws if law["status"] != "ok" or law["alpha"]["value"] <= 0]
     if bad:
         law = bad[0]

@@ -36,7 +36,7 @@ def plan(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing plan file or figure."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
 ) -> None:
-    """Plan per-layer KV windows for a KV budget from each layer's measured sensitivity (prefill-evict)."""
+    """Plan per-layer KV windows for a KV budget from each layer's measured sensitivity (prefill-evict or streaming)."""
     from truncsens.api.plan import plan as make_plan
     from truncsens.cli.options import int_list, split_list
 

@@ -105,7 +105,8 @@ class MeasureConfig:
             head, head granularity under ``reencode`` or with a ``kvpress:`` policy (presses keep their
             own per-layer, per-head sets), more than one draw
             without a randomized policy; ``per_layer`` with ``--policy``, a semantics other than
-            :data:`PER_LAYER_SEMANTICS`, ``--protocol block`` or ``--positions reindexed``.
+            :data:`PER_LAYER_SEMANTICS`, ``--protocol block``, ``--positions reindexed``, ``--granularity
+            head`` or a synthetic source.
         PolicyError: unknown or repeated policy, bad policy parameter, a policy the semantics
             cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
@@ -224,6 +225,13 @@ class MeasureConfig:
                                f"server keeps per layer), not {self.semantics}")
         if self.protocol != "exact":
             raise MeasureError("--per-layer runs the exact protocol only (leave --protocol at exact)")
+        if self.granularity != "token":
+            raise MeasureError("--per-layer keeps one window per layer, the same for every head; leave --granularity at token")
+        from truncsens.models import model_source
+
+        if model_source(self.model).has_own_corpus:
+            raise MeasureError(f"--per-layer windows the attention layers of a transformers model; {self.model} is a "
+                               "synthetic source without any (use a model id or checkpoint folder)")
         if self.positions != "original":
             raise MeasureError("--per-layer keeps original positions (each layer's kept keys are those of the full "
                                "prefill); leave --positions at original")
