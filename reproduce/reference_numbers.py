@@ -65,11 +65,14 @@ class Step:
 
 POLICY_OPTS = "--budgets 16,32,64,128,256,512 --domain code --reference-context 1024 --max-docs 8 --targets-per-doc 2"
 STEPS = [
-    Step("measure-code", "truncsens measure --domain code", ("results/reference-code.nc",)),
-    Step("measure-nl", "truncsens measure --domain nl", ("results/reference-nl.nc",)),
-    Step("fit", "truncsens fit results/reference-code.nc results/reference-nl.nc --out results/reference.fit.json --plot",
-         ("results/reference.fit.json", "results/reference.fit.png", "results/reference.fit.pdf"),
-         needs=("measure-code", "measure-nl")),
+    Step("measure-code", "truncsens measure --domain code --reference-context 1024", ("results/reference-code.nc",)),
+    Step("measure-code-max", "truncsens measure --domain code --reference-context 2048 --out results/reference-code-2048.nc",
+         ("results/reference-code-2048.nc",)),
+    Step("measure-nl-max", "truncsens measure --domain nl --reference-context 2048 --out results/reference-nl-2048.nc",
+         ("results/reference-nl-2048.nc",)),
+    Step("fit", "truncsens fit results/reference-code-2048.nc results/reference-nl-2048.nc --out results/reference.fit.json "
+                "--plot", ("results/reference.fit.json", "results/reference.fit.png", "results/reference.fit.pdf"),
+         needs=("measure-code-max", "measure-nl-max")),
     Step("recommend", "truncsens recommend-window results/reference.fit.json --eps 0.01 --eps 0.05", needs=("fit",),
          merge_stderr=True),
     Step("api-example", "", kind="python-block"),
