@@ -12,7 +12,7 @@ from truncsens.certificates.tasks import kv_document
 from truncsens.corpora.builtin import code_documents, nl_documents
 from truncsens.corpora.document import select_split
 from truncsens.models.reference.data import (
-    EVAL_KEY, DataMix, TrainingData, add_repeats, kv_text, name_vocabulary, step_generator,
+    EVAL_KEY, DataMix, TrainingData, add_repeats, kv_dense_text, kv_text, name_vocabulary, step_generator,
 )
 from truncsens.targets import doc_seed
 
@@ -60,6 +60,31 @@ def test_kv_sequences_define_then_query_their_keys():
     assert not any(EVAL_KEY.fullmatch(k) for k in defs)
 
 
+def test_dense_kv_sequences_query_every_key_once_after_the_first_gap():
+    words = ["parse", "buffer", "reader", "token", "value", "state", "field", "block"]
+    filler = lambda n: ("pass\n" * (n // 5 + 1))[: max(n, 1) - 1] + "\n"  # noqa: E731  exactly n tokens (bytes)
+    for seed in range(5):
+        ids = kv_dense_text(np.random.default_rng(seed), words, filler, char_encode, 6000)
+        text = bytes(ids).decode()
+        assert len(ids) == 6000
+        defs = dict(re.findall(r'^(\w+) = "(\w+)"$', text, flags=re.M))
+        assert 8 <= len(defs) <= 16 and not any(EVAL_KEY.fullmatch(k) for k in defs)
+        queries = re.findall(r'assert (\w+) == "(\w+)"', text)
+        names = [k for k, _ in queries]
+        assert len(names) == len(set(names)) and set(names) <= set(defs)  # each key once at most
+        assert len(names) == len(defs)  # with a filler of the length asked for, every query fits
+        assert all(defs[k] == v for k, v in queries)
+        end_defs, first_query = text.index(f'{list(defs)[-1]} = "'), text.index("assert ")
+        assert first_query - end_defs >= 0.25 * 6000 * 0.9  # the first gap: a quarter of L at least
+
+
+def test_the_dense_mix_draws_dense_kv_sequences():
+    data = small_data(DataMix(0.0, 1.0, dense_kv=True))
+    ids, kind = data.sequence(step_generator(0, 0), 3000)
+    text = bytes(ids.tolist()).decode()
+    assert kind == "kv" and len(re.findall(r'^\w+ = "\w+"$', text, flags=re.M)) >= 8
+
+
 def test_mix_shares_are_checked_and_drawn():
     with pytest.raises(ValueError, match="sum to at most 1"):
         DataMix(0.7, 0.5)
@@ -84,6 +109,9 @@ def test_no_evaluation_document_occurs_in_the_training_data():
     data = small_data()
     train_kv = "".join(bytes(kv_text(np.random.default_rng(s), ["key", "value"] + words, data.filler(np.random.default_rng(s)),
                                      char_encode, 600)).decode() for s in range(50))
+    train_kv += "".join(bytes(kv_dense_text(np.random.default_rng(s), ["key", "value"] + words,
+                                            data.filler(np.random.default_rng(s)), char_encode, 900)).decode()
+                        for s in range(50))
     assert not EVAL_KEY.search(train_kv)
     for i in range(4):  # the held-out key-value documents of certify-attribution (seed 0)
         ids, _ = kv_document(char_encode, 256, 64, doc_seed(0, f"kv:{i}"))

@@ -16,6 +16,7 @@ from typing import Any
 
 import xarray as xr
 
+from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
 from truncsens import results
 from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.config import CertifyConfig
@@ -74,8 +75,8 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
                    sinks: int = 4, targets_per_doc: int = 2, max_docs: int | None = 16, seed: int = 0,
                    device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
                    out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
-                   granularity: str = "head", score: str = "window", obs_window: int = 32,
-                   temper: float = 1.0, top_fraction: float = 0.25,
+                   granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
+                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
                    command: str = "") -> CertifyConfig:
     """The validated :class:`~truncsens.certificates.config.CertifyConfig` from ``truncsens certify``'s options
     (``out=None``: ``results/<model>-<corpus or domain>-certify.nc``).
@@ -120,8 +121,8 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
             delta: float = 0.05, sinks: int = 4, targets_per_doc: int = 2, max_docs: int | None = 16, seed: int = 0,
             device: str | None = None, dtype: str | None = None, batch_tokens: int | None = None, out: str | Path | None = None,
             plot_out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
-            granularity: str = "head", score: str = "window", obs_window: int = 32,
-                   temper: float = 1.0, top_fraction: float = 0.25,
+            granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
+                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
             command: str | None = None) -> Certification:
     """Measure the certificates of poisson eviction (and topk, random) at every budget.
 

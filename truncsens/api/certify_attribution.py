@@ -16,6 +16,7 @@ from typing import Any
 
 import xarray as xr
 
+from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
 from truncsens import results
 from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
@@ -73,8 +74,8 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
                        min_distance: int | None = None, trajectory: int = 0, trajectory_budget: str = "25%", seed: int = 0,
                        device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
                        out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
-                       granularity: str = "head", score: str = "window", obs_window: int = 32,
-                   temper: float = 1.0, top_fraction: float = 0.25,
+                       granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
+                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
                        command: str = "") -> AttributionConfig:
     """The validated :class:`~truncsens.certificates.attribution_driver.AttributionConfig` from the command's
     options (``out=None``: ``results/<model>-<corpus or domain>-attribution.nc``).
@@ -120,8 +121,8 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
                         seed: int = 0, device: str | None = None, dtype: str | None = None,
                         batch_tokens: int | None = None, out: str | Path | None = None,
                         plot_out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
-                        granularity: str = "head", score: str = "window", obs_window: int = 32,
-                   temper: float = 1.0, top_fraction: float = 0.25,
+                        granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
+                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
                         command: str | None = None) -> Attribution:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random).
 

@@ -111,7 +111,7 @@ def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max
 
 
 def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path | None, dict]:
-    """Train (or resume) with ``cfg``; once all ``max_steps`` are done, evaluate (:func:`context_nll` on
+    """Train (or resume) with ``cfg``; once all ``total_steps`` are done, evaluate (:func:`context_nll` on
     both builtin domains at :data:`~truncsens.models.reference.card.CARD_CONTEXTS`), write the card into
     the final checkpoint folder and, with ``install``, copy that folder into the package's weights folder.
 
@@ -132,7 +132,7 @@ def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path
 
 
 def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 170.0, max_steps: int = 2000,
-                    seed: int = 0, install: bool = False, threads: int = 0) -> tuple[Path, Path | None, dict]:
+                    recall_steps: int = 300, seed: int = 0, install: bool = False, threads: int = 0) -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
     in ``out_dir`` (the result does not depend on where a run was stopped).
@@ -140,7 +140,9 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
     Args:
         out_dir: working folder (checkpoint, training log, exported model).
         minutes: wall-clock budget of this call; the run checkpoints and stops when it is spent.
-        max_steps: optimizer steps of the whole run (part of the recipe: the learning-rate schedule ends there).
+        max_steps: optimizer steps of the main stage (part of the recipe: its learning-rate schedule ends there).
+        recall_steps: optimizer steps of the recall stage that follows (dense key–value recall;
+            :class:`~truncsens.models.reference.train.TrainConfig`).
         seed: seed of initialisation and batch sampling.
         install: copy the finished result into ``truncsens/models/reference/weights``.
         threads: torch CPU threads (0: torch's default).
@@ -151,5 +153,6 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
     Raises:
         TrainError: ``out_dir`` holds a checkpoint of a different recipe.
     """
-    cfg = TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, seed=seed, threads=threads)
+    cfg = TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, recall_steps=recall_steps,
+                      seed=seed, threads=threads)
     return build_reference(cfg, install)

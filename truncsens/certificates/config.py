@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
-from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, CertifyDesign, DesignError
+from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER, CertifyDesign, DesignError
 from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig, default_out
 
 POLICIES = ("poisson", "topk", "random")
@@ -119,7 +119,7 @@ class CertifyBase:
     granularity: str = "head"
     score: str = "window"
     obs_window: int = DEFAULT_OBS_WINDOW
-    temper: float = 1.0
+    temper: float = DEFAULT_TEMPER
     top_fraction: float = 0.25
     parsed_budgets: list = field(default_factory=list, init=False, repr=False)
 

@@ -34,6 +34,7 @@ from typing import Sequence
 GRANULARITIES = ("head", "token")
 SCORES = ("window", "h2o", "key_norm")
 DEFAULT_OBS_WINDOW = 32
+DEFAULT_TEMPER = 1.0  # γ of the default design (chosen by benchmarks/certify_designs.py)
 
 
 class DesignError(ValueError):
@@ -57,7 +58,7 @@ class CertifyDesign:
     granularity: str = "head"
     score: str = "window"
     obs_window: int = DEFAULT_OBS_WINDOW
-    temper: float = 1.0
+    temper: float = DEFAULT_TEMPER
 
     def __post_init__(self) -> None:
         if not (self.temper > 0 and self.temper < float("inf")):

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
 from truncsens.cli.errors import user_errors
 from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, Temper, TopFraction, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Resume, Split
 
@@ -36,8 +37,8 @@ def certify(
     progress: Progress = True,
     granularity: DesignGranularity = "head",
     score: DesignScore = "window",
-    obs_window: ObsWindow = 32,
-    temper: Temper = 1.0,
+    obs_window: ObsWindow = DEFAULT_OBS_WINDOW,
+    temper: Temper = DEFAULT_TEMPER,
     top_fraction: TopFraction = 0.25,
     as_json: AsJson = False,
 ) -> None:

@@ -12,7 +12,8 @@ from truncsens.cli.errors import user_errors
 def train_reference(
     out_dir: Path = typer.Option(Path("runs/reference"), help="Working folder (checkpoint, training log, exported model)."),
     minutes: float = typer.Option(170.0, help="Wall-clock budget of this call: the run checkpoints and stops; run again to resume."),
-    max_steps: int = typer.Option(2000, help="Optimizer steps of the whole run (the learning rate reaches its floor there)."),
+    max_steps: int = typer.Option(2000, help="Optimizer steps of the main stage (its learning rate reaches its floor there)."),
+    recall_steps: int = typer.Option(300, help="Optimizer steps of the recall stage after it (dense key-value recall)."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
     install: bool = typer.Option(False, "--install", help="Copy the finished result into truncsens/models/reference/weights."),
@@ -21,10 +22,10 @@ def train_reference(
     from truncsens.api.reference import train_reference as train
 
     with user_errors():
-        final, installed, summary = train(out_dir, minutes=minutes, max_steps=max_steps, seed=seed, install=install,
-                                          threads=threads)
+        final, installed, summary = train(out_dir, minutes=minutes, max_steps=max_steps, recall_steps=recall_steps,
+                                          seed=seed, install=install, threads=threads)
         if not summary["finished"]:
-            typer.echo(f"stopped at step {summary['steps']} of {max_steps} ({summary['minutes']:.0f} minutes so far); "
+            typer.echo(f"stopped at step {summary['steps']} of {max_steps + recall_steps} ({summary['minutes']:.0f} minutes so far); "
                        f"run the same command again to resume from {out_dir / 'checkpoint.pt'}")
             return
         typer.echo(f"trained model and card in {final}")

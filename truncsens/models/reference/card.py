@@ -51,6 +51,9 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
           if cfg.get("warm_steps") else []),
         *([f"| synthetic share | {100 * cfg['repeat_share']:.0f} % long-range repeats, {100 * cfg['kv_share']:.0f} % "
            "key-value recall (truncsens/models/reference/data.py) |"] if "kv_share" in cfg else []),
+        *([f"| recall stage | the last {cfg['recall_steps']} steps: {100 * cfg['recall_kv_share']:.0f} % dense key-value "
+           f"recall, {100 * cfg['recall_repeat_share']:.0f} % repeats, learning rate up to {cfg['recall_lr']:g} again |"]
+          if cfg.get("recall_steps") else []),
         "",
         "## Held-out NLL by context length",
         "",

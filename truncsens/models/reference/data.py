@@ -20,6 +20,9 @@ Three kinds of sequence of L + 1 tokens (shares in :class:`DataMix`):
   never have the form ``key_<digits>`` of the held-out key–value documents of
   ``truncsens certify-attribution`` (:mod:`truncsens.certificates.tasks`), and the filler comes only
   from the training split, so no evaluation document occurs in training (tests/test_reference_data.py).
+  With ``DataMix(dense_kv=True)`` (the recall stage, :func:`kv_dense_text`) every key is queried,
+  after a long first gap, one query after another: many recall targets per sequence, all far from
+  their definitions.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class DataMix:
 
     repeat: float = 0.2
     kv: float = 0.2
+    dense_kv: bool = False  # kv sequences in the dense recall format (kv_dense_text) instead of kv_text
 
     def __post_init__(self) -> None:
         if not (0 <= self.repeat and 0 <= self.kv and self.repeat + self.kv <= 1):
@@ -82,15 +86,8 @@ def kv_text(rng: np.random.Generator, words: Sequence[str], filler: Callable[[in
             training code text; encode: text -> ids; length: L + 1.
     """
     n_keys = int(rng.integers(4, 13))
-    names: list[str] = []
-    while len(names) < n_keys:
-        a, b = (str(w) for w in rng.choice(words, size=2))
-        name = f"{a}_{b}" if rng.random() < 0.7 else f"{a}_{int(rng.integers(0, 100))}"
-        if name not in names and not EVAL_KEY.fullmatch(name):
-            names.append(name)
-    alphabet = string.ascii_lowercase + string.digits
-    values = ["".join([str(rng.choice(list(string.ascii_lowercase)))]
-                      + [str(c) for c in rng.choice(list(alphabet), size=int(rng.integers(2, 6)))]) for _ in names]
+    names = kv_names(rng, words, n_keys)
+    values = kv_values(rng, n_keys)
     text = str(rng.choice(KV_HEADERS)) + "".join(f'{n} = "{v}"\n' for n, v in zip(names, values))
     first_gap = int(length * rng.uniform(0.1, 0.8))  # tokens of filler before the first query
     text += filler(first_gap)
@@ -100,6 +97,54 @@ def kv_text(rng: np.random.Generator, words: Sequence[str], filler: Callable[[in
         text += f'assert {names[i]} == "{values[i]}"\n' + filler(int(rng.integers(1, room + 1)))
     ids = encode(text)
     while len(ids) < length:  # the filler fell short: pad with more training code
+        ids += encode(filler(length - len(ids) + 16))
+    return ids[:length]
+
+
+def kv_names(rng: np.random.Generator, words: Sequence[str], n_keys: int) -> list[str]:
+    """``n_keys`` distinct key names: two words (``parse_buffer``, probability 0.7) or a word and a
+    number (``buffer_17``); never of the held-out form ``key_<digits>``."""
+    names: list[str] = []
+    while len(names) < n_keys:
+        a, b = (str(w) for w in rng.choice(words, size=2))
+        name = f"{a}_{b}" if rng.random() < 0.7 else f"{a}_{int(rng.integers(0, 100))}"
+        if name not in names and not EVAL_KEY.fullmatch(name):
+            names.append(name)
+    return names
+
+
+def kv_values(rng: np.random.Generator, n: int) -> list[str]:
+    """``n`` values: a lower-case letter then 2–5 letters or digits."""
+    alphabet = string.ascii_lowercase + string.digits
+    return ["".join([str(rng.choice(list(string.ascii_lowercase)))]
+                    + [str(c) for c in rng.choice(list(alphabet), size=int(rng.integers(2, 6)))]) for _ in range(n)]
+
+
+def kv_dense_text(rng: np.random.Generator, words: Sequence[str], filler: Callable[[int], str],
+                  encode: Callable[[str], list[int]], length: int) -> list[int]:
+    """One dense key–value recall sequence of exactly ``length`` token ids (the recall stage).
+
+    8–16 ``name = "value"`` definitions at the top, training code for a first gap of 25–75 % of
+    ``length`` tokens, then one ``assert name == "value"`` query of every key in a random order,
+    each followed by training code of up to an equal share of the room left (so the queries spread
+    over the rest; training code pads the end). Every key is queried once, so only its definition
+    holds the value, at least the first gap back: each sequence holds 8–16 long-range recall
+    targets where :func:`kv_text` holds a few.
+
+    Args:
+        rng: the sequence's generator; words: :func:`name_vocabulary`; filler: n -> about n tokens of
+            training code text; encode: text -> ids; length: L + 1.
+    """
+    n_keys = int(rng.integers(8, 17))
+    names, values = kv_names(rng, words, n_keys), kv_values(rng, n_keys)
+    text = str(rng.choice(KV_HEADERS)) + "".join(f'{n} = "{v}"\n' for n, v in zip(names, values))
+    text += filler(int(length * rng.uniform(0.25, 0.75)))
+    ids = encode(text)
+    queries = [encode(f'assert {n} == "{v}"\n') for n, v in zip(names, values)]
+    room = max(1, (length - len(ids) - sum(map(len, queries))) // n_keys)  # tokens of code after a query, at most
+    for i in rng.permutation(n_keys):
+        ids += queries[i] + encode(filler(int(rng.integers(1, room + 1))))
+    while len(ids) < length:  # pad with more training code
         ids += encode(filler(length - len(ids) + 16))
     return ids[:length]
 
@@ -167,17 +212,20 @@ class TrainingData:
             return piece if piece.endswith("\n") else piece + "\n"
         return take
 
-    def sequence(self, rng: np.random.Generator, length: int) -> tuple[np.ndarray, str]:
-        """One sequence of ``length`` tokens and its kind ("natural", "repeat" or "kv")."""
+    def sequence(self, rng: np.random.Generator, length: int, mix: DataMix | None = None) -> tuple[np.ndarray, str]:
+        """One sequence of ``length`` tokens and its kind ("natural", "repeat" or "kv"), drawn with
+        ``mix`` (default: the data's own)."""
+        mix = mix or self.mix
         u = rng.random()
-        if u < self.mix.kv:
-            return np.asarray(kv_text(rng, self.words, self.filler(rng), self.encode, length), np.int64), "kv"
-        if u < self.mix.kv + self.mix.repeat:
+        if u < mix.kv:
+            make = kv_dense_text if mix.dense_kv else kv_text
+            return np.asarray(make(rng, self.words, self.filler(rng), self.encode, length), np.int64), "kv"
+        if u < mix.kv + mix.repeat:
             return add_repeats(self.natural(rng, length), rng), "repeat"
         return self.natural(rng, length).copy(), "natural"
 
-    def batch_at(self, step: int, batch_size: int, length: int) -> torch.Tensor:
-        """[batch_size, length] token ids of step ``step``: a pure function of (seed, step)."""
+    def batch_at(self, step: int, batch_size: int, length: int, mix: DataMix | None = None) -> torch.Tensor:
+        """[batch_size, length] token ids of step ``step``: a pure function of (seed, step, mix)."""
         rng = step_generator(self.seed, step)
-        rows = [self.sequence(rng, length)[0] for _ in range(batch_size)]
+        rows = [self.sequence(rng, length, mix)[0] for _ in range(batch_size)]
         return torch.from_numpy(np.stack(rows))  # [B, length]

@@ -29,7 +29,15 @@ class TrainConfig:
     """Configuration of one reference-model training run (sizes in tokens unless stated).
 
     The recipe is every field but ``out_dir``, ``max_minutes``, ``stop_at_step`` and ``threads``: a resumed run must
-    have the same recipe as the checkpoint it continues (:class:`TrainError` otherwise).
+    have the same recipe as the checkpoint it continues, as far as the steps that checkpoint has done
+    go (:class:`TrainError` otherwise; a checkpoint of the main stage continues into any recall stage).
+
+    Two stages: the main stage (steps ``0 .. max_steps - 1``) draws batches with ``repeat_share`` and
+    ``kv_share``; the recall stage (the next ``recall_steps`` steps) draws them with
+    ``recall_repeat_share`` and ``recall_kv_share`` in the dense key–value format
+    (:func:`truncsens.models.reference.data.kv_dense_text`), its learning rate warmed up again to
+    ``recall_lr`` and decayed to ``min_lr``. The main stage alone (2,000 steps) left the model at
+    chance on key–value recall; the recall stage exists to teach it (docs/reference-model.md).
     ``max_minutes`` bounds one invocation only (the run checkpoints and stops; the learning-rate
     schedule is by step, so where a run was stopped never changes the result).
     """
@@ -56,14 +64,33 @@ class TrainConfig:
     kv_share: float = 0.2
     eval_every: int = 100
     eval_sequences: int = 16
+    recall_steps: int = 300
+    recall_lr: float = 1e-3
+    recall_warmup_steps: int = 20
+    recall_repeat_share: float = 0.2
+    recall_kv_share: float = 0.6
     seed: int = 0
     bf16_autocast: bool = False  # slower than float32 on CPUs without bfloat16 instructions
     threads: int = 0  # 0: torch default
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of the whole run: the main stage, then the recall stage."""
+        return self.max_steps + self.recall_steps
 
     def recipe(self) -> dict:
         """The fields that decide the trained weights (all but out_dir, max_minutes, threads)."""
         return {k: v for k, v in asdict(self).items()
                 if k not in ("out_dir", "max_minutes", "stop_at_step", "threads")}
+
+    def differences(self, recipe: dict, step: int) -> list[str]:
+        """Recipe fields in which ``recipe`` (a checkpoint's, ``step`` steps done) differs from this
+        one for the steps already done: the recall stage's fields count only once the checkpoint is
+        past the main stage (an earlier recipe without them counts as the main stage alone)."""
+        mine = self.recipe()
+        recall = {k for k in mine if k.startswith("recall_")}
+        keys = [k for k in mine if step > self.max_steps or k not in recall]
+        return sorted(k for k in keys if recipe.get(k) != mine[k])
 
 
 class TrainError(ValueError):
@@ -97,7 +124,15 @@ def _stream(docs: list[Document], tok) -> torch.Tensor:
 
 
 def _lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``."""
+    """Linear warm-up over ``warmup_steps``, then cosine decay to ``min_lr`` at ``max_steps``; in the
+    recall stage the same shape again: warm-up to ``recall_lr`` over ``recall_warmup_steps``, cosine
+    decay to ``min_lr`` at ``total_steps``."""
+    if step >= cfg.max_steps:
+        s, n = step - cfg.max_steps, cfg.recall_steps
+        if s < cfg.recall_warmup_steps:
+            return cfg.recall_lr * (s + 1) / cfg.recall_warmup_steps
+        progress = min(1.0, (s - cfg.recall_warmup_steps) / max(1, n - cfg.recall_warmup_steps))
+        return cfg.min_lr + 0.5 * (cfg.recall_lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
@@ -169,7 +204,7 @@ def train(cfg: TrainConfig) -> Path:
 
     Writes ``checkpoint.pt`` (weights, optimizer, step; every ``checkpoint_minutes`` and at the end),
     ``train_log.csv`` (appended) and the exported checkpoint folder ``final/``. Returns ``final/``
-    once ``max_steps`` are done, or when this invocation's ``max_minutes`` run out (call again to go on).
+    once ``total_steps`` are done, or when this invocation's ``max_minutes`` run out (call again to go on).
 
     Raises:
         TrainError: the working folder holds a checkpoint of a different recipe.
@@ -184,8 +219,8 @@ def train(cfg: TrainConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
-    if ckpt is not None and ckpt["recipe"] != cfg.recipe():
-        changed = sorted(k for k in cfg.recipe() if ckpt["recipe"].get(k) != cfg.recipe()[k])
+    changed = cfg.differences(ckpt["recipe"], ckpt["step"]) if ckpt is not None else []
+    if changed:
         raise TrainError(f"{ckpt_path} was trained with another recipe ({', '.join(changed)} differ); "
                          "use another --out-dir or the same options")
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
@@ -231,10 +266,12 @@ def train(cfg: TrainConfig) -> Path:
         return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens,
                 "running": running, "minutes": minutes_before + (time.time() - t0) / 60, "recipe": cfg.recipe()}
 
-    last = min(cfg.max_steps, cfg.stop_at_step) if cfg.stop_at_step > 0 else cfg.max_steps
+    recall_mix = DataMix(cfg.recall_repeat_share, cfg.recall_kv_share, dense_kv=True)
+    last = min(cfg.total_steps, cfg.stop_at_step) if cfg.stop_at_step > 0 else cfg.total_steps
     while step < last and (time.time() - t0) / 60 < cfg.max_minutes:
         n_seq, length = crop_at(step, cfg)
-        batch = data.batch_at(step, n_seq, length + 1)  # [n_seq, length + 1]
+        mix = recall_mix if step >= cfg.max_steps else None  # None: the main stage's mix
+        batch = data.batch_at(step, n_seq, length + 1, mix)  # [n_seq, length + 1]
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, cfg)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
@@ -247,7 +284,7 @@ def train(cfg: TrainConfig) -> Path:
         step += 1
         tokens += n_seq * length
         running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
-        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+        if step % cfg.eval_every == 0 or step in (cfg.max_steps, cfg.total_steps):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16_autocast):
                 nll = positional_nll(model, eval_seqs, bins)
             minutes = minutes_before + (time.time() - t0) / 60
@@ -263,7 +300,7 @@ def train(cfg: TrainConfig) -> Path:
     _save_checkpoint(ckpt_path, state())
     _export(model, out / "final")
     (out / "final" / "training_summary.json").write_text(json.dumps(
-        {"parameters": n_params, "steps": step, "tokens_seen": tokens, "finished": step >= cfg.max_steps,
+        {"parameters": n_params, "steps": step, "tokens_seen": tokens, "finished": step >= cfg.total_steps,
          "minutes": minutes_before + (time.time() - t0) / 60, "config": asdict(cfg)}, indent=2))
     log.close()
     return out / "final"
