@@ -47,6 +47,14 @@ def test_crops_are_short_in_the_warm_phase_with_the_same_tokens_per_step():
     assert crop_at(400, cfg) == (4, 2048)
 
 
+def test_the_recall_stage_starts_on_short_crops_too():
+    cfg = TrainConfig(context=2048, batch_size=4, max_steps=2000, recall_steps=300, recall_warm_context=512,
+                      recall_warm_steps=150)
+    assert crop_at(1999, cfg) == (4, 2048)
+    assert crop_at(2000, cfg) == (16, 512) and crop_at(2149, cfg) == (16, 512)
+    assert crop_at(2150, cfg) == (4, 2048) and crop_at(2299, cfg) == (4, 2048)
+
+
 def test_doc_clustered_mean_se_by_hand():
     values = np.array([1.0, 3.0, 10.0, 4.0])
     mean, se = doc_clustered_mean_se(values, ["a", "a", "b", "c"])
@@ -132,7 +140,7 @@ def tiny_config(out_dir, **kw) -> TrainConfig:
     return TrainConfig(out_dir=str(out_dir), vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
                        num_heads=2, context=128, warm_context=64, warm_steps=2, batch_size=2, max_steps=4,
                        eval_every=2, eval_sequences=2, warmup_steps=1, threads=1,
-                       **{"recall_steps": 2, "recall_warmup_steps": 1, **kw})
+                       **{"recall_steps": 2, "recall_warmup_steps": 1, "recall_warm_context": 64, "recall_warm_steps": 1, **kw})
 
 
 @pytest.mark.slow

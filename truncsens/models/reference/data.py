@@ -39,6 +39,7 @@ import torch
 
 IDENT = re.compile(r"\b[a-z][a-z]{2,9}\b")
 EVAL_KEY = re.compile(r"\bkey_\d+\b")  # the held-out key-value documents' key names
+DENSE_NAME_WORDS = 200  # name parts of the dense recall format: the most frequent words
 KV_HEADERS = (
     "# settings read by the worker at start-up\n",
     "# values checked by the test below\n",
@@ -124,8 +125,9 @@ def kv_dense_text(rng: np.random.Generator, words: Sequence[str], filler: Callab
                   encode: Callable[[str], list[int]], length: int) -> list[int]:
     """One dense key–value recall sequence of exactly ``length`` token ids (the recall stage).
 
-    8–16 ``name = "value"`` definitions at the top, training code for a first gap of 25–75 % of
-    ``length`` tokens, then one ``assert name == "value"`` query of every key in a random order,
+    8–16 ``name = "value"`` definitions at the top (names from the first :data:`DENSE_NAME_WORDS`
+    words of ``words``, so the same name parts recur and matching them is learnt quickly),
+    training code for a first gap of 10–75 % of ``length`` tokens, then one ``assert name == "value"`` query of every key in a random order,
     each followed by training code of up to an equal share of the room left (so the queries spread
     over the rest; training code pads the end). Every key is queried once, so only its definition
     holds the value, at least the first gap back: each sequence holds 8–16 long-range recall
@@ -136,9 +138,9 @@ def kv_dense_text(rng: np.random.Generator, words: Sequence[str], filler: Callab
             training code text; encode: text -> ids; length: L + 1.
     """
     n_keys = int(rng.integers(8, 17))
-    names, values = kv_names(rng, words, n_keys), kv_values(rng, n_keys)
+    names, values = kv_names(rng, words[:DENSE_NAME_WORDS], n_keys), kv_values(rng, n_keys)
     text = str(rng.choice(KV_HEADERS)) + "".join(f'{n} = "{v}"\n' for n, v in zip(names, values))
-    text += filler(int(length * rng.uniform(0.25, 0.75)))
+    text += filler(int(length * rng.uniform(0.1, 0.75)))
     ids = encode(text)
     queries = [encode(f'assert {n} == "{v}"\n') for n, v in zip(names, values)]
     room = max(1, (length - len(ids) - sum(map(len, queries))) // n_keys)  # tokens of code after a query, at most

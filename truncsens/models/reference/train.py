@@ -36,7 +36,9 @@ class TrainConfig:
     ``kv_share``; the recall stage (the next ``recall_steps`` steps) draws them with
     ``recall_repeat_share`` and ``recall_kv_share`` in the dense key–value format
     (:func:`truncsens.models.reference.data.kv_dense_text`), its learning rate warmed up again to
-    ``recall_lr`` and decayed to ``min_lr``. The main stage alone (2,000 steps) left the model at
+    ``recall_lr`` and decayed to ``min_lr``; its first ``recall_warm_steps`` steps use
+    ``recall_warm_context``-token crops (more of them per step), where recall is learnt at short
+    distances first, as in the main stage's warm phase. The main stage alone (2,000 steps) left the model at
     chance on key–value recall; the recall stage exists to teach it (docs/reference-model.md).
     ``max_minutes`` bounds one invocation only (the run checkpoints and stops; the learning-rate
     schedule is by step, so where a run was stopped never changes the result).
@@ -65,6 +67,8 @@ class TrainConfig:
     eval_every: int = 100
     eval_sequences: int = 16
     recall_steps: int = 300
+    recall_warm_context: int = 512  # the recall stage's first recall_warm_steps steps train on crops this long
+    recall_warm_steps: int = 150
     recall_lr: float = 1e-3
     recall_warmup_steps: int = 20
     recall_repeat_share: float = 0.2
@@ -141,9 +145,12 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
 
 def crop_at(step: int, cfg: TrainConfig) -> tuple[int, int]:
     """(sequences, tokens each) of step ``step``: ``warm_context`` crops during the first ``warm_steps``
-    steps (as many more sequences as keep the tokens per step), then ``context``."""
+    steps (as many more sequences as keep the tokens per step), then ``context``; in the recall stage
+    likewise ``recall_warm_context`` crops for its first ``recall_warm_steps`` steps, then ``context``."""
     if step < cfg.warm_steps and cfg.warm_context < cfg.context:
         return cfg.batch_size * (cfg.context // cfg.warm_context), cfg.warm_context
+    if cfg.max_steps <= step < cfg.max_steps + cfg.recall_warm_steps and cfg.recall_warm_context < cfg.context:
+        return cfg.batch_size * (cfg.context // cfg.recall_warm_context), cfg.recall_warm_context
     return cfg.batch_size, cfg.context
 
 
