@@ -132,7 +132,7 @@ def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path
 
 
 def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 170.0, max_steps: int = 2000,
-                    recall_steps: int = 300, seed: int = 0, install: bool = False, threads: int = 0) -> tuple[Path, Path | None, dict]:
+                    recall_steps: int = 0, seed: int = 0, install: bool = False, threads: int = 0) -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
     in ``out_dir`` (the result does not depend on where a run was stopped).

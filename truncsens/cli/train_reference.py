@@ -13,7 +13,7 @@ def train_reference(
     out_dir: Path = typer.Option(Path("runs/reference"), help="Working folder (checkpoint, training log, exported model)."),
     minutes: float = typer.Option(170.0, help="Wall-clock budget of this call: the run checkpoints and stops; run again to resume."),
     max_steps: int = typer.Option(2000, help="Optimizer steps of the main stage (its learning rate reaches its floor there)."),
-    recall_steps: int = typer.Option(300, help="Optimizer steps of the recall stage after it (dense key-value recall)."),
+    recall_steps: int = typer.Option(0, help="Optimizer steps of a recall stage after it (dense key-value recall; 0: none, the installed recipe)."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
     install: bool = typer.Option(False, "--install", help="Copy the finished result into truncsens/models/reference/weights."),
