@@ -165,8 +165,8 @@ def clean(text: str) -> str:
 def run_step(step: Step, out_dir: Path, sha: str) -> bool:
     """Run one step (its old outputs removed first); True when it exited 0."""
     for rel in step.outputs:
-        path = ROOT / rel
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        for path in (ROOT / rel, ROOT / f"{rel}.shards"):  # and the shards of an interrupted run
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     command = [sys.executable, "-c", source_of(step)] if step.kind == "python-block" else ["bash", "-c", step.command]
     print(f"[{time.strftime('%H:%M:%S')}] {step.name}: {step.command or 'python block'}", flush=True)
     start = time.time()
