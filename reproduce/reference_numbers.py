@@ -208,8 +208,10 @@ def with_needs(names: list[str]) -> list[Step]:
     return [s for s in STEPS if s.name in wanted]
 
 
-def update_docs(out_dir: Path, root: Path = ROOT) -> None:
+def update_docs(out_dir: Path, root: Path = ROOT, sha: str | None = None) -> None:
     """Replace every marked block by its step's output; copy the figures (see the module docstring).
+    With ``sha`` (the installed weights' hash), only outputs of the step's current command on those
+    weights are used; other blocks and figures are left as they are.
 
     Raises:
         SystemExit: a marker names no step.
@@ -226,6 +228,10 @@ def update_docs(out_dir: Path, root: Path = ROOT) -> None:
             if not out.is_file():
                 print(f"  {page.relative_to(root)}: {name} has not run; block left as it is")
                 return m.group(0)
+            if sha is not None and not done(step, out_dir, sha):
+                print(f"  {page.relative_to(root)}: {name} last ran on other weights or as another command; "
+                      "block left as it is")
+                return m.group(0)
             printed = out.read_text() + (err.read_text() if step.merge_stderr else "")
             first = body.splitlines()[0] if body.startswith("$ ") else None
             return f"<!-- numbers: {name} -->\n{fence}" + (first + "\n" if first else "") + clean(printed) + close
@@ -234,8 +240,9 @@ def update_docs(out_dir: Path, root: Path = ROOT) -> None:
         if new != text:
             page.write_text(new)
             print(f"  rewrote {page.relative_to(root)}")
+    fresh = {o for st in STEPS if sha is None or done(st, out_dir, sha) for o in st.outputs}
     for src, dst in FIGURES.items():
-        if (root / src).is_file():
+        if (root / src).is_file() and src in fresh:
             shutil.copyfile(root / src, root / dst)
             print(f"  copied {src} -> {dst}")
 
@@ -249,10 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if args.update_docs:
-        update_docs(out_dir)
-        return 0
     sha = weights_sha()
+    if args.update_docs:
+        update_docs(out_dir, sha=sha)
+        return 0
     steps = with_needs([n for n in args.only.split(",") if n]) if args.only else STEPS
     if args.list:
         for s in steps:

@@ -41,6 +41,25 @@ def test_marked_blocks_are_replaced_by_the_kept_output(numbers, tmp_path):
     assert (tmp_path / "docs" / "x.md").read_text() == "<!-- numbers: recommend -->\n```text\nwindow 12\nwarning: shown\n```\n"
 
 
+def test_only_outputs_of_the_installed_weights_and_current_command_are_used(numbers, tmp_path):
+    import json
+
+    page = "<!-- numbers: fit -->\n```text\nold fit\n```\n\n<!-- numbers: recommend -->\n```text\nold rec\n```\n"
+    (tmp_path / "README.md").write_text(page)
+    out = tmp_path / "out"
+    out.mkdir()
+    steps = {s.name: s for s in numbers.STEPS}
+    for name, sha, command in (("fit", "aaa", steps["fit"].command), ("recommend", "bbb", steps["recommend"].command)):
+        (out / f"{name}.out").write_text(f"new {name}\n")
+        (out / f"{name}.json").write_text(json.dumps({"returncode": 0, "weights_sha256": sha, "command": command}))
+    numbers.update_docs(out, root=tmp_path, sha="aaa")  # recommend ran on other weights: left alone
+    assert (tmp_path / "README.md").read_text() == page.replace("old fit", "new fit")
+    (out / "fit.json").write_text(json.dumps({"returncode": 0, "weights_sha256": "aaa", "command": "truncsens fit x"}))
+    (out / "fit.out").write_text("newer fit\n")
+    numbers.update_docs(out, root=tmp_path, sha="aaa")  # fit ran as another command: left alone
+    assert "newer fit" not in (tmp_path / "README.md").read_text()
+
+
 def test_unknown_marker_is_refused(numbers, tmp_path):
     (tmp_path / "README.md").write_text("<!-- numbers: nonesuch -->\n```\nx\n```\n")
     (tmp_path / "out").mkdir()
