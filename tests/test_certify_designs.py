@@ -19,7 +19,8 @@ from truncsens.policies import make_policy
 
 
 def test_design_options_are_checked_and_described():
-    assert CertifyDesign().describe() == "per layer and key/value head, score window (W = 32)"
+    assert CertifyDesign().describe() == "per layer and key/value head, score window (W = 32), tempered (score^0.5)"
+    assert CertifyDesign(temper=1.0).describe() == "per layer and key/value head, score window (W = 32)"
     assert "shared" in CertifyDesign("token").describe()
     for bad, match in ((dict(granularity="layer"), "--granularity"), (dict(score="oracle"), "--score"),
                        (dict(obs_window=0), "--obs-window")):
