@@ -127,9 +127,10 @@ def kv_dense_text(rng: np.random.Generator, words: Sequence[str], filler: Callab
 
     8–16 ``name = "value"`` definitions at the top (names from the first :data:`DENSE_NAME_WORDS`
     words of ``words``, so the same name parts recur and matching them is learnt quickly),
-    training code for a first gap of 10–75 % of ``length`` tokens, then one ``assert name == "value"`` query of every key in a random order,
-    each followed by training code of up to an equal share of the room left (so the queries spread
-    over the rest; training code pads the end). Every key is queried once, so only its definition
+    training code for a first gap of 10–75 % of ``length`` tokens, then one
+    ``assert name == "value"`` query of every key in a random order, each followed by training code
+    of up to an equal share of the room left (so the queries spread over the rest; training code
+    pads the end). Every key is queried once, so only its definition
     holds the value, at least the first gap back: each sequence holds 8–16 long-range recall
     targets where :func:`kv_text` holds a few.
 

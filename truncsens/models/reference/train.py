@@ -38,8 +38,8 @@ class TrainConfig:
     (:func:`truncsens.models.reference.data.kv_dense_text`), its learning rate warmed up again to
     ``recall_lr`` and decayed to ``min_lr``; its first ``recall_warm_steps`` steps use
     ``recall_warm_context``-token crops (more of them per step), where recall is learnt at short
-    distances first, as in the main stage's warm phase. The main stage alone (2,000 steps) left the model at
-    chance on key–value recall; the recall stage was tried to teach it, did not reach its aim at
+    distances first, as in the main stage's warm phase. The main stage alone (2,000 steps) left the
+    model at chance on key–value recall; the recall stage was tried to teach it, did not reach its aim at
     N = 2,048 and is off by default (``recall_steps = 0``; docs/reference-model.md).
     ``max_minutes`` bounds one invocation only (the run checkpoints and stops; the learning-rate
     schedule is by step, so where a run was stopped never changes the result).
