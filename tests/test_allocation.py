@@ -116,3 +116,36 @@ def test_budget_for_eps_is_the_smallest_that_reaches_it():
     assert budget_for(C, a, b, 1e-6, lo, hi) is None  # not reachable within the bounds
     with pytest.raises(AllocationError, match="--eps"):
         budget_for(C, a, b, 0, lo, hi)
+
+
+def test_a_layer_at_the_noise_floor_is_fixed_at_its_floor_window():
+    """A layer whose KL reaches the float32 floor (1e-13) from window 16 on (an exact zero at 32, and
+    everything after an exact zero counts as zero, as in truncsens fit) has two windows above it: no law
+    (a power law needs 3), and floor_window names 16; a largest window above the floor means none."""
+    from truncsens.fits.per_layer import floor_window, layer_power_laws
+
+    windows = np.array([4, 8, 16, 32, 64])
+    values = np.tile(np.array([1e-3, 1e-5, 5e-14, 0.0, 2e-14]), (1, 4, 1))  # [1, n, W]
+    law = layer_power_laws(values, windows, ["a", "a", "b", "b"], n_boot=0, metric="kl")[0]
+    assert law["status"] == "failed" and "at least 3" in law["reason"]
+    assert floor_window(law) == 16
+    values[..., 3:] = [3e-14, 1e-4]  # no exact zero, and the largest window lies above the floor: no floor window
+    assert floor_window(layer_power_laws(values, windows, ["a", "a", "b", "b"], n_boot=0, metric="kl")[0]) is None
+
+
+def test_allocation_with_a_fixed_layer():
+    """The fixed layer keeps its window; the others share what is left exactly as integer_allocation
+    shares it among them alone; the prediction leaves the fixed layer out at or above its window and
+    is unknown (NaN) below it."""
+    from truncsens.budget.allocation import allocation_with_fixed, predicted_with_fixed
+
+    C, a, b = [1.0, np.nan, 2.0], [0.5, np.nan, 1.0], [1.0, 1.0, 1.0]
+    w = allocation_with_fixed(C, a, b, 300, 1, 1000, [0, 16, 0])
+    assert w[1] == 16
+    assert w[[0, 2]].tolist() == integer_allocation([1.0, 2.0], [0.5, 1.0], [1.0, 1.0], 284, [1, 1], [1000, 1000]).tolist()
+    assert predicted_with_fixed(C, a, w, [0, 16, 0]) == pytest.approx(predicted_distortion([1, 2], [0.5, 1], w[[0, 2]]))
+    assert np.isnan(predicted_with_fixed(C, a, [100, 8, 100], [0, 16, 0]))
+    with pytest.raises(AllocationError, match="every layer is fixed"):
+        allocation_with_fixed(C, a, b, 300, 1, 1000, [4, 16, 4])
+    with pytest.raises(AllocationError, match="below the smallest allocation"):
+        allocation_with_fixed(C, a, b, 17, 1, 1000, [0, 16, 0])

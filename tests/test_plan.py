@@ -85,3 +85,33 @@ def test_plan_refuses_bad_budgets_and_sweeps(tiny_llama_dir, corpus_dir):
     result = CliRunner().invoke(app, ["plan", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context",
                                       "64", "--average-window", "eight"])
     assert result.exit_code == 2 and "error: --average-window takes numbers, got eight" in result.output
+
+
+def test_a_layer_at_the_noise_floor_is_kept_at_its_floor_window(tiny_llama_dir, corpus_dir, monkeypatch):
+    """When one layer's fit fails for lack of windows above the noise floor (forced here: layer 0's law
+    is replaced by a failed fit whose windows from 8 on lie at the floor), the plan keeps that layer at 8,
+    gives layer 1 the rest of the bytes, predicts layer 1 alone, and says so; the uniform schedule, whose
+    window lies above 8, is predicted the same way, and JSON carries ``at_floor_from``."""
+    import truncsens.api.plan as plan_module
+
+    real = plan_module.layer_power_laws
+
+    def with_floor_layer(values, windows, doc, *args, **kwargs):
+        laws = real(values, windows, doc, *args, **kwargs)
+        laws[0].update(C=None, alpha=None, status="failed", reason="power needs at least 3 windows ..., got 2")
+        laws[0]["excluded"] = {**laws[0]["excluded"], "noise_floor": [w for w in windows if w >= 8]}
+        return laws
+
+    monkeypatch.setattr(plan_module, "layer_power_laws", with_floor_layer)
+    report = plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[16], sweep=[2, 4, 8, 16, 32],
+                  sinks=2, targets_per_doc=1, max_docs=6, n_boot=0, progress=False)
+    doc = report.to_json()
+    assert [law["at_floor_from"] for law in doc["layers"]] == [8, None]
+    b = doc["budgets"][0]
+    per_token = doc["bytes_per_token_per_layer"]
+    assert b["plan"]["windows"] == [8, b["kv_bytes"] // per_token - 2 * 2 - 8]  # layer 1 gets every byte left
+    law1 = doc["layers"][1]
+    assert b["plan"]["predicted"] == pytest.approx(law1["C"]["value"] * b["plan"]["windows"][1] ** -law1["alpha"]["value"])
+    assert b["uniform"]["windows"] == [16, 16]
+    assert b["uniform"]["predicted"] == pytest.approx(law1["C"]["value"] * 16 ** -law1["alpha"]["value"])
+    assert "layer 0: too few windows above the noise floor" in report.table()

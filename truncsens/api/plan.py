@@ -7,7 +7,8 @@ Steps (issue 21; method in docs/plan.md):
 2. On the fit set, each layer alone keeps its sinks and last w keys while every other layer keeps its
    full cache (prefill-evict, :mod:`truncsens.engine.layer_windows_pass`): D_l(w) for every layer l and
    sweep window w, and a power law per layer with document-bootstrap intervals
-   (:mod:`truncsens.fits.per_layer`).
+   (:mod:`truncsens.fits.per_layer`). A layer whose curve reaches the noise floor too early for a law
+   is kept at the window where it does (:func:`truncsens.fits.per_layer.floor_window`) in every plan.
 3. For each budget (an average window, or KV bytes per sequence) the windows minimizing the predicted
    sum of per-layer distortions (:mod:`truncsens.budget.allocation`); the uniform window and the
    linear schedule at equal bytes.
@@ -26,10 +27,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from truncsens.budget.allocation import (
-    budget_for, integer_allocation, kvpress_ratios, linear_schedule, predicted_distortion, uniform_windows,
+    allocation_with_fixed, budget_for, kvpress_ratios, linear_schedule, predicted_with_fixed, uniform_windows,
 )
 from truncsens.fits.fit_file import check_new_files, sanitize
-from truncsens.fits.per_layer import layer_power_laws
+from truncsens.fits.per_layer import floor_window, layer_power_laws
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 
 SEMANTICS = ("prefill_evict", "streaming")
@@ -65,6 +66,10 @@ class PlanReport:
             if floor:
                 lines.append(f"  note: layer {law['layer']}: windows {floor} lie at the float32 noise floor of {d['metric']} "
                              "and are left out of its law (as truncsens fit does)")
+            if law.get("at_floor_from"):
+                lines.append(f"  note: layer {law['layer']}: too few windows above the noise floor for a law; alone, it "
+                             f"loses nothing measurable from window {law['at_floor_from']} on, so every plan keeps it "
+                             "there and gives the other layers the rest")
             if law.get("n_boot_failed"):
                 lines.append(f"  note: layer {law['layer']}: {law['n_boot_failed']} of {d['n_boot']} bootstrap refits failed "
                              "(too few windows above the floor in those resamples); its interval is over the rest")
@@ -72,7 +77,7 @@ class PlanReport:
         for b in d["budgets"]:
             lines.append(f"average window {b['average_window']:g} ({b['kv_bytes']:,} KV bytes per sequence):")
             cols = [Column("schedule"), Column("windows"), Column("predicted", ">"), Column(f"measured {d['metric']} [doc CI]", ">")]
-            rows = [[name, " ".join(str(w) for w in b[name]["windows"]), f"{b[name]['predicted']:.4g}",
+            rows = [[name, " ".join(str(w) for w in b[name]["windows"]), _num(b[name]["predicted"]),
                      _est(b[name]["measured"])] for name in ("plan", "uniform", "linear")]
             lines.append(render_table(cols, rows))
             r, a = b["ratio_plan_uniform"], b["additivity"]
@@ -115,6 +120,18 @@ class PlanReport:
         fig.savefig(path, dpi=120)
         plt.close(fig)
         return path
+
+
+def _floor_fixed(law: dict) -> int:
+    """The window a layer is fixed at because its fit failed for lack of windows above the noise floor
+    (:func:`truncsens.fits.per_layer.floor_window`), or 0 when it is planned by its law."""
+    if law["status"] == "ok":
+        return 0
+    return floor_window(law) or 0
+
+
+def _num(v) -> str:
+    return "n/a" if v is None or not np.isfinite(v) else f"{v:.4g}"
 
 
 def _est(e) -> str:
@@ -266,25 +283,32 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
                                                  sinks, loaded.device, batch, semantics=semantics)
     values = sweep_metrics[metric].astype(np.float64).reshape(n_layers, len(windows), -1).transpose(0, 2, 1)  # [L, n, W]
     laws = layer_power_laws(values, windows, list(fit_targets.doc), n_boot, seed, level, metric)
-    bad = [law for law in laws if law["status"] != "ok" or law["alpha"]["value"] <= 0]
+    fixed = np.array([_floor_fixed(law) for law in laws], dtype=np.int64)  # [L] 0: planned by its law
+    for law, f in zip(laws, fixed):
+        law["at_floor_from"] = int(f) if f > 0 else None
+    bad = [law for law, f in zip(laws, fixed) if f == 0 and (law["status"] != "ok" or law["alpha"]["value"] <= 0)]
     if bad:
         law = bad[0]
         why = law["reason"] or f"alpha = {law['alpha']['value']:.3g} does not decay"
         raise PlanError(f"layer {law['layer']} has no decaying power law on the fit set ({why}); use more targets, "
                         "other --sweep windows or another --metric")
-    C = np.array([law["C"]["value"] for law in laws])
-    alpha = np.array([law["alpha"]["value"] for law in laws])
+    if fixed.all():
+        raise PlanError(f"every layer's {metric} lies at the float32 noise floor from its smallest sweep windows on: "
+                        "nothing to plan by; use smaller --sweep windows")
+    free = fixed == 0  # [L]
+    C = np.array([law["C"]["value"] if f == 0 else np.nan for law, f in zip(laws, fixed)])
+    alpha = np.array([law["alpha"]["value"] if f == 0 else np.nan for law, f in zip(laws, fixed)])
     per_token = bytes_per_token(loaded.model, loaded.dtype)
     cost = np.full(n_layers, float(per_token))
     lo, hi = 1, N - sinks  # windows count the recent keys; the sinks come on top in every layer
     if eps:
         budgets_bytes = []
         for e in eps:
-            room = budget_for(C, alpha, cost, float(e), [lo] * n_layers, [hi] * n_layers)
+            room = budget_for(C[free], alpha[free], cost[free], float(e), [lo] * int(free.sum()), [hi] * int(free.sum()))
             if room is None:
                 raise PlanError(f"eps = {e:g}: the laws predict more than that even with every layer at its full "
                                 f"context of {hi} keys; ask for a larger --eps")
-            budgets_bytes.append(int(np.ceil(room + sinks * float(cost.sum()))))
+            budgets_bytes.append(int(np.ceil(room + float(cost[~free] @ fixed[~free]) + sinks * float(cost.sum()))))
     else:
         budgets_bytes = ([int(b) for b in kv_bytes] if kv_bytes else
                          [int(round((a + sinks) * n_layers * per_token)) for a in average_windows])
@@ -298,7 +322,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     for budget in budgets_bytes:
         room = budget - sinks * float(cost.sum())  # the bytes left for windows once every layer holds its sinks
         try:
-            planned = integer_allocation(C, alpha, cost, room, [lo] * n_layers, [hi] * n_layers)
+            planned = allocation_with_fixed(C, alpha, cost, room, lo, hi, fixed)
         except AllocationError as exc:
             raise PlanError(f"KV budget {budget:,} bytes: {exc}") from None
         schedules = {"plan": planned, "uniform": uniform_windows(cost, room, lo, hi),
@@ -315,7 +339,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     for budget, schedules, first in entries:
         entry = {"kv_bytes": budget, "average_window": budget / (n_layers * per_token) - sinks}
         for i, (name, w) in enumerate(schedules.items()):
-            entry[name] = {"windows": [int(x) for x in w], "predicted": predicted_distortion(C, alpha, w),
+            entry[name] = {"windows": [int(x) for x in w], "predicted": predicted_with_fixed(C, alpha, w, fixed),
                            "measured": _mean_ci(held_values[first + i], held_doc, n_boot, seed, level),
                            "per_target": [float(v) for v in held_values[first + i]],
                            "kv_bytes": int(cost @ (w + sinks))}

@@ -177,3 +177,38 @@ def kvpress_ratios(windows: Sequence[int], context: int) -> list[float]:
     if np.any(w < 1) or np.any(w > context):
         raise AllocationError(f"windows must lie in [1, {context}], got {w.tolist()}")
     return [float(1 - int(x) / context) for x in w]
+
+
+def allocation_with_fixed(C: Sequence[float], alpha: Sequence[float], cost: Sequence[float], budget: float,
+                          lo: int, hi: int, fixed: Sequence[int]) -> np.ndarray:
+    """[L] int64 windows: layers with ``fixed[l] > 0`` keep that window; the bytes left go to the other
+    layers by :func:`integer_allocation` of their laws (``C``/``alpha`` entries of fixed layers are
+    ignored). ``truncsens plan`` fixes a layer whose curve lies at the noise floor at the window where
+    it reaches the floor (:func:`truncsens.fits.per_layer.floor_window`): it has no law to allocate by.
+
+    Raises:
+        AllocationError: no layer left to allocate, a budget below the fixed layers' bytes plus ``lo``
+            in every other layer, or as :func:`integer_allocation`.
+    """
+    C, a, b = (np.asarray(x, dtype=np.float64) for x in (C, alpha, cost))
+    fixed = np.asarray(fixed, dtype=np.int64)
+    free = fixed <= 0  # [L] the layers allocated by their laws
+    if not free.any():
+        raise AllocationError("every layer is fixed: there is no law to allocate by")
+    room = budget - float(b[~free] @ fixed[~free])
+    w = fixed.copy()
+    w[free] = integer_allocation(C[free], a[free], b[free], room, [lo] * int(free.sum()), [hi] * int(free.sum()))
+    return w
+
+
+def predicted_with_fixed(C: Sequence[float], alpha: Sequence[float], windows: Sequence[int],
+                         fixed: Sequence[int]) -> float:
+    """:func:`predicted_distortion` over the layers not fixed (``fixed[l] <= 0``); a fixed layer adds 0 at
+    or above its fixed window (its curve lies at the noise floor there) and makes the prediction NaN
+    (unknown) below it."""
+    C, a, w = (np.asarray(x, dtype=np.float64) for x in (C, alpha, windows))
+    fixed = np.asarray(fixed, dtype=np.int64)
+    free = fixed <= 0
+    if np.any(w[~free] < fixed[~free]):
+        return float("nan")
+    return predicted_distortion(C[free], a[free], w[free])

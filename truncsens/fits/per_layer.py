@@ -68,3 +68,24 @@ def layer_power_laws(values: np.ndarray, windows: Sequence[int], doc: Sequence[s
                         "alpha": {"value": float(params[0][1]), "ci": [float(v) for v in ci[1]]},
                         "n_boot_failed": failed, "excluded": classes.to_json(), "status": "ok", "reason": None})
     return out
+
+
+def floor_window(law: dict) -> int | None:
+    """The smallest sweep window from which the mean of every larger window lies at the noise floor of
+    the metric or is exactly 0 (``law["excluded"]``, :func:`layer_power_laws`): a layer keeping its sinks
+    and this many recent keys loses nothing a float32 forward can tell from rounding. None when the
+    largest window's mean lies above the floor (or is infinite or missing).
+
+    Args:
+        law: one entry of :func:`layer_power_laws`.
+    """
+    ex = law["excluded"]
+    quiet = set(ex["noise_floor"]) | set(ex["zero"])
+    zero_at = ex.get("exact_zero_at")
+    window = None
+    for w in reversed([int(v) for v in law["windows"]]):
+        if w in quiet or (zero_at is not None and w >= zero_at):
+            window = w
+        else:
+            break
+    return window
