@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                                out=Path(tmp) / "certify.nc").dataset
         floor_rel = float(ds.attrs["error_floor_relative"])
         report = {"setup": vars(args), "design": ds.attrs["design"], "n_targets": int(ds.sizes["target"]),
-                  "floor_relative": floor_rel, "by_budget": summarize(recorder.rows, floor_rel)}
+                  "floor_relative": floor_rel, "by_budget": summarize(recorder.rows, floor_rel),
+                  "records": recorder.rows}
         # the recorder's misses are certify's own: the same counts from the results file
         for k in budgets:
             r = ds.sel(policy="poisson", budget=k)
