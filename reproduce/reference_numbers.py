@@ -83,6 +83,11 @@ STEPS = [
           "results/reference-code-certify-scatter.png")),
     Step("certify-designs", "python benchmarks/certify_designs.py --reference-context 1024 --out results/certify-designs.json",
          ("results/certify-designs.json",)),
+    Step("certify-designs-2", "python benchmarks/certify_designs.py --reference-context 1024 --round 2 "
+                              "--skip-heldout-docs 16 --out results/certify-designs-2.json",
+         ("results/certify-designs-2.json",)),
+    Step("certify-misses", "python benchmarks/certify_misses.py --reference-context 1024 --out results/certify-misses.json",
+         ("results/certify-misses.json",)),
     Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
          ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png")),
     Step("certify-attribution-max", "truncsens certify-attribution --domain code --reference-context 2048 "
