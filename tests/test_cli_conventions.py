@@ -191,3 +191,13 @@ def test_console_script_help_and_version_exit_0(capsys):
             run(argv)
         assert exit_info.value.code == 0, argv
     assert "truncsens 0.1" in capsys.readouterr().out
+
+
+def test_a_bad_window_is_named_before_the_output_is_looked_at(tmp_path):
+    """--windows 0 with an existing --out: the window is the error (it is wrong whatever the output),
+    named by its option, and the existing file is untouched."""
+    out = tmp_path / "r.nc"
+    out.write_text("keep me")
+    r = invoke("measure", "--windows", "4,0,-2", "--out", out)
+    assert r.exit_code == 2 and "error: --windows must be at least 1 token each, got 0, -2" in r.stderr
+    assert out.read_text() == "keep me"

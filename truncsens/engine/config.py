@@ -161,6 +161,9 @@ class MeasureConfig:
                 raise MeasureError(f"{option} must be at least 1, got {value}")
         if self.n_sink is not None and self.n_sink < 0:
             raise MeasureError(f"--sinks must be >= 0, got {self.n_sink}")
+        bad = [w for w in self.windows or () if w < 1]
+        if bad:  # before the output and the model are looked at
+            raise MeasureError(f"--windows must be at least 1 token each, got {', '.join(map(str, bad))}")
         if self.per_layer:
             self._check_per_layer()
         elif self.policies is None:

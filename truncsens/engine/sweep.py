@@ -64,7 +64,7 @@ def check_windows(windows: list[int], reference_context: int, n_sink: int) -> li
                 f"window {w} >= reference context {reference_context}: the kept context would be the whole reference "
                 "context; use windows below it")
         if w < 1:
-            raise MeasureError(f"window must be at least 1 token, got {w}")
+            raise MeasureError(f"--windows must be at least 1 token each, got {w}")
         if n_sink + w > reference_context:
             raise MeasureError(
                 f"window {w} + {n_sink} sinks exceeds the reference context of {reference_context} tokens; "
