@@ -231,3 +231,14 @@ def test_kv_spec_for_a_sliding_window_checkpoint(tmp_path):
     assert spec.layer_windows == (None, None, 32, 32)
     assert spec.bytes_for(100) == 2 * 2 * 16 * 4 * (100 + 100 + 32 + 32)
     assert "2 sliding-window layers (W = 32)" in note
+
+
+def test_a_metric_missing_from_the_fit_says_whether_a_refit_can_help():
+    """A known metric the fit lacks: refit with it; an unknown name: no refit can give it."""
+    from truncsens.fits.laws import FitError
+
+    doc = _doc(lambda w: 0.5 * np.asarray(w, float) ** -0.5, POW2, 1024, n_boot=0)
+    with pytest.raises(FitError, match=r"no power law for metric 'kl' \(it has: tv\); refit with --metric kl"):
+        recommend(doc, [0.01], "kl")
+    with pytest.raises(FitError, match=r"'bogus' is no metric truncsens measures; use one of those"):
+        recommend(doc, [0.01], "bogus")

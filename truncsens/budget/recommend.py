@@ -38,6 +38,7 @@ from truncsens.fits.fit_file import is_fit_file, read_fit_file, sanitize
 from truncsens.fits.fitting import FitConfig, fit_datasets
 from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model
 from truncsens.fits.laws import FitError
+from truncsens.metrics import find
 from truncsens.results import load
 from truncsens.stats import percentile_interval
 from truncsens.budget.windows import check_eps, measured_crossings, measured_window, window_for_eps, window_samples
@@ -140,8 +141,9 @@ def recommend(fit_doc: dict, eps_values: Sequence[float], metric: str = "tv", le
     fits = [f for f in fit_doc["fits"] if f["metric"] == metric and f["family"] == "power"]
     if not fits:
         have = sorted({f["metric"] for f in fit_doc["fits"]})
-        raise FitError(f"the fit has no power law for metric {metric!r} (it has: {', '.join(have) or 'none'}); "
-                       f"refit with --metric {metric}")
+        fix = (f"refit with --metric {metric}" if find(metric) is not None else
+               f"{metric!r} is no metric truncsens measures; use one of those")
+        raise FitError(f"the fit has no power law for metric {metric!r} (it has: {', '.join(have) or 'none'}); {fix}")
     out = []
     for f in fits:
         out.extend(_recommend_curve(fit_doc, f, eps_values, metric, level, kv_lookup))
