@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import sharp_tiny_llama
+from oracles import _cache_keyword
 from truncsens.certificates import passes
 from truncsens.certificates.designs import CertifyDesign, DesignError, layer_head_seeds
 from truncsens.certificates.statistics import coverage
@@ -99,11 +100,10 @@ def test_probed_per_head_run_equals_a_per_layer_masked_decode(monkeypatch):
     model.set_attn_implementation(PerLayerMask.NAME)
     try:
         with torch.no_grad():
-            cache = DynamicCache()
+            kw = {_cache_keyword(model): DynamicCache()}  # "cache" in transformers >= 5.24, else past_key_values
             pos = torch.arange(T).expand(B, T)
-            model(input_ids=ids[:, : T - 1], position_ids=pos[:, : T - 1], past_key_values=cache, use_cache=True)
-            logits = model(input_ids=ids[:, T - 1 :], position_ids=pos[:, T - 1 :], past_key_values=cache,
-                           use_cache=True).logits[:, -1]
+            model(input_ids=ids[:, : T - 1], position_ids=pos[:, : T - 1], use_cache=True, **kw)
+            logits = model(input_ids=ids[:, T - 1 :], position_ids=pos[:, T - 1 :], use_cache=True, **kw).logits[:, -1]
     finally:
         model.set_attn_implementation("sdpa")
     torch.testing.assert_close(out.logprobs[0, 0], logits.log_softmax(-1), atol=1e-9, rtol=1e-9)
