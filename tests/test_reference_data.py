@@ -78,6 +78,23 @@ def test_dense_kv_sequences_query_every_key_once_after_the_first_gap():
         assert first_query - end_defs >= 0.1 * 6000 * 0.9  # the first gap: a tenth of L at least
 
 
+def test_dense_kv_names_come_from_the_first_name_words():
+    """name_words = 3: every name part is one of the first 3 words (or a number); the mix passes it on
+    and refuses fewer than 2."""
+    words = ["parse", "buffer", "reader", "token", "value", "state", "field", "block"]
+    filler = lambda n: ("pass\n" * (n // 5 + 1))[: max(n, 1) - 1] + "\n"  # noqa: E731
+    for seed in range(5):
+        text = bytes(kv_dense_text(np.random.default_rng(seed), words, filler, char_encode, 3000, name_words=3)).decode()
+        for name in re.findall(r'^(\w+) = "\w+"$', text, flags=re.M):
+            assert all(part in words[:3] or part.isdigit() for part in name.split("_")), name
+    data = small_data(DataMix(0.0, 1.0, dense_kv=True, name_words=2))
+    text = bytes(data.sequence(step_generator(0, 0), 3000)[0].tolist()).decode()
+    parts = {p for n in re.findall(r'^(\w+) = "\w+"$', text, flags=re.M) for p in n.split("_") if not p.isdigit()}
+    assert parts and parts <= set(data.words[:2])
+    with pytest.raises(ValueError, match="at least 2 name words"):
+        DataMix(0.0, 1.0, dense_kv=True, name_words=1)
+
+
 def test_the_dense_mix_draws_dense_kv_sequences():
     data = small_data(DataMix(0.0, 1.0, dense_kv=True))
     ids, kind = data.sequence(step_generator(0, 0), 3000)

@@ -82,6 +82,10 @@ def test_write_card(tmp_path):
     assert "| long-range copy | 45 | 60 | 75.0 % |" in text and "| key-value recall | 5 | 8 | 62.5 % |" in text
     assert "(N = 2048)" in text
     assert "| recall stage | the last 30 steps: 60 % dense key-value recall, 20 % repeats, learning rate up to 0.001 again |" in text
+    summary["config"].update(recall_warm_steps=12, recall_warm_context=384, recall_warm_doublings=2, recall_name_words=20)
+    text = write_card(tmp_path, evals, summary, tasks).read_text()
+    assert ("| recall stage | the last 30 steps: 60 % dense key-value recall, 20 % repeats, learning rate up to 0.001 "
+            "again; the first 12 on 384-token crops doubling in 3 phases; names from 20 words |") in text
     assert json.loads((tmp_path / "eval.json").read_text())["evaluations"][0]["domain"] == "code"
 
 
@@ -163,3 +167,28 @@ def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert [row.split(",")[0] for row in log[1:]] == ["2", "4", "6"]
     with pytest.raises(TrainError, match="lr differ"):
         train(tiny_config(tmp_path / "parts", lr=1e-2))
+
+
+def test_recall_warm_crops_double_in_equal_phases():
+    """recall_warm_doublings = 2 from 384: the 300 warm steps in three phases of 100 steps with crops
+    384, 768, 1536 (tokens per step kept: 4 x 2048 // crop sequences), then the full context."""
+    cfg = TrainConfig(context=2048, batch_size=4, max_steps=2000, recall_steps=900, recall_warm_context=384,
+                      recall_warm_steps=300, recall_warm_doublings=2)
+    assert crop_at(2000, cfg) == (4 * 5, 384) and crop_at(2099, cfg) == (20, 384)
+    assert crop_at(2100, cfg) == (4 * 2, 768) and crop_at(2199, cfg) == (8, 768)
+    assert crop_at(2200, cfg) == (4, 1536) and crop_at(2299, cfg) == (4, 1536)
+    assert crop_at(2300, cfg) == (4, 2048)
+    capped = TrainConfig(context=2048, warm_steps=0, max_steps=10, recall_steps=10, recall_warm_context=1024,
+                         recall_warm_steps=4, recall_warm_doublings=2)  # 1024, 2048, then capped at 2048
+    assert [crop_at(10 + s, capped)[1] for s in range(4)] == [1024, 1024, 2048, 2048]
+
+
+def test_a_checkpoint_recipe_without_later_fields_counts_their_defaults():
+    """A recall-stage checkpoint written before recall_warm_doublings / recall_name_words existed
+    resumes under the defaults (it ran with them) and differs from any other value."""
+    cfg = TrainConfig(max_steps=10, recall_steps=5)
+    old = {k: v for k, v in cfg.recipe().items() if k not in ("recall_warm_doublings", "recall_name_words")}
+    assert cfg.differences(old, 12) == []
+    other = TrainConfig(max_steps=10, recall_steps=5, recall_name_words=20)
+    assert other.differences(old, 12) == ["recall_name_words"]
+    assert other.differences(old, 10) == []  # the main stage alone: recall fields do not count yet

@@ -132,7 +132,9 @@ def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path
 
 
 def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 170.0, max_steps: int = 2000,
-                    recall_steps: int = 0, seed: int = 0, install: bool = False, threads: int = 0) -> tuple[Path, Path | None, dict]:
+                    recall_steps: int = 0, seed: int = 0, install: bool = False, threads: int = 0,
+                    recall_warm_context: int = 512, recall_warm_steps: int = 150, recall_warm_doublings: int = 0,
+                    recall_name_words: int = 200) -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
     in ``out_dir`` (the result does not depend on where a run was stopped).
@@ -146,6 +148,8 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
         seed: seed of initialisation and batch sampling.
         install: copy the finished result into ``truncsens/models/reference/weights``.
         threads: torch CPU threads (0: torch's default).
+        recall_warm_context, recall_warm_steps, recall_warm_doublings, recall_name_words: the recall
+            stage's crop schedule and name vocabulary (:class:`~truncsens.models.reference.train.TrainConfig`).
 
     Returns:
         (final checkpoint folder, install folder or None, training summary).
@@ -154,5 +158,7 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
         TrainError: ``out_dir`` holds a checkpoint of a different recipe.
     """
     cfg = TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, recall_steps=recall_steps,
-                      seed=seed, threads=threads)
+                      seed=seed, threads=threads, recall_warm_context=recall_warm_context,
+                      recall_warm_steps=recall_warm_steps, recall_warm_doublings=recall_warm_doublings,
+                      recall_name_words=recall_name_words)
     return build_reference(cfg, install)

@@ -14,6 +14,10 @@ def train_reference(
     minutes: float = typer.Option(170.0, help="Wall-clock budget of this call: the run checkpoints and stops; run again to resume."),
     max_steps: int = typer.Option(2000, help="Optimizer steps of the main stage (its learning rate reaches its floor there)."),
     recall_steps: int = typer.Option(0, help="Optimizer steps of a recall stage after it (dense key-value recall; 0: none, the installed recipe)."),
+    recall_warm_context: int = typer.Option(512, help="Crop length of the recall stage's first --recall-warm-steps steps."),
+    recall_warm_steps: int = typer.Option(150, help="Steps of the recall stage on shorter crops."),
+    recall_warm_doublings: int = typer.Option(0, help="Split those steps in n + 1 equal phases whose crops double from --recall-warm-context (0: one phase)."),
+    recall_name_words: int = typer.Option(200, help="Name parts of the dense key-value format: the most frequent this many words."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
     install: bool = typer.Option(False, "--install", help="Copy the finished result into truncsens/models/reference/weights."),
@@ -23,7 +27,10 @@ def train_reference(
 
     with user_errors():
         final, installed, summary = train(out_dir, minutes=minutes, max_steps=max_steps, recall_steps=recall_steps,
-                                          seed=seed, install=install, threads=threads)
+                                          seed=seed, install=install, threads=threads,
+                                          recall_warm_context=recall_warm_context, recall_warm_steps=recall_warm_steps,
+                                          recall_warm_doublings=recall_warm_doublings,
+                                          recall_name_words=recall_name_words)
         if not summary["finished"]:
             typer.echo(f"stopped at step {summary['steps']} of {max_steps + recall_steps} ({summary['minutes']:.0f} minutes so far); "
                        f"run the same command again to resume from {out_dir / 'checkpoint.pt'}")

@@ -11,6 +11,17 @@ from pathlib import Path
 CARD_CONTEXTS = (16, 64, 256, 1024)  # shorter contexts evaluated beside the model's maximum
 
 
+def _recall_schedule(cfg: dict) -> str:
+    """The crop schedule and name vocabulary of a recall stage for its card row (``; the first S on
+    W-token crops doubling in n phases; names from K words``), from the fields its config has (a
+    config from before them: an empty string)."""
+    if not cfg.get("recall_warm_steps"):
+        return ""
+    growth = f" doubling in {cfg['recall_warm_doublings'] + 1} phases" if cfg.get("recall_warm_doublings") else ""
+    names = f"; names from {cfg['recall_name_words']} words" if "recall_name_words" in cfg else ""
+    return f"; the first {cfg['recall_warm_steps']} on {cfg['recall_warm_context']}-token crops{growth}{names}"
+
+
 def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict | None = None) -> Path:
     """Write README.md (the model card) and eval.json into the weights folder.
 
@@ -52,7 +63,8 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
         *([f"| synthetic share | {100 * cfg['repeat_share']:.0f} % long-range repeats, {100 * cfg['kv_share']:.0f} % "
            "key-value recall (truncsens/models/reference/data.py) |"] if "kv_share" in cfg else []),
         *([f"| recall stage | the last {cfg['recall_steps']} steps: {100 * cfg['recall_kv_share']:.0f} % dense key-value "
-           f"recall, {100 * cfg['recall_repeat_share']:.0f} % repeats, learning rate up to {cfg['recall_lr']:g} again |"]
+           f"recall, {100 * cfg['recall_repeat_share']:.0f} % repeats, learning rate up to {cfg['recall_lr']:g} again"
+           f"{_recall_schedule(cfg)} |"]
           if cfg.get("recall_steps") else []),
         "",
         "## Held-out NLL by context length",

@@ -55,10 +55,13 @@ class DataMix:
     repeat: float = 0.2
     kv: float = 0.2
     dense_kv: bool = False  # kv sequences in the dense recall format (kv_dense_text) instead of kv_text
+    name_words: int = DENSE_NAME_WORDS  # name parts of the dense format: the first name_words words
 
     def __post_init__(self) -> None:
         if not (0 <= self.repeat and 0 <= self.kv and self.repeat + self.kv <= 1):
             raise ValueError(f"shares must be >= 0 and sum to at most 1, got repeat={self.repeat}, kv={self.kv}")
+        if self.name_words < 2:
+            raise ValueError(f"the dense recall format needs at least 2 name words, got name_words={self.name_words}")
 
 
 def step_generator(seed: int, step: int, salt: str = "batch") -> np.random.Generator:
@@ -122,11 +125,12 @@ def kv_values(rng: np.random.Generator, n: int) -> list[str]:
 
 
 def kv_dense_text(rng: np.random.Generator, words: Sequence[str], filler: Callable[[int], str],
-                  encode: Callable[[str], list[int]], length: int) -> list[int]:
+                  encode: Callable[[str], list[int]], length: int, name_words: int = DENSE_NAME_WORDS) -> list[int]:
     """One dense key–value recall sequence of exactly ``length`` token ids (the recall stage).
 
-    8–16 ``name = "value"`` definitions at the top (names from the first :data:`DENSE_NAME_WORDS`
-    words of ``words``, so the same name parts recur and matching them is learnt quickly),
+    8–16 ``name = "value"`` definitions at the top (names from the first ``name_words`` words of
+    ``words``, :data:`DENSE_NAME_WORDS` by default, so the same name parts recur and matching them
+    is learnt quickly),
     training code for a first gap of 10–75 % of ``length`` tokens, then one
     ``assert name == "value"`` query of every key in a random order, each followed by training code
     of up to an equal share of the room left (so the queries spread over the rest; training code
@@ -136,10 +140,11 @@ def kv_dense_text(rng: np.random.Generator, words: Sequence[str], filler: Callab
 
     Args:
         rng: the sequence's generator; words: :func:`name_vocabulary`; filler: n -> about n tokens of
-            training code text; encode: text -> ids; length: L + 1.
+            training code text; encode: text -> ids; length: L + 1; name_words: see above (at
+            least 2).
     """
     n_keys = int(rng.integers(8, 17))
-    names, values = kv_names(rng, words[:DENSE_NAME_WORDS], n_keys), kv_values(rng, n_keys)
+    names, values = kv_names(rng, words[:name_words], n_keys), kv_values(rng, n_keys)
     text = str(rng.choice(KV_HEADERS)) + "".join(f'{n} = "{v}"\n' for n, v in zip(names, values))
     text += filler(int(length * rng.uniform(0.1, 0.75)))
     ids = encode(text)
@@ -221,8 +226,9 @@ class TrainingData:
         mix = mix or self.mix
         u = rng.random()
         if u < mix.kv:
-            make = kv_dense_text if mix.dense_kv else kv_text
-            return np.asarray(make(rng, self.words, self.filler(rng), self.encode, length), np.int64), "kv"
+            args = (rng, self.words, self.filler(rng), self.encode, length)
+            ids = kv_dense_text(*args, name_words=mix.name_words) if mix.dense_kv else kv_text(*args)
+            return np.asarray(ids, np.int64), "kv"
         if u < mix.kv + mix.repeat:
             return add_repeats(self.natural(rng, length), rng), "repeat"
         return self.natural(rng, length).copy(), "natural"

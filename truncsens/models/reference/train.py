@@ -70,6 +70,8 @@ class TrainConfig:
     recall_steps: int = 0  # 300 was tried (docs/reference-model.md); not part of the installed recipe
     recall_warm_context: int = 512  # the recall stage's first recall_warm_steps steps train on crops this long
     recall_warm_steps: int = 150
+    recall_warm_doublings: int = 0  # > 0: the warm steps in n + 1 equal phases of crops w, 2w, ..., 2^n w (w above)
+    recall_name_words: int = 200  # name parts of the dense recall format (data.DENSE_NAME_WORDS)
     recall_lr: float = 1e-3
     recall_warmup_steps: int = 20
     recall_repeat_share: float = 0.2
@@ -92,10 +94,11 @@ class TrainConfig:
         """Recipe fields in which ``recipe`` (a checkpoint's, ``step`` steps done) differs from this
         one for the steps already done: the recall stage's fields count only once the checkpoint is
         past the main stage (an earlier recipe without them counts as the main stage alone)."""
-        mine = self.recipe()
+        mine, default = self.recipe(), TrainConfig().recipe()
         recall = {k for k in mine if k.startswith("recall_")}
         keys = [k for k in mine if step > self.max_steps or k not in recall]
-        return sorted(k for k in keys if recipe.get(k) != mine[k])
+        # a field a checkpoint does not name came later than it: the checkpoint ran with its default
+        return sorted(k for k in keys if recipe.get(k, default[k]) != mine[k])
 
 
 class TrainError(ValueError):
@@ -147,11 +150,17 @@ def _lr_at(step: int, cfg: TrainConfig) -> float:
 def crop_at(step: int, cfg: TrainConfig) -> tuple[int, int]:
     """(sequences, tokens each) of step ``step``: ``warm_context`` crops during the first ``warm_steps``
     steps (as many more sequences as keep the tokens per step), then ``context``; in the recall stage
-    likewise ``recall_warm_context`` crops for its first ``recall_warm_steps`` steps, then ``context``."""
+    likewise ``recall_warm_context`` crops for its first ``recall_warm_steps`` steps, then ``context``;
+    with ``recall_warm_doublings`` n > 0 those steps fall in n + 1 equal phases whose crops double from
+    ``recall_warm_context`` (capped at ``context``), so the recall distances grow with the phases
+    (the gaps of :func:`~truncsens.models.reference.data.kv_dense_text` are shares of the crop)."""
     if step < cfg.warm_steps and cfg.warm_context < cfg.context:
         return cfg.batch_size * (cfg.context // cfg.warm_context), cfg.warm_context
     if cfg.max_steps <= step < cfg.max_steps + cfg.recall_warm_steps and cfg.recall_warm_context < cfg.context:
-        return cfg.batch_size * (cfg.context // cfg.recall_warm_context), cfg.recall_warm_context
+        phases = cfg.recall_warm_doublings + 1
+        phase = (step - cfg.max_steps) * phases // cfg.recall_warm_steps  # 0 .. phases - 1, equal shares
+        length = min(cfg.context, cfg.recall_warm_context * 2**phase)
+        return cfg.batch_size * (cfg.context // length), length
     return cfg.batch_size, cfg.context
 
 
@@ -274,7 +283,7 @@ def train(cfg: TrainConfig) -> Path:
         return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens,
                 "running": running, "minutes": minutes_before + (time.time() - t0) / 60, "recipe": cfg.recipe()}
 
-    recall_mix = DataMix(cfg.recall_repeat_share, cfg.recall_kv_share, dense_kv=True)
+    recall_mix = DataMix(cfg.recall_repeat_share, cfg.recall_kv_share, dense_kv=True, name_words=cfg.recall_name_words)
     last = min(cfg.total_steps, cfg.stop_at_step) if cfg.stop_at_step > 0 else cfg.total_steps
     while step < last and (time.time() - t0) / 60 < cfg.max_minutes:
         n_seq, length = crop_at(step, cfg)
