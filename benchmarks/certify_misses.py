@@ -134,17 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     import truncsens.certificates.probe as probe_module
     from truncsens.certificates.config import parse_budgets, resolve_budgets
     from truncsens.certificates.statistics import coverage
+    from truncsens.models import load_model
 
-    n_layers = 5 if args.model == "reference" else None
-    if n_layers is None:
-        from transformers import AutoConfig
-        n_layers = AutoConfig.from_pretrained(args.model).num_hidden_layers
+    loaded = load_model(args.model)  # once: certify runs on the loaded object
+    n_layers = loaded.model.config.num_hidden_layers
     budgets = resolve_budgets(parse_budgets(args.budgets), args.reference_context, 4)
     recorder = Recorder(probe_module.attention_records, n_layers, ["poisson", "topk", "random"], budgets)
     probe_module.attention_records = recorder  # read every evicted decode (this process only)
     with tempfile.TemporaryDirectory() as tmp:
-        ds = truncsens.certify(args.model, reference_context=args.reference_context, max_docs=args.docs,
-                               targets_per_doc=args.targets_per_doc, budgets=args.budgets, progress=False,
+        ds = truncsens.certify(loaded.model, loaded.tokenizer, reference_context=args.reference_context,
+                               max_docs=args.docs, targets_per_doc=args.targets_per_doc, budgets=args.budgets,
+                               progress=False,
                                out=Path(tmp) / "certify.nc").dataset
         floor_rel = float(ds.attrs["error_floor_relative"])
         report = {"setup": vars(args), "design": ds.attrs["design"], "n_targets": int(ds.sizes["target"]),

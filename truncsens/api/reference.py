@@ -133,8 +133,10 @@ def build_reference(cfg: TrainConfig, install: bool = False) -> tuple[Path, Path
 
 def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 170.0, max_steps: int = 2000,
                     recall_steps: int = 0, seed: int = 0, install: bool = False, threads: int = 0,
-                    recall_warm_context: int = 512, recall_warm_steps: int = 150, recall_warm_doublings: int = 0,
-                    recall_name_words: int = 200) -> tuple[Path, Path | None, dict]:
+                    recall_warm_context: int = TrainConfig.recall_warm_context,
+                    recall_warm_steps: int = TrainConfig.recall_warm_steps,
+                    recall_warm_doublings: int = TrainConfig.recall_warm_doublings,
+                    recall_name_words: int = TrainConfig.recall_name_words) -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
     in ``out_dir`` (the result does not depend on where a run was stopped).

@@ -51,10 +51,11 @@ def default_budgets(reference_context: int, smallest: int) -> list[int]:
 
 
 def check_windows(windows: list[int], reference_context: int, n_sink: int) -> list[int]:
-    """Sorted unique windows, each 1 <= w < N with w + sinks <= N.
+    """Sorted unique windows, each w < N with w + sinks <= N (w >= 1 is checked earlier, by
+    :class:`~truncsens.engine.config.MeasureConfig`, before any output or model is looked at).
 
     Raises:
-        MeasureError: empty list or a window out of range.
+        MeasureError: empty list or a window at or beyond the reference context.
     """
     if not windows:
         raise MeasureError("no windows given")
@@ -63,8 +64,6 @@ def check_windows(windows: list[int], reference_context: int, n_sink: int) -> li
             raise MeasureError(
                 f"window {w} >= reference context {reference_context}: the kept context would be the whole reference "
                 "context; use windows below it")
-        if w < 1:
-            raise MeasureError(f"--windows must be at least 1 token each, got {w}")
         if n_sink + w > reference_context:
             raise MeasureError(
                 f"window {w} + {n_sink} sinks exceeds the reference context of {reference_context} tokens; "

@@ -20,6 +20,7 @@ import torch
 
 from truncsens.corpora.builtin import code_documents, nl_documents
 from truncsens.corpora.document import Document, select_split
+from truncsens.models.reference.data import DENSE_NAME_WORDS
 
 EOS = "<|endoftext|>"
 
@@ -71,7 +72,7 @@ class TrainConfig:
     recall_warm_context: int = 512  # the recall stage's first recall_warm_steps steps train on crops this long
     recall_warm_steps: int = 150
     recall_warm_doublings: int = 0  # > 0: the warm steps in n + 1 equal phases of crops w, 2w, ..., 2^n w (w above)
-    recall_name_words: int = 200  # name parts of the dense recall format (data.DENSE_NAME_WORDS)
+    recall_name_words: int = DENSE_NAME_WORDS  # name parts of the dense recall format
     recall_lr: float = 1e-3
     recall_warmup_steps: int = 20
     recall_repeat_share: float = 0.2
@@ -93,11 +94,11 @@ class TrainConfig:
     def differences(self, recipe: dict, step: int) -> list[str]:
         """Recipe fields in which ``recipe`` (a checkpoint's, ``step`` steps done) differs from this
         one for the steps already done: the recall stage's fields count only once the checkpoint is
-        past the main stage (an earlier recipe without them counts as the main stage alone)."""
+        past the main stage, and a field the checkpoint's recipe does not name (one added after it was
+        written) counts as its default, the value that checkpoint ran with."""
         mine, default = self.recipe(), TrainConfig().recipe()
         recall = {k for k in mine if k.startswith("recall_")}
         keys = [k for k in mine if step > self.max_steps or k not in recall]
-        # a field a checkpoint does not name came later than it: the checkpoint ran with its default
         return sorted(k for k in keys if recipe.get(k, default[k]) != mine[k])
 
 
