@@ -38,7 +38,7 @@ import xarray as xr
 from truncsens.fits.points import PointClasses, classify_points, usable_mask
 from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.fit_file import fit_document
-from truncsens.fits.laws import (FAMILIES, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
+from truncsens.fits.laws import (FAMILIES, N_LAW_PARAMS, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
                             log_weights)
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
@@ -315,6 +315,21 @@ def ratio_undecided(ci: Sequence[float | None] | None) -> bool:
     return bool(ci) and all(c is not None and math.isfinite(c) for c in ci) and ci[0] <= 1.0 <= ci[1]
 
 
+TIE_RTOL = 1e-9  # held-out errors this close (relative) are one number to the optimizer's rounding
+
+
+def rank_by_error(errors: dict[str, float]) -> list[str]:
+    """Families ordered by held-out error (lower first). Errors within ``TIE_RTOL`` of each other
+    count as equal and the family with fewer parameters comes first (then the name), so a
+    ``power_floor`` whose floor fits at 0 — the same curve as ``power`` — always ranks after it,
+    whatever the last digits of the two optimizations."""
+    def key(f: str):
+        tied_to = min((g for g in errors if abs(errors[g] - errors[f]) <= TIE_RTOL * max(abs(errors[f]), 1e-300)),
+                      key=lambda g: errors[g])
+        return (errors[tied_to], N_LAW_PARAMS.get(f, 99), f)
+    return sorted(errors, key=key)
+
+
 def _compare(curve: Curve, metric: str, mae: dict[str, np.ndarray], point: dict[str, dict], level: float) -> dict:
     """Rank the converged families of one metric: by held-out error ([1+B] per family), else by AIC.
     ``undecided``: the interval of the error ratio runner-up / winner contains 1."""
@@ -324,7 +339,7 @@ def _compare(curve: Curve, metric: str, mae: dict[str, np.ndarray], point: dict[
            "undecided": None}
     usable = {f: v for f, v in mae.items() if np.isfinite(v[0])}
     if len(usable) >= 2:
-        ranked = sorted(usable, key=lambda f: usable[f][0])
+        ranked = rank_by_error({f: float(v[0]) for f, v in usable.items()})
         win, run = ranked[0], ranked[1]
         with np.errstate(divide="ignore", invalid="ignore"):
             fac = usable[run] / usable[win]

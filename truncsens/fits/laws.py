@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 FAMILIES = ("power", "exponential", "power_floor")
+FLOOR_AT_BOUND = 1e-12  # a power_floor D_inf below this share of the smallest fitted D is its bound, 0
 PARAM_NAMES = {"power": ("C", "alpha"), "exponential": ("C", "tau", "rate"), "power_floor": ("C", "alpha", "D_inf")}
 N_LAW_PARAMS = {"power": 2, "exponential": 2, "power_floor": 3}
 
@@ -127,7 +128,9 @@ def fit_family(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict
         parameters), ``converged`` (bool, from the optimizer's own status) and ``optimizer`` (its
         method and message). WLS (power, exponential) is a closed-form solve: it converged when
         the design has full rank and the estimates are finite. ``power_floor``: scipy's
-        ``least_squares`` status > 0 (a tolerance met; 0 = evaluation limit reached).
+        ``least_squares`` status > 0 (a tolerance met; 0 = evaluation limit reached); a floor the
+        optimizer leaves at its bound (``active_mask``, or below :data:`FLOOR_AT_BOUND` of the
+        smallest fitted D) is reported as exactly 0.
 
     Raises:
         FitError: fewer usable windows than parameters, or the optimizer found no finite solution.
@@ -188,6 +191,8 @@ def _fit_power_floor_point(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple
         raise FitError("power_floor: the optimizer found no finite solution")
     with np.errstate(over="ignore"):
         params = {"C": float(np.exp(best.x[0])), "alpha": float(best.x[1]), "D_inf": float(best.x[2])}
+    if best.active_mask[2] != 0 or params["D_inf"] < FLOOR_AT_BOUND * float(np.exp(y.min())):
+        params["D_inf"] = 0.0  # trf keeps iterates inside the bounds: a floor at its bound ends near 1e-20, not 0
     converged = bool(best.status > 0) and all(math.isfinite(v) for v in params.values())
     return params, converged, f"scipy least_squares (trf): status {best.status}, {best.message}"
 
