@@ -77,7 +77,7 @@ STEPS = [
          merge_stderr=True),
     Step("api-example", "", kind="python-block"),
     Step("plan", "truncsens plan --reference-context 1024 --average-window 64,256 --out results/plan.json "
-                 "--plot-out results/plan", ("results/plan.json", "results/plan.png")),
+                 "--plot-out results/plan", ("results/plan.json", "results/plan.png", "results/plan.pdf")),
     Step("certify", "truncsens certify --domain code --reference-context 1024",
          ("results/reference-code-certify.nc", "results/reference-code-certify-reliability.png",
           "results/reference-code-certify-scatter.png")),

@@ -30,10 +30,14 @@ def test_plan_end_to_end_and_json_round_trip(tiny_llama_dir, corpus_dir, tmp_pat
         assert b["additivity"]["sum_of_layers"] > 0
         assert len(b["plan"]["per_target"]) == doc["n_heldout_targets"] == len(doc["heldout_targets"]["doc"])
         assert np.mean(b["uniform"]["per_target"]) == pytest.approx(b["uniform"]["measured"]["value"], rel=1e-9)
-    assert (tmp_path / "plan.png").is_file()
+    assert report.written == [out, tmp_path / "plan.png", tmp_path / "plan.pdf"]
+    assert all(p.stat().st_size > 0 for p in report.written)
     assert "plan / uniform" in report.table()
     with pytest.raises(FileExistsError):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, out=out, progress=False)
+    (tmp_path / "plan.png").unlink()
+    with pytest.raises(FileExistsError, match="plan.pdf"):  # the figure's PDF alone is protected too
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, plot_out=tmp_path / "plan.png", progress=False)
 
 
 def test_plan_for_a_distortion(tiny_llama_dir, corpus_dir):

@@ -20,7 +20,7 @@ Steps (issue 21; method in docs/plan.md):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,6 +30,7 @@ from truncsens.budget.allocation import (
     allocation_with_fixed, budget_for, kvpress_ratios, linear_schedule, predicted_with_fixed, uniform_windows,
 )
 from truncsens.fits.fit_file import check_new_files, sanitize
+from truncsens.report.plots import figure_paths
 from truncsens.fits.per_layer import floor_window, layer_power_laws
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 
@@ -42,9 +43,11 @@ class PlanError(ValueError):
 
 @dataclass
 class PlanReport:
-    """A finished plan: ``doc`` is the JSON (:meth:`to_json`), with a table and a figure."""
+    """A finished plan: ``doc`` is the JSON (:meth:`to_json`), with a table and a figure;
+    ``written``: the files :func:`plan` wrote (JSON, then the figure's PNG and PDF)."""
 
     doc: dict
+    written: list[Path] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return sanitize(self.doc)
@@ -94,16 +97,19 @@ class PlanReport:
         path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
         return path
 
-    def plot(self, out: str | Path, overwrite: bool = False) -> Path:
-        """D_l(w) per layer (fit set, log-log) with its law and each plan's windows marked: ``<out>.png``."""
-        import matplotlib
+    def plot(self, out: str | Path, overwrite: bool = False) -> list[Path]:
+        """D_l(w) per layer (fit set, log-log) with its law and each plan's windows marked:
+        ``<out>.png`` and ``<out>.pdf`` (:func:`truncsens.report.plots.figure_paths`).
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        Raises:
+            FileExistsError: a figure exists and ``overwrite`` is false.
+        """
+        from matplotlib.figure import Figure  # no pyplot: no global figure state
 
-        path = Path(str(out).removesuffix(".png") + ".png")
-        check_new_files([path], overwrite)
-        fig, ax = plt.subplots(figsize=(6, 4.5))
+        paths = figure_paths(out)
+        check_new_files(paths, overwrite)
+        fig = Figure(figsize=(6, 4.5))
+        ax = fig.subplots()
         for law in self.doc["layers"]:
             x, y = np.asarray(law["windows"]), np.asarray(law["mean"])
             line, = ax.loglog(x, np.where(y > 0, y, np.nan), "o-", ms=3, label=f"layer {law['layer']}")
@@ -117,9 +123,10 @@ class PlanReport:
         ax.set_ylabel(f"mean {self.doc['metric']} (that layer alone)")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        paths[0].parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(paths[0], dpi=120)
+        fig.savefig(paths[1])
+        return paths
 
 
 def _floor_fixed(law: dict) -> int:
@@ -252,8 +259,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     for e in eps or ():
         if not e > 0:
             raise PlanError(f"--eps must be a positive distortion, got {e:g}")
-    check_new_files([p for p in (out, None if plot_out is None else str(plot_out).removesuffix(".png") + ".png") if p],
-                    overwrite)
+    check_new_files(([Path(out)] if out is not None else []) + (figure_paths(plot_out) if plot_out is not None else []), overwrite)
     spec, device, dtype_, loaded = model_argument(model, tokenizer, device, dtype)
     cfg = measure_config(spec, corpus=corpus, domain=domain, split=split, reference_context=reference_context,
                          windows=[1], sinks=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
@@ -360,7 +366,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
            "layers": laws, "budgets": budgets_out}
     report = PlanReport(doc)
     if out is not None:
-        report.write(out, overwrite)
+        report.written.append(report.write(out, overwrite))
     if plot_out is not None:
-        report.plot(plot_out, overwrite)
+        report.written += report.plot(plot_out, overwrite)
     return report

@@ -31,7 +31,7 @@ def plan(
     device: Optional[str] = typer.Option("auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16, float16 or float64 (default float32)."),
     out: Optional[Path] = typer.Option(None, "--out", "--json-out", help="Write the plan JSON here."),
-    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Draw D_l(w) per layer with the planned windows to PREFIX.png."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Draw D_l(w) per layer with the planned windows: PREFIX.png and PREFIX.pdf (a .png or .pdf suffix is dropped)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan JSON instead of the table."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing plan file or figure."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress."),
@@ -56,9 +56,8 @@ def plan(
             typer.echo(json.dumps(report.to_json(), indent=1, allow_nan=False))
         else:
             typer.echo(report.table())
-            written = [str(p) for p in (out, Path(str(plot_out).removesuffix(".png") + ".png") if plot_out else None) if p]
-            if written:
-                typer.echo("wrote " + ", ".join(written))
+            if report.written:
+                typer.echo("wrote " + ", ".join(str(p) for p in report.written))
 
 
 def _numbers(values, kind, option: str):
