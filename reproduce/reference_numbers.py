@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     steps = with_needs([n for n in args.only.split(",") if n]) if args.only else STEPS
     if args.list:
+        print(f"# done: ran with this command on the installed weights (sha256 {sha[:8]}...), as recorded in "
+              f"{out_dir} (not in git: a fresh clone lists every step todo)")
         for s in steps:
             print(f"{'done' if done(s, out_dir, sha) else 'todo'}  {s.name:32s} {s.command or 'python block'}")
         return 0
