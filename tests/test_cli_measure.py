@@ -256,6 +256,35 @@ def test_out_is_a_folder_fails_before_any_work(tiny_llama_dir, corpus_dir, tmp_p
     assert not Path(str(folder) + ".shards").exists()  # nothing computed, nothing left behind
 
 
+def test_out_below_a_file_fails_before_any_work(tiny_llama_dir, corpus_dir, tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("mine")
+    out = blocker / "sub" / "o.nc"
+    r = invoke(*measure_args(tiny_llama_dir, corpus_dir, out, "--reference-context", "64", "--windows", "1,4"))
+    assert_user_error(r, "--out", f"cannot write {out}: {blocker} is a file, not a folder")
+    assert blocker.read_text() == "mine"
+
+
+def test_check_creatable(tmp_path):
+    import os
+
+    from truncsens.results.paths import check_creatable
+
+    check_creatable(tmp_path / "new" / "deeper" / "x.json")  # missing folders are fine: they are created
+    (tmp_path / "f").write_text("")
+    with pytest.raises(NotADirectoryError, match="is a file, not a folder"):
+        check_creatable(tmp_path / "f" / "x.json")
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # root may write anywhere: then there is nothing to refuse
+            with pytest.raises(PermissionError, match="not writable"):
+                check_creatable(locked / "x.json")
+    finally:
+        locked.chmod(0o700)
+
+
 def test_os_errors_are_user_errors():
     import typer
 

@@ -390,7 +390,7 @@ def test_a_law_needs_more_windows_than_parameters(family, need):
 
 
 def test_rank_by_error_breaks_rounding_ties_by_fewer_parameters():
-    from truncsens.fits.fitting import rank_by_error
+    from truncsens.fits.comparison import rank_by_error
     # power_floor with its floor at 0 is power's curve: which of the two optimizations ends a few 1e-9 lower
     # must not decide the order of the printed verdict
     for floor_err in (0.488 * (1 + 4e-9), 0.488 * (1 - 4e-9)):  # as far apart as on the reference model
@@ -398,3 +398,13 @@ def test_rank_by_error_breaks_rounding_ties_by_fewer_parameters():
     # a real difference still ranks by error
     assert rank_by_error({"power_floor": 0.40, "power": 0.488, "exponential": 4.2}) == ["power_floor", "power", "exponential"]
     assert rank_by_error({"power_floor": 0.40, "power": 0.488, "exponential": 0.2})[0] == "exponential"
+
+
+def test_fit_range_past_the_measured_windows_is_said():
+    ds = curve_results({"tv": power(0.02, 0.5)}, POW2, n_docs=10, doc_noise=0.1)
+    [curve] = curves_of(ds, ["tv"])
+    cf = fit_curve(curve, FitConfig(metrics=("tv",), n_boot=0, fit_range=(4, 4096)))
+    assert any(f"--fit-range 4:4096 reaches the largest measured window ({max(POW2)})" in n and "none is held out" in n
+               for n in cf.notes)
+    cf = fit_curve(curve, FitConfig(metrics=("tv",), n_boot=0, fit_range=(4, 64)))
+    assert not any("--fit-range" in n for n in cf.notes)

@@ -35,6 +35,9 @@ def test_plan_end_to_end_and_json_round_trip(tiny_llama_dir, corpus_dir, tmp_pat
     assert "plan / uniform" in report.table()
     with pytest.raises(FileExistsError):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, out=out, progress=False)
+    (tmp_path / "afile").write_text("mine")  # an output that cannot be created is refused before any pass
+    with pytest.raises(NotADirectoryError, match="afile is a file, not a folder"):
+        plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, plot_out=tmp_path / "afile" / "p", progress=False)
     (tmp_path / "plan.png").unlink()
     with pytest.raises(FileExistsError, match="plan.pdf"):  # the figure's PDF alone is protected too
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, plot_out=tmp_path / "plan.png", progress=False)

@@ -195,7 +195,7 @@ def test_model_comparison_undecided_when_the_interval_contains_one():
     assert "undecided between power_floor and power" in _comparison_line(c) and "wins" not in _comparison_line(c)
     c2 = {**c, "factor": {"value": 3.0, "ci": [1.5, 6.0]}, "undecided": False}
     assert "power_floor wins held-out extrapolation" in _comparison_line(c2)
-    from truncsens.fits.fitting import ratio_undecided
+    from truncsens.fits.comparison import ratio_undecided
 
     assert ratio_undecided([0.115, 11.7]) and ratio_undecided([0.9, 1.0]) and not ratio_undecided([1.01, 2])
     assert not ratio_undecided(None)

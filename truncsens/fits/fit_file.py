@@ -60,6 +60,7 @@ import numpy as np
 import truncsens
 from truncsens.fits.fit_checks import check_fit_doc
 from truncsens.fits.laws import FitError
+from truncsens.results.paths import check_creatable
 from truncsens.results.schema import utc_now
 
 FIT_KIND = "truncsens-fit"
@@ -88,11 +89,16 @@ def check_new_files(paths: Sequence[str | Path | None], overwrite: bool) -> None
 
     Raises:
         IsADirectoryError: a path is a folder (``--overwrite`` would not help: give a file path).
+        NotADirectoryError: a folder on the path is a file, so the output cannot be created.
+        PermissionError: the folder the output would be created in is not writable.
         FileExistsError: one message naming every existing file and the ``--overwrite`` option.
     """
     for p in paths:
-        if p is not None and Path(p).is_dir():
+        if p is None:
+            continue
+        if Path(p).is_dir():
             raise IsADirectoryError(f"{p} is a folder; give a file path inside it")
+        check_creatable(Path(p))
     if overwrite:
         return
     there = [str(p) for p in paths if p is not None and Path(p).exists()]

@@ -18,16 +18,11 @@ Default ranges (N = ``reference_context`` attr): fit on points from the smallest
 N/8 (the finite reference context bends the curve near N); hold out the points above that, up
 to N/2.
 
-Comparison: ``factor`` = runner-up error / winner error, its interval from the same resamples (it
-may reach below 1 when the two are close); ``power_vs_exponential`` = exponential error / power
-error (> 1: the power law extrapolates better, the paper's comparison). With no held-out point the
-comparison falls back to AIC (``factor`` = exp(dAIC / 2), the inverse relative likelihood; Burnham & Anderson, *Model Selection
-and Multimodel Inference*, 2002).
+Comparison of the families: :mod:`truncsens.fits.comparison`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -37,8 +32,9 @@ import xarray as xr
 
 from truncsens.fits.points import PointClasses, classify_points, usable_mask
 from truncsens.fits.curves import Curve, curves_of
+from truncsens.fits.comparison import compare_families
 from truncsens.fits.fit_file import fit_document
-from truncsens.fits.laws import (FAMILIES, N_LAW_PARAMS, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
+from truncsens.fits.laws import (FAMILIES, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
                             log_weights)
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
@@ -160,6 +156,11 @@ def _ranges(curve: Curve, cfg: FitConfig) -> tuple[tuple[int, int], tuple[int, i
                          f"{curve.sweep}s in [4, N/8 = {hi8}]); --fit-range LO:HI sets it")
     else:
         fit_range = tuple(cfg.fit_range)
+        largest = int(np.max(curve.points))
+        if fit_range[1] >= largest:
+            notes.append(f"--fit-range {fit_range[0]}:{fit_range[1]} reaches the largest measured {curve.sweep} "
+                         f"({largest}): every {curve.sweep} from {fit_range[0]} is fitted and none is held out for "
+                         "the extrapolation comparison")
         hold_hi = curve.reference_context // 2
         default_hold = (fit_range[1] + 1, hold_hi) if hold_hi > fit_range[1] else None
     holdout_range = tuple(cfg.holdout_range) if cfg.holdout_range is not None else default_hold
@@ -300,7 +301,7 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFit
                 power_alpha[metric] = np.concatenate([[point["alpha"]], boot["alpha"] if boot else []])
             fam_point[family] = point
             fits.append(entry)
-        comparisons.append(_compare(curve, metric, fam_mae, fam_point, cfg.level))
+        comparisons.append(compare_families(curve, metric, fam_mae, fam_point, cfg.level))
     alpha_ratio = None
     if "tv" in power_alpha and "kl" in power_alpha:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -308,56 +309,6 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFit
         alpha_ratio = {"curve": None, "label": curve.label, "results_file": curve.results_file, "value": float(ratio[0]),
                        "ci": interval_or_none(ratio[1:], cfg.level)}
     return CurveFits(curve, fit_range, holdout_range, metrics_out, fits, comparisons, alpha_ratio, notes)
-
-
-def ratio_undecided(ci: Sequence[float | None] | None) -> bool:
-    """Whether an error-ratio interval contains 1 (the data do not tell the two families apart)."""
-    return bool(ci) and all(c is not None and math.isfinite(c) for c in ci) and ci[0] <= 1.0 <= ci[1]
-
-
-TIE_RTOL = 1e-6  # held-out errors this close (relative) differ only by the optimizers' tolerances (trf vs closed-form WLS)
-
-
-def rank_by_error(errors: dict[str, float]) -> list[str]:
-    """Families ordered by held-out error (lower first). Errors within ``TIE_RTOL`` of each other
-    count as equal and the family with fewer parameters comes first (then the name), so a
-    ``power_floor`` whose floor fits at 0 — the same curve as ``power`` — always ranks after it,
-    whatever the last digits of the two optimizations."""
-    def key(f: str):
-        tied_to = min((g for g in errors if abs(errors[g] - errors[f]) <= TIE_RTOL * max(abs(errors[f]), 1e-300)),
-                      key=lambda g: errors[g])
-        return (errors[tied_to], N_LAW_PARAMS.get(f, 99), f)
-    return sorted(errors, key=key)
-
-
-def _compare(curve: Curve, metric: str, mae: dict[str, np.ndarray], point: dict[str, dict], level: float) -> dict:
-    """Rank the converged families of one metric: by held-out error ([1+B] per family), else by AIC.
-    ``undecided``: the interval of the error ratio runner-up / winner contains 1."""
-    out = {"curve": None, "label": curve.label, "results_file": curve.results_file, "metric": metric,
-           "mae": {f: float(v[0]) for f, v in mae.items()}, "aic": {f: p["aic"] for f, p in point.items()},
-           "basis": None, "winner": None, "runner_up": None, "factor": None, "power_vs_exponential": None,
-           "undecided": None}
-    usable = {f: v for f, v in mae.items() if np.isfinite(v[0])}
-    if len(usable) >= 2:
-        ranked = rank_by_error({f: float(v[0]) for f, v in usable.items()})
-        win, run = ranked[0], ranked[1]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            fac = usable[run] / usable[win]
-        ci = interval_or_none(fac[1:], level)
-        out.update(basis="extrapolation", winner=win, runner_up=run, factor={"value": float(fac[0]), "ci": ci},
-                   undecided=ratio_undecided(ci))
-        if "power" in usable and "exponential" in usable:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                pve = usable["exponential"] / usable["power"]
-            pci = interval_or_none(pve[1:], level)
-            out["power_vs_exponential"] = {"value": float(pve[0]), "ci": pci, "undecided": ratio_undecided(pci)}
-    elif sum(not math.isnan(p["aic"]) for p in point.values()) >= 2:
-        ranked = sorted((f for f in point if not math.isnan(point[f]["aic"])), key=lambda f: point[f]["aic"])
-        win, run = ranked[0], ranked[1]
-        diff = point[run]["aic"] - point[win]["aic"]
-        out.update(basis="aic", winner=win, runner_up=run,
-                   factor={"value": float(math.exp(min(diff / 2, 700))) if math.isfinite(diff) else math.inf, "ci": None})
-    return out
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from truncsens.engine.config import MeasureError
+from truncsens.results.paths import check_creatable
 from truncsens.targets import TargetSet
 
 SHARD_ONLY_ATTRS = ("run_fingerprint", "shard_index")
@@ -51,11 +52,16 @@ def check_output(out: str | Path, overwrite: bool, resume: bool) -> None:
     whose shards are still there).
 
     Raises:
-        MeasureError: ``out`` exists (naming the options), or is a folder.
+        MeasureError: ``out`` exists (naming the options), is a folder, or cannot be created (a
+            folder on its path is a file, or its folder is not writable).
     """
     out = Path(out)
     if out.is_dir():
         raise MeasureError(f"--out {out} is a folder; give a results file path such as {out / 'results.nc'}")
+    try:
+        check_creatable(out)
+    except OSError as exc:
+        raise MeasureError(f"--out: {exc}") from None
     if out.exists() and not overwrite and not (resume and kept_shards(out)):
         raise MeasureError(f"{out} already exists: pass --overwrite to replace it, or choose another --out")
 
