@@ -88,6 +88,8 @@ STEPS = [
          ("results/certify-designs-2.json",)),
     Step("certify-misses", "python benchmarks/certify_misses.py --reference-context 1024 --out results/certify-misses.json",
          ("results/certify-misses.json",)),
+    Step("copy-oracle", "python benchmarks/copy_oracle.py --reference-context 2048 --out results/copy-oracle.json",
+         ("results/copy-oracle.json",)),
     Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
          ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png")),
     Step("certify-attribution-max", "truncsens certify-attribution --domain code --reference-context 2048 "

@@ -70,18 +70,17 @@ def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_p
     return out
 
 
-def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max_docs: int = 16,
-                  copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0, batch: int = 2) -> dict:
-    """Full-cache top-1 accuracy on the targets of ``truncsens certify-attribution`` with its defaults:
-    long-range copy targets of held-out code (induction rule, distance at least N/4) and synthetic
-    key–value recall documents (:mod:`truncsens.certificates.tasks`), each read with its whole N-token
-    reference context.
+def attribution_tasks(loaded: LoadedModel, reference_context: int | None = None, max_docs: int = 16,
+                      copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0):
+    """The targets of ``truncsens certify-attribution`` with its defaults, for ``loaded``: long-range
+    copy targets of held-out code (induction rule, distance at least N/4) and synthetic key–value
+    recall documents (:mod:`truncsens.certificates.tasks`), each with its whole N-token reference
+    context.
 
     Returns:
-        ``{"reference_context": N, "copy": {"correct", "n", "accuracy"}, "kv": {...}}``.
+        :class:`truncsens.certificates.tasks.TaskSet` (``targets.context`` [n, N], ``targets.token_id``
+        [n], ``kind`` "copy" / "kv" per target).
     """
-    import torch
-
     from truncsens.certificates.attribution_driver import AttributionConfig
     from truncsens.certificates.tasks import build_task_set, copy_vocabulary, default_min_distance
     from truncsens.engine.documents import prepare_documents
@@ -92,8 +91,22 @@ def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max
     docs = prepare_documents(acfg.certify_config().measure_config(), loaded, N)
     tok = loaded.tokenizer
     eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
-    tasks = build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N,
-                           default_min_distance(N), copy_per_doc, kv_docs, seed)
+    return build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N,
+                          default_min_distance(N), copy_per_doc, kv_docs, seed)
+
+
+def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max_docs: int = 16,
+                  copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0, batch: int = 2) -> dict:
+    """Full-cache top-1 accuracy on the targets of ``truncsens certify-attribution`` with its defaults
+    (:func:`attribution_tasks`), each read with its whole N-token reference context.
+
+    Returns:
+        ``{"reference_context": N, "copy": {"correct", "n", "accuracy"}, "kv": {...}}``.
+    """
+    import torch
+
+    N = reference_context or loaded.max_context
+    tasks = attribution_tasks(loaded, N, max_docs, copy_per_doc, kv_docs, seed)
     context, token = tasks.targets.context, tasks.targets.token_id  # [n, N], [n]
     hits = torch.zeros(len(token), dtype=torch.bool)
     with torch.no_grad():

@@ -1,0 +1,101 @@
+"""How well can pure copying do on the copy targets of ``certify-attribution``? (issue 20: the aim of
+70 % full-cache copy accuracy, and why the reference model misses it). Not a speed benchmark.
+
+The copy targets (:func:`truncsens.certificates.tasks.copy_positions`) are positions t of held-out
+code whose token occurred before, most recently at distance D = N/4 or more (and not since), with
+the same preceding token there. A model that only copies predicts the token that followed an
+earlier occurrence of the current suffix. Two copy rules, run on exactly the contexts the model
+reads (its last N tokens), predict the target:
+
+- ``suffix-k``: the token after the most recent earlier occurrence of the last k tokens (k = 1, 2, 3);
+- ``longest``: the token after the earlier occurrence with the longest matching suffix (up to 64
+  tokens; the most recent among equally long ones): what an ideal induction head retrieves.
+
+Next to them, the model's own full-cache top-1 accuracy on the same targets
+(:func:`truncsens.api.reference.task_accuracy`). If the copy rules fall short of the aim, the aim
+asks for more than copying: the most recent match of a suffix in code usually continues differently
+from the far one the target copies.
+
+Usage (about 3 minutes on 2 CPU cores at N = 2048)::
+
+    python benchmarks/copy_oracle.py --reference-context 2048 [--model PATH] [--out results/copy-oracle.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+MAX_MATCH = 64  # longest suffix compared, tokens
+
+
+def suffix_rule(context: Sequence[int], k: int) -> int | None:
+    """The token after the most recent earlier occurrence of the last ``k`` tokens of ``context``
+    (None: the suffix never occurred before)."""
+    n = len(context)
+    suffix = list(context[n - k:])
+    for s in range(n - 1, k - 1, -1):  # the occurrence ends at s - 1, so context[s] follows it
+        if list(context[s - k:s]) == suffix:
+            return int(context[s])
+    return None
+
+
+def longest_rule(context: Sequence[int], max_match: int = MAX_MATCH) -> int | None:
+    """The token after the earlier occurrence of the longest matching suffix (at most ``max_match``
+    tokens; the most recent of equally long ones); None when the last token never occurred before."""
+    n, best, pred = len(context), 0, None
+    for s in range(n - 1, 0, -1):
+        m = 0
+        while m < s and m < max_match and context[s - 1 - m] == context[n - 1 - m]:
+            m += 1
+        if m > best:
+            best, pred = m, int(context[s])
+    return pred
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="reference")
+    ap.add_argument("--reference-context", type=int, default=2048)
+    ap.add_argument("--out", default=None, help="write the counts as JSON here")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+
+    from truncsens.api.reference import attribution_tasks, task_accuracy
+    from truncsens.models import load_model
+
+    loaded = load_model(args.model)
+    N = args.reference_context
+    tasks = attribution_tasks(loaded, N)
+    copy = np.flatnonzero(np.asarray(tasks.kind) == "copy")
+    rules = {f"suffix-{k}": (lambda c, k=k: suffix_rule(c, k)) for k in (1, 2, 3)} | {"longest": longest_rule}
+    hits = {name: 0 for name in rules}
+    for i in copy:
+        context, target = tasks.targets.context[i].tolist(), int(tasks.targets.token_id[i])
+        for name, rule in rules.items():
+            hits[name] += rule(context) == target
+    model = task_accuracy(loaded, N)["copy"]
+    n = len(copy)
+    doc = {"model": loaded.name, "model_sha256": loaded.content_sha256, "reference_context": N, "n_copy_targets": n,
+           "rules": {name: {"correct": h, "accuracy": h / n} for name, h in hits.items()},
+           "model_full_cache": model}
+    print(f"copy targets of certify-attribution at N = {N}: {n}")
+    for name, h in hits.items():
+        print(f"  {name:9s} {h:3d} / {n} = {h / n:.0%}")
+    print(f"  {'model':9s} {model['correct']:3d} / {n} = {model['accuracy']:.0%} (full-cache top-1, {loaded.name})")
+    if args.out:
+        path = Path(args.out)
+        if path.exists():
+            sys.exit(f"error: {path} already exists; remove it or choose another --out")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""The copy rules of benchmarks/copy_oracle.py on hand-made contexts (issue 20's copy-accuracy diagnosis)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SPEC = importlib.util.spec_from_file_location("copy_oracle", Path(__file__).parents[1] / "benchmarks" / "copy_oracle.py")
+copy_oracle = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(copy_oracle)
+
+
+def test_suffix_rule_takes_the_most_recent_occurrence():
+    #          0  1  2  3  4  5  6  7  8
+    context = [5, 1, 7, 9, 1, 8, 3, 2, 1]
+    assert copy_oracle.suffix_rule(context, 1) == 8  # last "1" before the end is at 4, followed by 8 (not 7)
+    assert copy_oracle.suffix_rule(context, 2) is None  # (2, 1) never occurred before
+    assert copy_oracle.suffix_rule([4, 2, 1, 6, 3, 2, 1], 2) == 6  # (2, 1) at 1..2, followed by 6
+
+
+def test_longest_rule_prefers_the_longer_match_over_the_recent_one():
+    context = [3, 2, 1, 7, 0, 1, 8, 4, 3, 2, 1]
+    assert copy_oracle.suffix_rule(context, 1) == 8  # the most recent "1" (at 5) is followed by 8
+    assert copy_oracle.longest_rule(context) == 7  # "3 2 1" at 0..2 matches three tokens: followed by 7
+    assert copy_oracle.longest_rule([1, 2, 3]) is None  # the last token never occurred before
