@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         context, target = tasks.targets.context[i].tolist(), int(tasks.targets.token_id[i])
         for name, rule in rules.items():
             hits[name] += rule(context) == target
-    model = task_accuracy(loaded, N)["copy"]
+    model = task_accuracy(loaded, N, tasks=tasks)["copy"]  # the same targets, built once
     n = len(copy)
     doc = {"model": loaded.name, "model_sha256": loaded.content_sha256, "reference_context": N, "n_copy_targets": n,
            "rules": {name: {"correct": h, "accuracy": h / n} for name, h in hits.items()},

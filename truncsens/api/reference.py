@@ -96,9 +96,10 @@ def attribution_tasks(loaded: LoadedModel, reference_context: int | None = None,
 
 
 def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max_docs: int = 16,
-                  copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0, batch: int = 2) -> dict:
+                  copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0, batch: int = 2, tasks=None) -> dict:
     """Full-cache top-1 accuracy on the targets of ``truncsens certify-attribution`` with its defaults
-    (:func:`attribution_tasks`), each read with its whole N-token reference context.
+    (:func:`attribution_tasks`, or ``tasks`` already built by it), each read with its whole N-token
+    reference context.
 
     Returns:
         ``{"reference_context": N, "copy": {"correct", "n", "accuracy"}, "kv": {...}}``.
@@ -106,7 +107,7 @@ def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max
     import torch
 
     N = reference_context or loaded.max_context
-    tasks = attribution_tasks(loaded, N, max_docs, copy_per_doc, kv_docs, seed)
+    tasks = tasks or attribution_tasks(loaded, N, max_docs, copy_per_doc, kv_docs, seed)
     context, token = tasks.targets.context, tasks.targets.token_id  # [n, N], [n]
     hits = torch.zeros(len(token), dtype=torch.bool)
     with torch.no_grad():
