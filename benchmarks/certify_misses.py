@@ -47,16 +47,20 @@ class Recorder:
         self.rows: list[dict] = []
 
     def __call__(self, logits, values, available, kept, pi, tail, delta=0.05):
-        import torch
-
         rec = self.inner(logits, values, available, kept, pi, tail, delta)
         forward, layer = divmod(self.calls, self.L)
         self.calls += 1
         per_batch = len(self.policies) * len(self.budgets)
         policy = self.policies[(forward % per_batch) // len(self.budgets)]
         budget = self.budgets[forward % len(self.budgets)]
-        if policy != "poisson":
-            return rec
+        if policy == "poisson":
+            self.record(rec, budget, layer, logits, values, kept, pi, tail, delta)
+        return rec
+
+    def record(self, rec, budget: int, layer: int, logits, values, kept, pi, tail, delta: float) -> None:
+        """Keep the diagnostics of one poisson decode of one layer (rows per target and head)."""
+        import torch
+
         shape = logits.shape  # [B, H, T]
         kept, tail = kept.expand(shape), tail.expand(shape)
         pi = pi.to(torch.float64).expand(shape)
@@ -79,7 +83,6 @@ class Recorder:
                     "worst_drawn": bool(kept[b, h, i]), "worst_attention": float(a[b, h, i]),
                     "worst_pi": float(pi[b, h, i]), "worst_distance": int(T - 1 - i),
                     "worst_score_rank": higher + 1, "n_tail": int(t.sum())})
-        return rec
 
 
 def summarize(rows: list[dict], floor_rel: float) -> dict:

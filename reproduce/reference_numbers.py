@@ -88,6 +88,8 @@ STEPS = [
          ("results/certify-designs-2.json",)),
     Step("certify-misses", "python benchmarks/certify_misses.py --reference-context 1024 --out results/certify-misses.json",
          ("results/certify-misses.json",)),
+    Step("certify-tail-range", "python benchmarks/certify_tail_range.py --reference-context 1024 "
+                               "--out results/certify-tail-range.json", ("results/certify-tail-range.json",)),
     Step("copy-oracle", "python benchmarks/copy_oracle.py --reference-context 2048 --out results/copy-oracle.json",
          ("results/copy-oracle.json",)),
     Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
