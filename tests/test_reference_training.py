@@ -87,6 +87,12 @@ def test_write_card(tmp_path):
     assert ("| recall stage | the last 30 steps: 60 % dense key-value recall, 20 % repeats, learning rate up to 0.001 "
             "again; the first 12 on 384-token crops doubling in 3 phases; names from 20 words |") in text
     assert json.loads((tmp_path / "eval.json").read_text())["evaluations"][0]["domain"] == "code"
+    assert "started from" not in text
+    summary["config"].update(init_from="reference", max_steps=2000)
+    text = write_card(tmp_path, evals, summary | {"init_sha256": "ab" * 32}, tasks).read_text()
+    assert ("| started from | `reference` (model.safetensors sha256 abababababababab…) at step 2000, fresh optimizer: "
+            "the main stage's steps are that model's |") in text
+    assert "| tokens seen | 5,000 (the recall stage) |" in text and "(the recall stage; the main stage" in text
 
 
 @pytest.mark.slow
@@ -192,3 +198,66 @@ def test_a_checkpoint_recipe_without_later_fields_counts_their_defaults():
     other = TrainConfig(max_steps=10, recall_steps=5, recall_name_words=20)
     assert other.differences(old, 12) == ["recall_name_words"]
     assert other.differences(old, 10) == []  # the main stage alone: recall fields do not count yet
+
+
+def test_init_from_is_refused_without_a_recall_stage_or_its_files(tmp_path):
+    from truncsens.models.reference.start import TrainError, init_folder, start_from
+
+    with pytest.raises(TrainError, match="give --recall-steps"):
+        start_from(str(tmp_path), 0, tmp_path / "run")
+    (tmp_path / "model").mkdir()
+    with pytest.raises(TrainError, match="model.safetensors does not exist"):
+        start_from(str(tmp_path / "model"), 5, tmp_path / "run")
+    import truncsens.models
+
+    assert init_folder("reference") == truncsens.models.REFERENCE_DIR
+    assert init_folder(str(tmp_path)) == tmp_path
+
+
+def test_load_start_copies_bf16_weights_and_refuses_another_shape():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from truncsens.models.reference.start import TrainError, load_start
+
+    def tiny(hidden):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=hidden, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))
+
+    source = {k: v.to(torch.bfloat16) for k, v in tiny(16).state_dict().items() if k != "lm_head.weight"}
+    model = tiny(16)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    load_start(model, source, "x")
+    own = model.state_dict()
+    assert all(torch.equal(own[k], source[k].float()) for k in source)
+    assert torch.equal(own["lm_head.weight"], own["model.embed_tokens.weight"])  # tied
+    with pytest.raises(TrainError, match="does not fit"):
+        load_start(tiny(32), source, "x")
+    with pytest.raises(TrainError, match="missing"):
+        load_start(tiny(16), {k: v for k, v in source.items() if "mlp" not in k}, "x")
+
+
+@pytest.mark.slow
+def test_a_run_started_from_an_exported_model_trains_only_the_recall_stage(tmp_path):
+    """--init-from: a main-stage-only run's export starts a second run at step max_steps with its
+    tokenizer; the second run logs and checkpoints only the recall steps and changes the weights."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    from truncsens.models.reference.train import train
+
+    main = train(tiny_config(tmp_path / "main", recall_steps=0))
+    recall = train(tiny_config(tmp_path / "recall", init_from=str(main)))
+    assert (recall / "tokenizer.json").read_bytes() == (main / "tokenizer.json").read_bytes()
+    assert torch.load(tmp_path / "recall" / "checkpoint.pt", weights_only=False)["step"] == 6
+    log = (tmp_path / "recall" / "train_log.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in log[1:]] == ["6"]
+    a, b = load_file(main / "model.safetensors"), load_file(recall / "model.safetensors")
+    assert a.keys() == b.keys() and not all(torch.equal(a[k], b[k]) for k in a)
+    summary = json.loads((recall / "training_summary.json").read_text())
+    assert summary["finished"] and len(summary["init_sha256"]) == 64

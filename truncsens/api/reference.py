@@ -150,7 +150,8 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                     recall_warm_context: int = TrainConfig.recall_warm_context,
                     recall_warm_steps: int = TrainConfig.recall_warm_steps,
                     recall_warm_doublings: int = TrainConfig.recall_warm_doublings,
-                    recall_name_words: int = TrainConfig.recall_name_words) -> tuple[Path, Path | None, dict]:
+                    recall_name_words: int = TrainConfig.recall_name_words,
+                    init_from: str = "") -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
     in ``out_dir`` (the result does not depend on where a run was stopped).
@@ -166,15 +167,18 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
         threads: torch CPU threads (0: torch's default).
         recall_warm_context, recall_warm_steps, recall_warm_doublings, recall_name_words: the recall
             stage's crop schedule and name vocabulary (:class:`~truncsens.models.reference.train.TrainConfig`).
+        init_from: ``""`` (train the main stage), ``"reference"`` (the bundled weights) or an exported model
+            folder: start at the recall stage from those weights and tokenizer (``TrainConfig.init_from``).
 
     Returns:
         (final checkpoint folder, install folder or None, training summary).
 
     Raises:
-        TrainError: ``out_dir`` holds a checkpoint of a different recipe.
+        TrainError: ``out_dir`` holds a checkpoint of a different recipe; ``init_from`` without recall
+            steps, without its files, or with weights of another shape.
     """
     cfg = TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, recall_steps=recall_steps,
                       seed=seed, threads=threads, recall_warm_context=recall_warm_context,
                       recall_warm_steps=recall_warm_steps, recall_warm_doublings=recall_warm_doublings,
-                      recall_name_words=recall_name_words)
+                      recall_name_words=recall_name_words, init_from=init_from)
     return build_reference(cfg, install)

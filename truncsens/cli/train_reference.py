@@ -18,6 +18,7 @@ def train_reference(
     recall_warm_steps: int = typer.Option(150, help="Steps of the recall stage on shorter crops."),
     recall_warm_doublings: int = typer.Option(0, help="Split those steps in n + 1 equal phases whose crops double from --recall-warm-context (0: one phase)."),
     recall_name_words: int = typer.Option(200, help="Name parts of the dense key-value format: the most frequent this many words."),
+    init_from: str = typer.Option("", help="Start at the recall stage from this exported model folder's weights and tokenizer ('reference': the bundled model), skipping the main stage."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
     install: bool = typer.Option(False, "--install", help="Copy the finished result into truncsens/models/reference/weights."),
@@ -30,7 +31,7 @@ def train_reference(
                                           seed=seed, install=install, threads=threads,
                                           recall_warm_context=recall_warm_context, recall_warm_steps=recall_warm_steps,
                                           recall_warm_doublings=recall_warm_doublings,
-                                          recall_name_words=recall_name_words)
+                                          recall_name_words=recall_name_words, init_from=init_from)
         if not summary["finished"]:
             typer.echo(f"stopped at step {summary['steps']} of {max_steps + recall_steps} ({summary['minutes']:.0f} minutes so far); "
                        f"run the same command again to resume from {out_dir / 'checkpoint.pt'}")

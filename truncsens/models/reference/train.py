@@ -21,6 +21,7 @@ import torch
 from truncsens.corpora.builtin import code_documents, nl_documents
 from truncsens.corpora.document import Document, select_split
 from truncsens.models.reference.data import DENSE_NAME_WORDS
+from truncsens.models.reference.start import TrainError, init_folder, load_start, start_from
 
 EOS = "<|endoftext|>"
 
@@ -44,6 +45,12 @@ class TrainConfig:
     N = 2,048 and is off by default (``recall_steps = 0``; docs/reference-model.md).
     ``max_minutes`` bounds one invocation only (the run checkpoints and stops; the learning-rate
     schedule is by step, so where a run was stopped never changes the result).
+
+    ``init_from`` (an exported model folder, or ``"reference"`` for the bundled weights) skips the main
+    stage: a run without a checkpoint starts at step ``max_steps`` from those weights and their
+    tokenizer, with a fresh optimizer (its moments at zero; the recall stage warms its learning rate
+    up again), so only the recall stage is trained. Batches depend on the step only, so the recall
+    stage sees the same batches as one that followed its own main stage.
     """
 
     out_dir: str = "runs/reference"
@@ -77,6 +84,7 @@ class TrainConfig:
     recall_warmup_steps: int = 20
     recall_repeat_share: float = 0.2
     recall_kv_share: float = 0.6
+    init_from: str = ""  # "" (train the main stage), "reference" or an exported model folder (recall stage only)
     seed: int = 0
     bf16_autocast: bool = False  # slower than float32 on CPUs without bfloat16 instructions
     threads: int = 0  # 0: torch default
@@ -100,10 +108,6 @@ class TrainConfig:
         recall = {k for k in mine if k.startswith("recall_")}
         keys = [k for k in mine if step > self.max_steps or k not in recall]
         return sorted(k for k in keys if recipe.get(k, default[k]) != mine[k])
-
-
-class TrainError(ValueError):
-    """Training cannot go on as asked (a checkpoint of another recipe in the working folder)."""
 
 
 def train_tokenizer(docs: list[Document], vocab_size: int, out_dir: Path):
@@ -242,6 +246,7 @@ def train(cfg: TrainConfig) -> Path:
         raise TrainError(f"{ckpt_path} was trained with another recipe ({', '.join(changed)} differ); "
                          "use another --out-dir or the same options")
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+    start, start_sha = start_from(cfg.init_from, cfg.recall_steps, out) if ckpt is None and cfg.init_from else (None, None)
 
     code, nl = code_documents(), nl_documents()
     train_docs = select_split(code, "train") + select_split(nl, "train")
@@ -267,6 +272,10 @@ def train(cfg: TrainConfig) -> Path:
         lr=cfg.lr, betas=(0.9, 0.95),
     )
     step, tokens, running, minutes_before = 0, 0, None, 0.0
+    if start is not None:
+        load_start(model, start, cfg.init_from)
+        step = cfg.max_steps
+        print(f"started at step {step} from {init_folder(cfg.init_from)} (sha256 {start_sha[:12]})", flush=True)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
@@ -280,9 +289,12 @@ def train(cfg: TrainConfig) -> Path:
                          "nll_poshalf", "nll_posmax"])
     t0 = last_save = time.time()
 
+    start_sha = ckpt.get("init_sha256") if ckpt is not None else start_sha
+
     def state() -> dict:
         return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "tokens": tokens,
-                "running": running, "minutes": minutes_before + (time.time() - t0) / 60, "recipe": cfg.recipe()}
+                "running": running, "minutes": minutes_before + (time.time() - t0) / 60, "recipe": cfg.recipe(),
+                "init_sha256": start_sha}
 
     recall_mix = DataMix(cfg.recall_repeat_share, cfg.recall_kv_share, dense_kv=True, name_words=cfg.recall_name_words)
     last = min(cfg.total_steps, cfg.stop_at_step) if cfg.stop_at_step > 0 else cfg.total_steps
@@ -319,7 +331,8 @@ def train(cfg: TrainConfig) -> Path:
     _export(model, out / "final")
     (out / "final" / "training_summary.json").write_text(json.dumps(
         {"parameters": n_params, "steps": step, "tokens_seen": tokens, "finished": step >= cfg.total_steps,
-         "minutes": minutes_before + (time.time() - t0) / 60, "config": asdict(cfg)}, indent=2))
+         "minutes": minutes_before + (time.time() - t0) / 60, "config": asdict(cfg),
+         **({"init_sha256": start_sha} if cfg.init_from else {})}, indent=2))
     log.close()
     return out / "final"
 

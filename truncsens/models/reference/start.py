@@ -1,0 +1,64 @@
+"""Where a reference-model run starts when it skips the main stage (``--init-from``): the weights and
+tokenizer of an exported model folder, checked against the recipe's model. Training itself is
+:mod:`truncsens.models.reference.train`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TrainError(ValueError):
+    """Training cannot go on as asked (a checkpoint of another recipe in the working folder, or a
+    starting model that does not fit)."""
+
+
+def init_folder(init_from: str) -> Path:
+    """The model folder named by ``init_from``: ``"reference"`` is the bundled weights."""
+    from truncsens import models  # read at call time: tests point REFERENCE_DIR elsewhere
+
+    return models.REFERENCE_DIR if init_from == "reference" else Path(init_from)
+
+
+def start_from(init_from: str, recall_steps: int, out: Path) -> tuple[dict, str]:
+    """The weights ``init_from`` names (name -> tensor) and the SHA-256 of their file; copies its
+    tokenizer files into ``out/final`` so the run uses that tokenizer.
+
+    Raises:
+        TrainError: no recall stage to train, or the folder lacks ``model.safetensors`` / ``tokenizer.json``.
+    """
+    import hashlib
+    import shutil
+
+    from safetensors.torch import load_file
+
+    if recall_steps <= 0:
+        raise TrainError(f"--init-from {init_from} starts the run at the recall stage, which has no steps; "
+                         "give --recall-steps")
+    folder = init_folder(init_from)
+    for name in ("model.safetensors", "tokenizer.json"):
+        if not (folder / name).is_file():
+            raise TrainError(f"--init-from {init_from}: {folder / name} does not exist; give an exported model "
+                             "folder (config.json, model.safetensors, tokenizer.json) or 'reference'")
+    (out / "final").mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (folder / name).is_file():
+            shutil.copy(folder / name, out / "final" / name)
+    sha = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    return load_file(str(folder / "model.safetensors")), sha
+
+
+def load_start(model, weights: dict, init_from: str) -> None:
+    """Copy ``weights`` (bfloat16 or float32) into ``model``; the tied ``lm_head.weight`` may be absent.
+
+    Raises:
+        TrainError: missing or unexpected tensors, or shapes that differ from this recipe's model.
+    """
+    own = model.state_dict()
+    missing = sorted(set(own) - set(weights) - {"lm_head.weight"})
+    extra = sorted(set(weights) - set(own))
+    shapes = sorted(k for k in set(own) & set(weights) if tuple(own[k].shape) != tuple(weights[k].shape))
+    if missing or extra or shapes:
+        raise TrainError(f"--init-from {init_from} does not fit this recipe's model "
+                         f"(missing {missing[:3]}, unexpected {extra[:3]}, other shapes {shapes[:3]})")
+    model.load_state_dict(weights, strict=False)  # copies into float32 parameters
