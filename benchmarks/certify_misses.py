@@ -119,48 +119,64 @@ def summarize(rows: list[dict], floor_rel: float) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(argv: list[str] | None, description: str, budgets: str, out: str) -> argparse.Namespace:
+    """The options of a recorded certify run (this script's and benchmarks/certify_tail_range.py's)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="reference")
     ap.add_argument("--reference-context", type=int, default=1024)
     ap.add_argument("--docs", type=int, default=24)
     ap.add_argument("--targets-per-doc", type=int, default=2)
-    ap.add_argument("--budgets", default="12.5%,25%")
-    ap.add_argument("--out", default="results/certify-misses.json")
-    args = ap.parse_args(argv)
-    if Path(args.out).exists():
-        print(f"error: {args.out} exists; remove it or pass another --out", file=sys.stderr)
-        return 2
+    ap.add_argument("--budgets", default=budgets)
+    ap.add_argument("--out", default=out)
+    return ap.parse_args(argv)
+
+
+def recorded_certify(args: argparse.Namespace, make_recorder):
+    """``truncsens certify`` (default design) on the first ``--docs`` documents with a recorder
+    reading every evicted decode: ``make_recorder(probe_module, n_layers, budgets)`` builds it and
+    installs it in the probe (this process only). Returns (dataset, recorder, budgets in tokens)."""
     import tempfile
 
     import truncsens
     import truncsens.certificates.probe as probe_module
     from truncsens.certificates.config import parse_budgets, resolve_budgets
-    from truncsens.certificates.statistics import coverage
     from truncsens.models import load_model
 
     loaded = load_model(args.model)  # once: certify runs on the loaded object
-    n_layers = loaded.model.config.num_hidden_layers
     budgets = resolve_budgets(parse_budgets(args.budgets), args.reference_context, 4)
-    recorder = Recorder(probe_module.attention_records, n_layers, ["poisson", "topk", "random"], budgets)
-    probe_module.attention_records = recorder  # read every evicted decode (this process only)
+    recorder = make_recorder(probe_module, loaded.model.config.num_hidden_layers, budgets)
     with tempfile.TemporaryDirectory() as tmp:
         ds = truncsens.certify(loaded.model, loaded.tokenizer, reference_context=args.reference_context,
                                max_docs=args.docs, targets_per_doc=args.targets_per_doc, budgets=args.budgets,
-                               progress=False,
-                               out=Path(tmp) / "certify.nc").dataset
-        floor_rel = float(ds.attrs["error_floor_relative"])
-        report = {"setup": vars(args), "design": ds.attrs["design"], "n_targets": int(ds.sizes["target"]),
-                  "floor_relative": floor_rel, "by_budget": summarize(recorder.rows, floor_rel),
-                  "records": recorder.rows}
-        # the recorder's misses are certify's own: the same counts from the results file
-        for k in budgets:
-            r = ds.sel(policy="poisson", budget=k)
-            tail = r["has_tail"].values > 0
-            cov = coverage(r["attn_error"].values, np.where(tail, r["radius_eb"].values, np.nan), 0.95,
-                           floor_rel * r["attn_norm"].values)
-            mine = report["by_budget"][str(k)]["all"]
-            assert cov["n"] == mine["records"] and round(cov["rate"] * cov["n"]) == mine["records"] - mine["misses"], (cov, mine)
+                               progress=False, out=Path(tmp) / "certify.nc").dataset
+        return ds.load(), recorder, budgets
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv, __doc__.split("\n\n")[0], "12.5%,25%", "results/certify-misses.json")
+    if Path(args.out).exists():
+        print(f"error: {args.out} exists; remove it or pass another --out", file=sys.stderr)
+        return 2
+    from truncsens.certificates.statistics import coverage
+
+    def make(probe_module, n_layers, budgets):
+        recorder = Recorder(probe_module.attention_records, n_layers, ["poisson", "topk", "random"], budgets)
+        probe_module.attention_records = recorder  # read every evicted decode
+        return recorder
+
+    ds, recorder, budgets = recorded_certify(args, make)
+    floor_rel = float(ds.attrs["error_floor_relative"])
+    report = {"setup": vars(args), "design": ds.attrs["design"], "n_targets": int(ds.sizes["target"]),
+              "floor_relative": floor_rel, "by_budget": summarize(recorder.rows, floor_rel),
+              "records": recorder.rows}
+    # the recorder's misses are certify's own: the same counts from the results file
+    for k in budgets:
+        r = ds.sel(policy="poisson", budget=k)
+        tail = r["has_tail"].values > 0
+        cov = coverage(r["attn_error"].values, np.where(tail, r["radius_eb"].values, np.nan), 0.95,
+                       floor_rel * r["attn_norm"].values)
+        mine = report["by_budget"][str(k)]["all"]
+        assert cov["n"] == mine["records"] and round(cov["rate"] * cov["n"]) == mine["records"] - mine["misses"], (cov, mine)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     for k, s in report["by_budget"].items():

@@ -29,7 +29,6 @@ Usage (about 2 minutes on 2 CPU cores for the reference model at N = 1024):
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from certify_misses import Recorder  # noqa: E402  (the same walk over certify's evicted decodes)
+from certify_misses import Recorder, arguments, recorded_certify  # noqa: E402  (the same walk over certify's evicted decodes)
 
 VARIANTS = ("plug-in", "keys", "4-bit keys", "2-bit keys", "pages of 16")
 
@@ -112,46 +111,30 @@ def summarize(rows: list[dict], floor_rel: float, level: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="reference")
-    ap.add_argument("--reference-context", type=int, default=1024)
-    ap.add_argument("--docs", type=int, default=24)
-    ap.add_argument("--targets-per-doc", type=int, default=2)
-    ap.add_argument("--budgets", default="12.5%,25%,50%")
-    ap.add_argument("--out", default="results/certify-tail-range.json")
-    args = ap.parse_args(argv)
+    args = arguments(argv, __doc__.split("\n\n")[0], "12.5%,25%,50%", "results/certify-tail-range.json")
     if Path(args.out).exists():
         print(f"error: {args.out} exists; remove it or pass another --out", file=sys.stderr)
         return 2
-    import tempfile
-
-    import truncsens
-    import truncsens.certificates.probe as probe_module
-    from truncsens.certificates.config import parse_budgets, resolve_budgets
     from truncsens.certificates.statistics import coverage
-    from truncsens.models import load_model
 
-    loaded = load_model(args.model)
-    budgets = resolve_budgets(parse_budgets(args.budgets), args.reference_context, 4)
-    recorder = RangeRecorder(probe_module.attention_records, probe_module._evict,
-                             loaded.model.config.num_hidden_layers, ["poisson", "topk", "random"], budgets)
-    probe_module.attention_records = recorder  # read every evicted decode (this process only)
-    probe_module._evict = recorder.evict
-    with tempfile.TemporaryDirectory() as tmp:
-        ds = truncsens.certify(loaded.model, loaded.tokenizer, reference_context=args.reference_context,
-                               max_docs=args.docs, targets_per_doc=args.targets_per_doc, budgets=args.budgets,
-                               progress=False, out=Path(tmp) / "certify.nc").dataset
-        floor_rel, delta = float(ds.attrs["error_floor_relative"]), float(ds.attrs["delta"])
-        report = {"setup": vars(args), "design": ds.attrs["design"], "n_targets": int(ds.sizes["target"]),
-                  "floor_relative": floor_rel, "delta": delta,
-                  "by_budget": summarize(recorder.rows, floor_rel, 0.95)}
-        for k in budgets:  # the plug-in rows are certify's own records: same counts as the results file
-            r = ds.sel(policy="poisson", budget=k)
-            tail = r["has_tail"].values > 0
-            cov = coverage(r["attn_error"].values, np.where(tail, r["radius_eb"].values, np.nan), 1 - delta,
-                           floor_rel * r["attn_norm"].values)
-            mine = report["by_budget"][str(k)]
-            assert cov["n"] == mine["records"] and abs(cov["rate"] - mine["variants"]["plug-in"]["coverage"]) < 1e-12
+    def make(probe_module, n_layers, budgets):
+        recorder = RangeRecorder(probe_module.attention_records, probe_module._evict, n_layers,
+                                 ["poisson", "topk", "random"], budgets)
+        probe_module.attention_records = recorder  # read every evicted decode
+        probe_module._evict = recorder.evict
+        return recorder
+
+    ds, recorder, budgets = recorded_certify(args, make)
+    floor_rel, delta = float(ds.attrs["error_floor_relative"]), float(ds.attrs["delta"])
+    report = {"setup": vars(args), "design": ds.attrs["design"], "n_targets": int(ds.sizes["target"]),
+              "floor_relative": floor_rel, "delta": delta, "by_budget": summarize(recorder.rows, floor_rel, 0.95)}
+    for k in budgets:  # the plug-in rows are certify's own records: same counts as the results file
+        r = ds.sel(policy="poisson", budget=k)
+        tail = r["has_tail"].values > 0
+        cov = coverage(r["attn_error"].values, np.where(tail, r["radius_eb"].values, np.nan), 1 - delta,
+                       floor_rel * r["attn_norm"].values)
+        mine = report["by_budget"][str(k)]
+        assert cov["n"] == mine["records"] and abs(cov["rate"] - mine["variants"]["plug-in"]["coverage"]) < 1e-12
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"{report['n_targets']} targets, design {report['design']}; records above the floor per budget")
