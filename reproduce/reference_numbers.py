@@ -86,6 +86,9 @@ STEPS = [
     Step("certify-designs-2", "python benchmarks/certify_designs.py --reference-context 1024 --round 2 "
                               "--skip-heldout-docs 16 --out results/certify-designs-2.json",
          ("results/certify-designs-2.json",)),
+    Step("certify-fresh-targets", "python benchmarks/certify_designs.py --reference-context 1024 --fresh-seed 1 "
+                                  "--heldout-docs 39 --out results/certify-fresh-targets.json",
+         ("results/certify-fresh-targets.json",)),
     Step("certify-misses", "python benchmarks/certify_misses.py --reference-context 1024 --out results/certify-misses.json",
          ("results/certify-misses.json",)),
     Step("certify-tail-range", "python benchmarks/certify_tail_range.py --reference-context 1024 "
