@@ -121,13 +121,13 @@ def summarize(rows: list[dict], floor_rel: float) -> dict:
 
 def arguments(argv: list[str] | None, description: str, budgets: str, out: str) -> argparse.Namespace:
     """The options of a recorded certify run (this script's and benchmarks/certify_tail_range.py's)."""
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--model", default="reference")
-    ap.add_argument("--reference-context", type=int, default=1024)
-    ap.add_argument("--docs", type=int, default=24)
-    ap.add_argument("--targets-per-doc", type=int, default=2)
-    ap.add_argument("--budgets", default=budgets)
-    ap.add_argument("--out", default=out)
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", default="reference", help="'reference' (bundled), a model folder or hub id")
+    ap.add_argument("--reference-context", type=int, default=1024, help="N: tokens of context per target")
+    ap.add_argument("--docs", type=int, default=24, help="the first this many held-out code documents")
+    ap.add_argument("--targets-per-doc", type=int, default=2, help="targets drawn per document")
+    ap.add_argument("--budgets", default=budgets, help="token counts or percentages of N")
+    ap.add_argument("--out", default=out, help="JSON report (refused if it exists)")
     return ap.parse_args(argv)
 
 

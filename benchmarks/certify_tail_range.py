@@ -1,5 +1,5 @@
-"""What a server would have to keep of the evicted keys for the certificate to see them (issue 19,
-item 2: closing the coverage gap by measurement). Not a speed benchmark: a diagnosis of one certify run.
+"""What a server would have to keep of the evicted keys for the certificate to see them: coverage and
+width of the certify radius with its range taken over the whole tail. A diagnosis of one certify run.
 
 Every miss of ``truncsens certify`` is a tail key that was not drawn (docs/certify.md): the
 empirical-Bernstein radius takes its range ``B̂`` from the kept keys only. The range the bound asks
@@ -8,8 +8,8 @@ first ``--docs`` documents and, for every poisson record, recomputes the empiric
 with the range over the whole tail from what a server could keep beside the evicted cache
 (:mod:`truncsens.certificates.tail_bounds`):
 
-- ``plug-in``: certify's own radius (nothing kept of the evicted keys);
-- ``keys``: the evicted keys themselves and each value's norm (``d + 1`` numbers per token and head,
+- ``kept keys only (certify's radius)``: nothing kept of the evicted keys;
+- ``the evicted keys``: the evicted keys themselves and each value's norm (``d + 1`` numbers per token and head,
   about half of what eviction saves);
 - ``4-bit keys`` / ``2-bit keys``: a per-channel quantized copy of the evicted keys and each value's
   norm (KIVI-style);
@@ -38,7 +38,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from certify_misses import Recorder, arguments, recorded_certify  # noqa: E402  (the same walk over certify's evicted decodes)
 
-VARIANTS = ("plug-in", "keys", "4-bit keys", "2-bit keys", "pages of 16")
+PLUG_IN = "kept keys only (certify's radius)"
+VARIANTS = (PLUG_IN, "the evicted keys", "4-bit keys", "2-bit keys", "pages of 16")
 
 
 class RangeRecorder(Recorder):
@@ -71,12 +72,12 @@ class RangeRecorder(Recorder):
         q, k, s = self.stash["query"], self.stash["keys"], self.stash["scaling"]
         v_norm = values.to(torch.float64).norm(dim=-1)  # [B, H, T]
         bounds = {  # variant -> (logit upper bounds, value-norm upper bounds), each [B, H, T]
-            "keys": (logits.to(torch.float64), v_norm),
+            "the evicted keys": (logits.to(torch.float64), v_norm),
             "4-bit keys": (quantized_logit_bound(q, k, undrawn, 4, s), v_norm),
             "2-bit keys": (quantized_logit_bound(q, k, undrawn, 2, s), v_norm),
             "pages of 16": (page_logit_bound(q, k, undrawn, 16, s), page_max(v_norm, undrawn, 16)),
         }
-        radii = {"plug-in": rec.radius_eb}
+        radii = {PLUG_IN: rec.radius_eb}
         for name, (u, nu) in bounds.items():
             b = tail_range(logits, u, nu, rec.o_hat, kept, pi, tail, rec.value_range)  # [B, H]
             radii[name] = eb_sum_radius(rec.variance, b, rec.n_random, rec.has_tail, delta)
@@ -134,17 +135,19 @@ def main(argv: list[str] | None = None) -> int:
         cov = coverage(r["attn_error"].values, np.where(tail, r["radius_eb"].values, np.nan), 1 - delta,
                        floor_rel * r["attn_norm"].values)
         mine = report["by_budget"][str(k)]
-        assert cov["n"] == mine["records"] and abs(cov["rate"] - mine["variants"]["plug-in"]["coverage"]) < 1e-12
+        assert cov["n"] == mine["records"] and abs(cov["rate"] - mine["variants"][PLUG_IN]["coverage"]) < 1e-12
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
-    print(f"{report['n_targets']} targets, design {report['design']}; records above the floor per budget")
-    print("| budget | range from | coverage [95% Wilson] | median radius / ‖o‖ | radius > ‖o‖ | Spearman |")
+    print(f"wrote {args.out}: {report['n_targets']} targets, design {report['design']}; records above the floor")
+    print("| budget | range over the tail from | coverage [95% Wilson] | median radius / ‖o‖ | radius > ‖o‖ "
+          "| Spearman(radius, error) |")
     print("|---|---|---|---|---|---|")
     for k, s in report["by_budget"].items():
-        for name, v in s["variants"].items():
-            print(f"| {k} (n = {s['records']}) | {name} | {100 * v['coverage']:.1f} % [{100 * v['ci'][0]:.1f}, "
-                  f"{100 * v['ci'][1]:.1f}] | {v['median_radius_rel']:.3g} | {100 * v['share_radius_above_norm']:.0f} % "
-                  f"| {v['spearman']:.3f} |")
+        for i, (name, v) in enumerate(s["variants"].items()):
+            budget = f"{100 * int(k) / args.reference_context:g} % (n = {s['records']})" if i == 0 else ""
+            print(f"| {budget} | {name} | {100 * v['coverage']:.1f} % [{100 * v['ci'][0]:.1f}, {100 * v['ci'][1]:.1f}] "
+                  f"| {v['median_radius_rel']:.3g} | {100 * v['share_radius_above_norm']:.0f} % "
+                  f"| {v['spearman']:.3f} |".replace("| -", "| −"))
     return 0
 
 

@@ -208,6 +208,11 @@ def test_init_from_is_refused_without_a_recall_stage_or_its_files(tmp_path):
     (tmp_path / "model").mkdir()
     with pytest.raises(TrainError, match="model.safetensors does not exist"):
         start_from(str(tmp_path / "model"), 5, tmp_path / "run")
+    from truncsens.models.reference.train import train
+
+    with pytest.raises(TrainError, match="give --recall-steps"):  # refused before the folder records a config
+        train(TrainConfig(out_dir=str(tmp_path / "run2"), init_from="reference", recall_steps=0))
+    assert not (tmp_path / "run2" / "train_config.json").exists()
     import truncsens.models
 
     assert init_folder("reference") == truncsens.models.REFERENCE_DIR

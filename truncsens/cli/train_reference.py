@@ -33,7 +33,7 @@ def train_reference(
                                           recall_warm_doublings=recall_warm_doublings,
                                           recall_name_words=recall_name_words, init_from=init_from)
         if not summary["finished"]:
-            typer.echo(f"stopped at step {summary['steps']} of {max_steps + recall_steps} ({summary['minutes']:.0f} minutes so far); "
+            typer.echo(f"stopped at step {summary['steps']} of {max_steps + recall_steps} ({summary['minutes']:.1f} minutes so far); "
                        f"run the same command again to resume from {out_dir / 'checkpoint.pt'}")
             return
         typer.echo(f"trained model and card in {final}")

@@ -245,8 +245,8 @@ def train(cfg: TrainConfig) -> Path:
     if changed:
         raise TrainError(f"{ckpt_path} was trained with another recipe ({', '.join(changed)} differ); "
                          "use another --out-dir or the same options")
-    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     start, start_sha = start_from(cfg.init_from, cfg.recall_steps, out) if ckpt is None and cfg.init_from else (None, None)
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))  # once the options are checked
 
     code, nl = code_documents(), nl_documents()
     train_docs = select_split(code, "train") + select_split(nl, "train")
