@@ -90,8 +90,8 @@ def test_write_card(tmp_path):
     assert "started from" not in text
     summary["config"].update(init_from="reference", max_steps=2000)
     text = write_card(tmp_path, evals, summary | {"init_sha256": "ab" * 32}, tasks).read_text()
-    assert ("| started from | `reference` (model.safetensors sha256 abababababababab…) at step 2000, fresh optimizer: "
-            "the main stage's steps are that model's |") in text
+    assert ("| started from | `reference` (checkpoint sha256 abababababababab…, the `model_sha256` of its results) at "
+            "step 2000, fresh optimizer: the main stage's steps are that model's |") in text
     assert "| tokens seen | 5,000 (the recall stage) |" in text and "(the recall stage; the main stage" in text
 
 
@@ -265,4 +265,6 @@ def test_a_run_started_from_an_exported_model_trains_only_the_recall_stage(tmp_p
     a, b = load_file(main / "model.safetensors"), load_file(recall / "model.safetensors")
     assert a.keys() == b.keys() and not all(torch.equal(a[k], b[k]) for k in a)
     summary = json.loads((recall / "training_summary.json").read_text())
-    assert summary["finished"] and len(summary["init_sha256"]) == 64
+    from truncsens.models.identity import checkpoint_sha256
+
+    assert summary["finished"] and summary["init_sha256"] == checkpoint_sha256(main)

@@ -34,6 +34,20 @@ import math
 import torch
 
 
+def _member_range(k: torch.Tensor, members: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Channel-wise minimum and maximum over the members along dim -2.
+
+    Args:
+        k: [..., M, d] keys; members: [..., M, 1] bool.
+
+    Returns:
+        (lo, hi), each [..., d]: +inf / -inf where a group has no member.
+    """
+    lo = torch.where(members, k, torch.full_like(k, math.inf)).amin(-2)  # [..., d]
+    hi = torch.where(members, k, torch.full_like(k, -math.inf)).amax(-2)  # [..., d]
+    return lo, hi
+
+
 def quantized_logit_bound(query: torch.Tensor, keys: torch.Tensor, members: torch.Tensor, bits: int,
                           scaling: float) -> torch.Tensor:
     """Upper bounds of the logits of ``members`` from a ``bits``-bit per-channel quantization of their
@@ -56,9 +70,7 @@ def quantized_logit_bound(query: torch.Tensor, keys: torch.Tensor, members: torc
         raise ValueError(f"bits must be at least 1, got {bits}")
     q = query.to(torch.float64)
     k = keys.to(torch.float64)
-    m = members.unsqueeze(-1)  # [..., T, 1]
-    lo = torch.where(m, k, torch.full_like(k, math.inf)).amin(-2, keepdim=True)  # [..., 1, d]
-    hi = torch.where(m, k, torch.full_like(k, -math.inf)).amax(-2, keepdim=True)  # [..., 1, d]
+    lo, hi = (t.unsqueeze(-2) for t in _member_range(k, members.unsqueeze(-1)))  # [..., 1, d] each
     lo = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))  # rows without members
     hi = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi))
     step = (hi - lo) / (2**bits - 1)  # [..., 1, d]
@@ -95,8 +107,7 @@ def page_logit_bound(query: torch.Tensor, keys: torch.Tensor, members: torch.Ten
     k = torch.nn.functional.pad(k, (0, 0, 0, pad))  # [..., T + pad, d]
     k = k.reshape(*k.shape[:-2], -1, page, d)  # [..., n_pages, P, d]
     m = m.reshape(*m.shape[:-1], -1, page, 1)  # [..., n_pages, P, 1]
-    lo = torch.where(m, k, torch.full_like(k, math.inf)).amin(-2)  # [..., n_pages, d]
-    hi = torch.where(m, k, torch.full_like(k, -math.inf)).amax(-2)  # [..., n_pages, d]
+    lo, hi = _member_range(k, m)  # [..., n_pages, d] each
     qd = q.unsqueeze(-2)  # [..., 1, d]
     u = torch.maximum(qd * lo, qd * hi).sum(-1) * scaling  # [..., n_pages]; nan/inf on empty pages, masked below
     u = u.repeat_interleave(page, dim=-1)[..., :T]  # [..., T] each key gets its page's bound

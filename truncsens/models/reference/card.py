@@ -59,7 +59,7 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
         f"| training time | {summary.get('minutes', 0):.0f} minutes on 2 CPU cores "
         f"({'bf16 autocast' if cfg.get('bf16_autocast') else 'float32'}), seed {cfg.get('seed')}"
         f"{' (the recall stage; the main stage is that of the model it started from)' if cfg.get('init_from') else ''} |",
-        *([f"| started from | `{cfg['init_from']}` (model.safetensors sha256 {summary.get('init_sha256', '?')[:16]}…) at step "
+        *([f"| started from | `{cfg['init_from']}` (checkpoint sha256 {summary.get('init_sha256', '?')[:16]}…, the `model_sha256` of its results) at step "
            f"{cfg.get('max_steps')}, fresh optimizer: the main stage's steps are that model's |"] if cfg.get("init_from") else []),
         *([f"| context schedule | {cfg['warm_context']}-token crops for {cfg['warm_steps']} steps, then {cfg['context']} |"]
           if cfg.get("warm_steps") else []),

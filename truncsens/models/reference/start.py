@@ -21,16 +21,18 @@ def init_folder(init_from: str) -> Path:
 
 
 def start_from(init_from: str, recall_steps: int, out: Path) -> tuple[dict, str]:
-    """The weights ``init_from`` names (name -> tensor) and the SHA-256 of their file; copies its
-    tokenizer files into ``out/final`` so the run uses that tokenizer.
+    """The weights ``init_from`` names (name -> tensor) and the folder's checkpoint SHA-256 (the id
+    results files record as ``model_sha256``, :func:`truncsens.models.identity.checkpoint_sha256`);
+    copies its tokenizer files into ``out/final`` so the run uses that tokenizer.
 
     Raises:
         TrainError: no recall stage to train, or the folder lacks ``model.safetensors`` / ``tokenizer.json``.
     """
-    import hashlib
     import shutil
 
     from safetensors.torch import load_file
+
+    from truncsens.models.identity import checkpoint_sha256
 
     if recall_steps <= 0:
         raise TrainError(f"--init-from {init_from} starts the run at the recall stage, which has no steps; "
@@ -44,8 +46,7 @@ def start_from(init_from: str, recall_steps: int, out: Path) -> tuple[dict, str]
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (folder / name).is_file():
             shutil.copy(folder / name, out / "final" / name)
-    sha = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
-    return load_file(str(folder / "model.safetensors")), sha
+    return load_file(str(folder / "model.safetensors")), checkpoint_sha256(folder)
 
 
 def load_start(model, weights: dict, init_from: str) -> None:
