@@ -93,6 +93,32 @@ def test_write_card(tmp_path):
     assert ("| started from | `reference` (checkpoint sha256 abababababababab…, the `model_sha256` of its results) at "
             "step 2000, fresh optimizer: the main stage's steps are that model's |") in text
     assert "| tokens seen | 5,000 (the recall stage) |" in text and "(the recall stage; the main stage" in text
+    assert "earlier recall stages" not in text
+    stage = {"init_from": "reference", "recall_steps": 800, "recall_warm_steps": 600, "recall_kv_share": 0.6,
+             "recall_repeat_share": 0.2, "recall_lr": 1e-3, "seed": 0, "minutes": 99.4, "init_sha256": "cd" * 32}
+    text = write_card(tmp_path, evals, summary | {"init_sha256": "ab" * 32, "earlier_stages": [stage]}, tasks).read_text()
+    assert ("| earlier recall stages | 800 steps from `reference` (sha256 cdcdcdcdcdcdcdcd…): 60 % dense key-value "
+            "recall, 20 % repeats, learning rate up to 0.001, the first 600 on shorter crops, seed 0, 99 minutes |") in text
+
+
+def test_earlier_stages_follow_the_chain_of_training_summaries(tmp_path):
+    from truncsens.models.reference.start import earlier_stages
+
+    assert earlier_stages(str(tmp_path)) == []  # no training_summary.json
+    assert earlier_stages("reference") == []  # the bundled weights were trained from scratch
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    cfg = {"init_from": "reference", "recall_steps": 800, "recall_warm_steps": 600, "recall_kv_share": 0.6,
+           "recall_repeat_share": 0.2, "recall_lr": 1e-3, "seed": 0, "max_steps": 2000}
+    (first / "training_summary.json").write_text(json.dumps(
+        {"minutes": 99.0, "config": cfg, "init_sha256": "aa", "earlier_stages": []}))
+    one = {k: cfg[k] for k in cfg if k != "max_steps"} | {"minutes": 99.0, "init_sha256": "aa"}
+    assert earlier_stages(str(first)) == [one]
+    (second / "training_summary.json").write_text(json.dumps(
+        {"minutes": 40.0, "config": cfg | {"init_from": str(first), "recall_steps": 400, "seed": 1},
+         "init_sha256": "bb", "earlier_stages": [one]}))
+    two = one | {"init_from": str(first), "recall_steps": 400, "seed": 1, "minutes": 40.0, "init_sha256": "bb"}
+    assert earlier_stages(str(second)) == [one, two]
 
 
 @pytest.mark.slow
@@ -219,6 +245,25 @@ def test_init_from_is_refused_without_a_recall_stage_or_its_files(tmp_path):
     assert init_folder(str(tmp_path)) == tmp_path
 
 
+def test_shares_and_learning_rates_are_checked_before_anything_is_written(tmp_path):
+    from typer.testing import CliRunner
+
+    from truncsens.cli.main import app
+    from truncsens.models.reference.start import TrainError
+
+    with pytest.raises(TrainError, match="recall stage's shares .* repeats 0.5, key-value 0.6"):
+        TrainConfig(recall_repeat_share=0.5, recall_kv_share=0.6)
+    with pytest.raises(TrainError, match="main stage's shares"):
+        TrainConfig(kv_share=-0.1)
+    with pytest.raises(TrainError, match="recall_lr must be > 0, got 0"):
+        TrainConfig(recall_lr=0.0)
+    assert TrainConfig(recall_repeat_share=0.4, recall_kv_share=0.6).recall_kv_share == 0.6  # sum 1 is allowed
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train-reference", "--out-dir", str(out), "--init-from", "reference",
+                                 "--recall-steps", "5", "--recall-kv-share", "0.9"])
+    assert r.exit_code == 2 and "error: the recall stage's shares" in r.stderr and not out.exists()
+
+
 def test_load_start_copies_bf16_weights_and_refuses_another_shape():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -268,3 +313,4 @@ def test_a_run_started_from_an_exported_model_trains_only_the_recall_stage(tmp_p
     from truncsens.models.identity import checkpoint_sha256
 
     assert summary["finished"] and summary["init_sha256"] == checkpoint_sha256(main)
+    assert summary["earlier_stages"] == []  # the main-stage run started from nothing

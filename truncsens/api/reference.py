@@ -151,6 +151,9 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                     recall_warm_steps: int = TrainConfig.recall_warm_steps,
                     recall_warm_doublings: int = TrainConfig.recall_warm_doublings,
                     recall_name_words: int = TrainConfig.recall_name_words,
+                    recall_kv_share: float = TrainConfig.recall_kv_share,
+                    recall_repeat_share: float = TrainConfig.recall_repeat_share,
+                    recall_lr: float = TrainConfig.recall_lr,
                     init_from: str = "") -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
@@ -167,6 +170,9 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
         threads: torch CPU threads (0: torch's default).
         recall_warm_context, recall_warm_steps, recall_warm_doublings, recall_name_words: the recall
             stage's crop schedule and name vocabulary (:class:`~truncsens.models.reference.train.TrainConfig`).
+        recall_kv_share, recall_repeat_share: shares of the recall stage's sequences in the dense
+            key–value format and with long-range repeats (the rest is corpus text); each in [0, 1], sum ≤ 1.
+        recall_lr: the recall stage's peak learning rate (> 0).
         init_from: ``""`` (train the main stage), ``"reference"`` (the bundled weights) or an exported model
             folder: start at the recall stage from those weights and tokenizer (``TrainConfig.init_from``).
 
@@ -180,5 +186,6 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
     cfg = TrainConfig(out_dir=str(out_dir), max_minutes=minutes, max_steps=max_steps, recall_steps=recall_steps,
                       seed=seed, threads=threads, recall_warm_context=recall_warm_context,
                       recall_warm_steps=recall_warm_steps, recall_warm_doublings=recall_warm_doublings,
-                      recall_name_words=recall_name_words, init_from=init_from)
+                      recall_name_words=recall_name_words, recall_kv_share=recall_kv_share,
+                      recall_repeat_share=recall_repeat_share, recall_lr=recall_lr, init_from=init_from)
     return build_reference(cfg, install)

@@ -18,6 +18,9 @@ def train_reference(
     recall_warm_steps: int = typer.Option(150, help="Steps of the recall stage on shorter crops."),
     recall_warm_doublings: int = typer.Option(0, help="Split those steps in n + 1 equal phases whose crops double from --recall-warm-context (0: one phase)."),
     recall_name_words: int = typer.Option(200, help="Name parts of the dense key-value format: the most frequent this many words."),
+    recall_kv_share: float = typer.Option(0.6, help="Share of the recall stage's sequences in the dense key-value format."),
+    recall_repeat_share: float = typer.Option(0.2, help="Share of the recall stage's sequences with long-range repeats (the rest: corpus text)."),
+    recall_lr: float = typer.Option(1e-3, help="Peak learning rate of the recall stage (cosine decay to the main stage's floor)."),
     init_from: str = typer.Option("", help="Start at the recall stage from this exported model folder's weights and tokenizer ('reference': the bundled model), skipping the main stage."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
@@ -31,7 +34,9 @@ def train_reference(
                                           seed=seed, install=install, threads=threads,
                                           recall_warm_context=recall_warm_context, recall_warm_steps=recall_warm_steps,
                                           recall_warm_doublings=recall_warm_doublings,
-                                          recall_name_words=recall_name_words, init_from=init_from)
+                                          recall_name_words=recall_name_words, recall_kv_share=recall_kv_share,
+                                          recall_repeat_share=recall_repeat_share, recall_lr=recall_lr,
+                                          init_from=init_from)
         if not summary["finished"]:
             typer.echo(f"stopped at step {summary['steps']} of {max_steps + recall_steps} ({summary['minutes']:.1f} minutes so far); "
                        f"run the same command again to resume from {out_dir / 'checkpoint.pt'}")

@@ -22,6 +22,15 @@ def _recall_schedule(cfg: dict) -> str:
     return f"; the first {cfg['recall_warm_steps']} on {cfg['recall_warm_context']}-token crops{growth}{names}"
 
 
+def _earlier(stages: list[dict]) -> str:
+    """The card row of the recall stages the starting model was trained with (oldest first)."""
+    return "; then ".join(
+        f"{st['recall_steps']} steps from `{st['init_from']}` (sha256 {(st.get('init_sha256') or '?')[:16]}…): "
+        f"{100 * st['recall_kv_share']:.0f} % dense key-value recall, {100 * st['recall_repeat_share']:.0f} % repeats, "
+        f"learning rate up to {st['recall_lr']:g}, the first {st['recall_warm_steps']} on shorter crops, seed {st['seed']}, "
+        f"{st['minutes']:.0f} minutes" for st in stages)
+
+
 def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict | None = None) -> Path:
     """Write README.md (the model card) and eval.json into the weights folder.
 
@@ -61,6 +70,7 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
         f"{' (the recall stage; the main stage is that of the model it started from)' if cfg.get('init_from') else ''} |",
         *([f"| started from | `{cfg['init_from']}` (checkpoint sha256 {summary.get('init_sha256', '?')[:16]}…, the `model_sha256` of its results) at step "
            f"{cfg.get('max_steps')}, fresh optimizer: the main stage's steps are that model's |"] if cfg.get("init_from") else []),
+        *([f"| earlier recall stages | {_earlier(summary['earlier_stages'])} |"] if summary.get("earlier_stages") else []),
         *([f"| context schedule | {cfg['warm_context']}-token crops for {cfg['warm_steps']} steps, then {cfg['context']} |"]
           if cfg.get("warm_steps") else []),
         *([f"| synthetic share | {100 * cfg['repeat_share']:.0f} % long-range repeats, {100 * cfg['kv_share']:.0f} % "

@@ -63,3 +63,27 @@ def load_start(model, weights: dict, init_from: str) -> None:
         raise TrainError(f"--init-from {init_from} does not fit this recipe's model "
                          f"(missing {missing[:3]}, unexpected {extra[:3]}, other shapes {shapes[:3]})")
     model.load_state_dict(weights, strict=False)  # copies into float32 parameters
+
+
+STAGE_FIELDS = ("init_from", "recall_steps", "recall_warm_steps", "recall_kv_share", "recall_repeat_share",
+                "recall_lr", "seed")  # what the card says of an earlier recall stage
+
+
+def earlier_stages(init_from: str) -> list[dict]:
+    """The recall stages the starting model was itself trained with, oldest first: for each, the
+    ``STAGE_FIELDS`` of its config plus ``minutes`` and ``init_sha256``, read from the starting folder's
+    ``training_summary.json`` (which lists the stages before it the same way). A starting model
+    trained from scratch, or one without a summary (the bundled weights), has none: ``[]``."""
+    import json
+
+    path = init_folder(init_from) / "training_summary.json"
+    if not path.is_file():
+        return []
+    summary = json.loads(path.read_text())
+    cfg = summary.get("config", {})
+    if not cfg.get("init_from"):
+        return []
+    own = {k: cfg.get(k) for k in STAGE_FIELDS} | {"minutes": summary.get("minutes"),
+                                                  "init_sha256": summary.get("init_sha256")}
+    return [*summary.get("earlier_stages", []), own]
+

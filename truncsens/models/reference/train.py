@@ -21,7 +21,7 @@ import torch
 from truncsens.corpora.builtin import code_documents, nl_documents
 from truncsens.corpora.document import Document, select_split
 from truncsens.models.reference.data import DENSE_NAME_WORDS
-from truncsens.models.reference.start import TrainError, init_folder, load_start, start_from
+from truncsens.models.reference.start import TrainError, earlier_stages, init_folder, load_start, start_from
 
 EOS = "<|endoftext|>"
 
@@ -88,6 +88,21 @@ class TrainConfig:
     seed: int = 0
     bf16_autocast: bool = False  # slower than float32 on CPUs without bfloat16 instructions
     threads: int = 0  # 0: torch default
+
+    def __post_init__(self) -> None:
+        """Check the shares and learning rates before anything is trained or written.
+
+        Raises:
+            TrainError: a share below 0, two shares of one stage summing above 1, or a learning rate ≤ 0.
+        """
+        for stage, repeat, kv in (("main", self.repeat_share, self.kv_share),
+                                  ("recall", self.recall_repeat_share, self.recall_kv_share)):
+            if not (0 <= repeat and 0 <= kv and repeat + kv <= 1):
+                raise TrainError(f"the {stage} stage's shares must be >= 0 and sum to at most 1, "
+                                 f"got repeats {repeat}, key-value {kv}")
+        for name in ("lr", "min_lr", "recall_lr"):
+            if not getattr(self, name) > 0:
+                raise TrainError(f"{name} must be > 0, got {getattr(self, name)}")
 
     @property
     def total_steps(self) -> int:
@@ -332,7 +347,8 @@ def train(cfg: TrainConfig) -> Path:
     (out / "final" / "training_summary.json").write_text(json.dumps(
         {"parameters": n_params, "steps": step, "tokens_seen": tokens, "finished": step >= cfg.total_steps,
          "minutes": minutes_before + (time.time() - t0) / 60, "config": asdict(cfg),
-         **({"init_sha256": start_sha} if cfg.init_from else {})}, indent=2))
+         **({"init_sha256": start_sha, "earlier_stages": earlier_stages(cfg.init_from)} if cfg.init_from else {})},
+        indent=2))
     log.close()
     return out / "final"
 
