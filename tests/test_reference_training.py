@@ -105,9 +105,10 @@ def test_earlier_stages_follow_the_chain_of_training_summaries(tmp_path):
     from truncsens.models.reference.start import earlier_stages
 
     assert earlier_stages(str(tmp_path)) == []  # no training_summary.json
-    assert earlier_stages("reference") == []  # the bundled weights were trained from scratch
-    first, second = tmp_path / "first", tmp_path / "second"
-    first.mkdir(), second.mkdir()
+    scratch, first, second = tmp_path / "scratch", tmp_path / "first", tmp_path / "second"
+    scratch.mkdir(), first.mkdir(), second.mkdir()
+    (scratch / "training_summary.json").write_text(json.dumps({"minutes": 305.0, "config": {"init_from": ""}}))
+    assert earlier_stages(str(scratch)) == []  # trained from scratch: the main stage is no earlier recall stage
     cfg = {"init_from": "reference", "recall_steps": 800, "recall_warm_steps": 600, "recall_kv_share": 0.6,
            "recall_repeat_share": 0.2, "recall_lr": 1e-3, "seed": 0, "max_steps": 2000}
     (first / "training_summary.json").write_text(json.dumps(
