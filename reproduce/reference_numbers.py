@@ -81,6 +81,10 @@ STEPS = [
     Step("certify", "truncsens certify --domain code --reference-context 1024",
          ("results/reference-code-certify.nc", "results/reference-code-certify-reliability.png",
           "results/reference-code-certify-scatter.png")),
+    Step("certify-token", "truncsens certify --domain code --reference-context 1024 --granularity token "
+                          "--out results/reference-code-certify-token.nc",
+         ("results/reference-code-certify-token.nc", "results/reference-code-certify-token-reliability.png",
+          "results/reference-code-certify-token-scatter.png")),
     Step("certify-designs", "python benchmarks/certify_designs.py --reference-context 1024 --out results/certify-designs.json",
          ("results/certify-designs.json",)),
     Step("certify-designs-2", "python benchmarks/certify_designs.py --reference-context 1024 --round 2 "
