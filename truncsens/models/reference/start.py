@@ -73,7 +73,7 @@ def earlier_stages(init_from: str) -> list[dict]:
     """The recall stages the starting model was itself trained with, oldest first: for each, the
     ``STAGE_FIELDS`` of its config plus ``minutes`` and ``init_sha256``, read from the starting folder's
     ``training_summary.json`` (which lists the stages before it the same way). A starting model
-    trained from scratch, or one without a summary (the bundled weights), has none: ``[]``."""
+    trained from scratch, or one without a summary, has none: ``[]``."""
     import json
 
     path = init_folder(init_from) / "training_summary.json"

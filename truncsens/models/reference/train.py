@@ -41,8 +41,10 @@ class TrainConfig:
     ``recall_lr`` and decayed to ``min_lr``; its first ``recall_warm_steps`` steps use
     ``recall_warm_context``-token crops (more of them per step), where recall is learnt at short
     distances first, as in the main stage's warm phase. The main stage alone (2,000 steps) left the
-    model at chance on key–value recall; the recall stage was tried to teach it, did not reach its aim at
-    N = 2,048 and is off by default (``recall_steps = 0``; docs/reference-model.md).
+    model at chance on key–value recall. The installed model adds a recall stage of 800 steps (warm
+    crops of 256 tokens doubling in 3 phases over 600 steps, names from 20 words), trained from the
+    main stage's exported weights (``init_from``); the defaults below keep the fields' earlier values,
+    which checkpoints written before a field existed ran with (docs/reference-model.md).
     ``max_minutes`` bounds one invocation only (the run checkpoints and stops; the learning-rate
     schedule is by step, so where a run was stopped never changes the result).
 
@@ -75,7 +77,7 @@ class TrainConfig:
     kv_share: float = 0.2
     eval_every: int = 100
     eval_sequences: int = 16
-    recall_steps: int = 0  # 300 was tried (docs/reference-model.md); not part of the installed recipe
+    recall_steps: int = 0  # the installed model: 800 (docs/reference-model.md)
     recall_warm_context: int = 512  # the recall stage's first recall_warm_steps steps train on crops this long
     recall_warm_steps: int = 150
     recall_warm_doublings: int = 0  # > 0: the warm steps in n + 1 equal phases of crops w, 2w, ..., 2^n w (w above)
