@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"key-value recall, full cache, N = {args.reference_context}, {args.kv_docs} documents (seed {args.seed})")
     for name in args.model or ["reference"]:
         loaded = load_model(name)
-        kv = task_accuracy(loaded, args.reference_context, max_docs=1, copy_per_doc=1, kv_docs=args.kv_docs,
+        kv = task_accuracy(loaded, args.reference_context, max_docs=1, copy_per_doc=0, kv_docs=args.kv_docs,
                            seed=args.seed)["kv"]
         lo, hi = proportion_confint(kv["correct"], kv["n"], alpha=0.05, method="wilson")
         rows.append({"model": name, "model_sha256": loaded.content_sha256, **kv, "wilson_95": [lo, hi]})

@@ -252,9 +252,9 @@ def test_shares_and_learning_rates_are_checked_before_anything_is_written(tmp_pa
     from truncsens.cli.main import app
     from truncsens.models.reference.start import TrainError
 
-    with pytest.raises(TrainError, match="recall stage's shares .* repeats 0.5, key-value 0.6"):
+    with pytest.raises(TrainError, match="recall stage's data mix: shares .* repeat=0.5, kv=0.6"):
         TrainConfig(recall_repeat_share=0.5, recall_kv_share=0.6)
-    with pytest.raises(TrainError, match="main stage's shares"):
+    with pytest.raises(TrainError, match="main stage's data mix"):
         TrainConfig(kv_share=-0.1)
     with pytest.raises(TrainError, match="recall_lr must be > 0, got 0"):
         TrainConfig(recall_lr=0.0)
@@ -262,7 +262,9 @@ def test_shares_and_learning_rates_are_checked_before_anything_is_written(tmp_pa
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["train-reference", "--out-dir", str(out), "--init-from", "reference",
                                  "--recall-steps", "5", "--recall-kv-share", "0.9"])
-    assert r.exit_code == 2 and "error: the recall stage's shares" in r.stderr and not out.exists()
+    assert r.exit_code == 2 and "error: the recall stage's data mix" in r.stderr and not out.exists()
+    with pytest.raises(TrainError, match="at least 2 name words"):
+        TrainConfig(recall_name_words=1)
 
 
 def test_load_start_copies_bf16_weights_and_refuses_another_shape():

@@ -20,7 +20,7 @@ import torch
 
 from truncsens.corpora.builtin import code_documents, nl_documents
 from truncsens.corpora.document import Document, select_split
-from truncsens.models.reference.data import DENSE_NAME_WORDS
+from truncsens.models.reference.data import DENSE_NAME_WORDS, DataMix
 from truncsens.models.reference.start import TrainError, earlier_stages, init_folder, load_start, start_from
 
 EOS = "<|endoftext|>"
@@ -92,16 +92,20 @@ class TrainConfig:
     threads: int = 0  # 0: torch default
 
     def __post_init__(self) -> None:
-        """Check the shares and learning rates before anything is trained or written.
+        """Check each stage's data mix (:class:`~truncsens.models.reference.data.DataMix`'s own rule) and
+        the learning rates before anything is trained or written.
 
         Raises:
-            TrainError: a share below 0, two shares of one stage summing above 1, or a learning rate ≤ 0.
+            TrainError: a stage's shares below 0 or summing above 1, fewer than 2 name words, or a
+                learning rate ≤ 0.
         """
-        for stage, repeat, kv in (("main", self.repeat_share, self.kv_share),
-                                  ("recall", self.recall_repeat_share, self.recall_kv_share)):
-            if not (0 <= repeat and 0 <= kv and repeat + kv <= 1):
-                raise TrainError(f"the {stage} stage's shares must be >= 0 and sum to at most 1, "
-                                 f"got repeats {repeat}, key-value {kv}")
+        for stage, mix in (("main", dict(repeat=self.repeat_share, kv=self.kv_share)),
+                           ("recall", dict(repeat=self.recall_repeat_share, kv=self.recall_kv_share, dense_kv=True,
+                                           name_words=self.recall_name_words))):
+            try:
+                DataMix(**mix)
+            except ValueError as err:
+                raise TrainError(f"the {stage} stage's data mix: {err}") from None
         for name in ("lr", "min_lr", "recall_lr"):
             if not getattr(self, name) > 0:
                 raise TrainError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -250,7 +254,7 @@ def train(cfg: TrainConfig) -> Path:
     """
     from transformers import LlamaForCausalLM
 
-    from truncsens.models.reference.data import DataMix, TrainingData
+    from truncsens.models.reference.data import TrainingData
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
