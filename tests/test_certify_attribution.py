@@ -19,7 +19,9 @@ from truncsens.certificates.attribution import (
     FAILURE_NLL, attribution_statistics, auc, by_documents, certificate_score, failures, gated_removal_curve,
     random_removal, removal_curves, verdict_above,
 )
-from truncsens.certificates.tasks import TaskError, copy_positions, copy_vocabulary, kv_document
+from truncsens.certificates.tasks import COPY_RULES, TaskError, copy_positions, copy_rule, copy_vocabulary, kv_document
+
+TOKEN, SPAN = COPY_RULES["token"], COPY_RULES["span"]
 
 # index:       0  1  2  3  4  5  6  7  8  9 10 11 12
 HAND_IDS = [9, 7, 1, 2, 3, 4, 5, 2, 7, 1, 2, 0, 2]
@@ -29,23 +31,54 @@ ALL_BUT_0 = np.array([False] + [True] * 9)  # token 0 is not an identifier
 def test_copy_positions_token_rule_exact():
     # N = 8, D = 3: t=8 (7 last at 1, distance 7), t=9 (1 at 2, distance 7), t=10 (2 at 7, distance 3);
     # t=11 is token 0 (not eligible); t=12 is token 2 again at distance 2 < D.
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3, induction=False)[0].tolist() == [8, 9, 10]
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 4, induction=False)[0].tolist() == [8, 9]  # t=10 is 3 < 4 back
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3, TOKEN)[0].tolist() == [8, 9, 10]
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 4, TOKEN)[0].tolist() == [8, 9]  # t=10 is 3 < 4 back
     # N = 6: t=7 (2 last at 3, distance 4) now counts; t=8 and t=9 are 7 back, beyond N
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 6, 3, induction=False)[0].tolist() == [7, 10]
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 8, induction=False)[0].tolist() == []
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 6, 3, TOKEN)[0].tolist() == [7, 10]
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 8, TOKEN)[0].tolist() == []
 
 
 def test_copy_positions_induction_rule_exact():
     # only t=9 has the same preceding token as its source: ids[8] = ids[1] = 7
     assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3)[0].tolist() == [9]
-    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3, induction=False)[1].tolist() == [1, 2, 7]  # sources of 8, 9, 10
+    assert copy_positions(HAND_IDS, ALL_BUT_0, 8, 3, TOKEN)[1].tolist() == [1, 2, 7]  # sources of 8, 9, 10
 
 
 def test_copy_positions_source_at_zero_has_no_predecessor():
     ids = [5, 1, 1, 1, 5]  # 5 at 0 and 4; ids[-1] must not be read as the token before position 0
-    assert copy_positions(ids, np.ones(6, bool), 4, 2, induction=False)[0].tolist() == [4]
+    assert copy_positions(ids, np.ones(6, bool), 4, 2, TOKEN)[0].tolist() == [4]
     assert copy_positions(ids, np.ones(6, bool), 4, 2)[0].tolist() == []
+
+
+def test_copy_positions_span_rule_exact():
+    # 0..4 = 1 2 3 4 5, filler, then 1 2 3 4 5 again: at t = 12 the four tokens before 5 repeat those
+    # before its source s = 4, and 1 2 3 4 occurred nowhere in between
+    ids = [1, 2, 3, 4, 5, 8, 8, 8, 1, 2, 3, 4, 5]
+    assert copy_positions(ids, np.ones(9, bool), 8, 3, SPAN)[0].tolist() == [12]
+    assert copy_positions(ids, np.ones(9, bool), 8, 3, SPAN)[1].tolist() == [4]
+    # 2, 3, 4 at t = 9..11 have their preceding token repeated (induction) but fewer than 4 tokens
+    # before their sources 1..3; 1 at t = 8 has none before its source 0
+    assert copy_positions(ids, np.ones(9, bool), 8, 3)[0].tolist() == [9, 10, 11, 12]
+    assert copy_positions(ids, np.ones(9, bool), 8, 3, TOKEN)[0].tolist() == [8, 9, 10, 11, 12]
+
+
+def test_copy_positions_span_rule_refuses_a_nearer_copy_of_the_context():
+    # 1 2 3 4 recurs at 5..8 followed by 6: the target 5 at t = 15 (source 4) is an induction target,
+    # but the nearest earlier 1 2 3 4 continues with 6, so a four-token induction head would copy 6
+    ids = [1, 2, 3, 4, 5, 1, 2, 3, 4, 6, 8, 1, 2, 3, 4, 5]
+    assert copy_positions(ids, np.ones(9, bool), 15, 5)[0].tolist() == [15]
+    assert copy_positions(ids, np.ones(9, bool), 15, 5, SPAN)[0].tolist() == []
+    # one differing token three back is enough to refuse it too: only 3 of the 4 tokens repeat
+    ids = [1, 2, 3, 4, 5, 8, 8, 8, 7, 2, 3, 4, 5]
+    assert copy_positions(ids, np.ones(9, bool), 8, 3)[0].tolist() == [10, 11, 12]
+    assert copy_positions(ids, np.ones(9, bool), 8, 3, SPAN)[0].tolist() == []
+
+
+def test_copy_rule_registry_and_error():
+    assert (copy_rule("span").match, copy_rule("span").nearest) == (4, True)
+    assert [(r.name, r.match) for r in COPY_RULES.values()] == [("induction", 1), ("span", 4), ("token", 0)]
+    with pytest.raises(TaskError, match="--copy-rule must be one of induction, span, token, got 'bigram'"):
+        copy_rule("bigram")
 
 
 @pytest.mark.parametrize("distance", [0, 9])
@@ -240,6 +273,47 @@ def test_small_run_on_a_tiny_llama(tmp_path, tiny_llama_dir, corpus_dir):
     traj = summary["trajectory"]
     assert traj["n_steps"] == 2 and traj["streams"] == 8 and traj["prefix_tokens"] == 62 and traj["budget"] == 16
     assert all((tmp_path / p.split("/")[-1]).is_file() for p in summary["files"])
+
+
+def test_pooled_statistics_within_each_kind(tmp_path, tiny_llama_dir, corpus_dir):
+    """pooled_by_kind equals the pooled statistics recomputed on one kind's records alone. The tiny
+    model fails everywhere, so the failures are set by hand (seeded) on its real certificates."""
+    from truncsens import results
+    from truncsens.certificates.attribution import target_records
+    from truncsens.certificates.attribution_report import format_attribution, summarize_attribution
+
+    out = tmp_path / "k.nc"
+    res = CliRunner().invoke(app, [
+        "certify-attribution", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", "64",
+        "--budgets", "25%,50%", "--copy-rule", "token", "--kv-docs", "4", "--max-docs", "3", "--copy-per-doc", "2",
+        "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    ds = results.load(out)
+    n, token = ds.sizes["target"], ds["token_id"].values
+    rng = np.random.default_rng(5)
+    right_ref = np.arange(n) % 2 == 0  # the full cache is right on every other target
+    ds["argmax_ref"] = ("target", np.where(right_ref, token, token + 1))
+    ds["nll_ref"] = ds["nll_ref"] * 0.0
+    kept_right = rng.random(ds["argmax_kept"].shape) < 0.5  # [policy, target, budget]
+    ds["argmax_kept"] = (ds["argmax_kept"].dims, np.where(kept_right, token[None, :, None], token[None, :, None] + 1))
+    ds["nll_kept"] = ds["nll_kept"] * 0.0
+    summary = summarize_attribution(ds)
+    kind = np.tile(ds["task_kind"].values.astype(str), 2)  # [2·n], budget by budget
+    r = target_records(ds)  # every budget stacked, poisson
+    assert set(summary["pooled_by_kind"]) == {"copy", "kv"}
+    finite = 0
+    for k, got in summary["pooled_by_kind"].items():
+        m = kind == k
+        fk, fr = r["fail_kept"][m], r["fail_ref"][m]
+        assert got["eviction_caused"] == int((fk & ~fr).sum())
+        expected = auc(r["cert"][m][fk], (fk & ~fr)[fk])  # over the evicted run's failures
+        value = got["poisson"]["auc_attribution_certificate"]["value"]
+        assert value == pytest.approx(expected, nan_ok=True)
+        finite += math.isfinite(value)
+    assert finite >= 1  # at least one kind has both eviction-caused and inherent failures
+    total = sum(t["eviction_caused"] for t in summary["pooled_by_kind"].values())
+    assert total == sum(b["counts"]["poisson"]["eviction_caused"] for b in summary["budgets"])
+    assert "pooled, copy only" in format_attribution(summary) and "pooled, kv only" in format_attribution(summary)
 
 
 def test_the_trajectory_budget_is_checked_only_with_a_trajectory(tiny_llama_dir, corpus_dir, tmp_path):

@@ -72,7 +72,7 @@ def test_shared_checks_and_messages(cls, kwargs, error, message):
 
 
 def test_attribution_checks_its_own_fields_first():
-    with pytest.raises(CertifyError, match="--copy-rule must be induction or token"):
+    with pytest.raises(CertifyError, match="--copy-rule must be one of induction, span, token"):
         AttributionConfig(copy_rule="bigram", delta=2.0)
     with pytest.raises(CertifyError, match="--trajectory-budget takes one budget"):
         AttributionConfig(trajectory_budget="10,20")

@@ -47,6 +47,23 @@ def test_repeats_copy_spans_forward_at_a_distance():
     assert np.array_equal(ids, np.arange(1000))  # the input is left alone
 
 
+def test_a_mix_with_dense_far_repeats_draws_them():
+    """DataMix(repeat_spans, repeat_min_distance) reaches add_repeats: with stream positions as tokens
+    (every token distinct), each copied token's source lies at least that far back."""
+    text = bytes(range(32, 127)).decode() * 60  # 5,700 distinct-enough bytes, one document
+    data = TrainingData([list(range(len(text)))], [text], -1, char_encode, DataMix(1.0, 0.0, repeat_spans=12,
+                                                                                    repeat_min_distance=300), 0)
+    ids, kind = data.sequence(np.random.default_rng(1), 1025)
+    assert kind == "repeat"
+    shift = ids - np.arange(ids.size)  # 0 where untouched (a crop of consecutive positions), -d where copied
+    base = int(np.bincount(shift - shift.min()).argmax() + shift.min())  # the crop's own offset
+    copied = np.flatnonzero(shift != base)
+    assert copied.size >= 12 * 8 // 2  # many spans (each 8-48 tokens; later ones may overwrite earlier)
+    assert np.all(base - shift[copied] >= 300)  # every copy from 300 tokens back or more
+    with pytest.raises(ValueError, match="repeats need at least 1 span"):
+        DataMix(0.5, 0.0, repeat_spans=0)
+
+
 def test_kv_sequences_define_then_query_their_keys():
     rng = np.random.default_rng(3)
     words = ["parse", "buffer", "reader", "token", "value", "state"]

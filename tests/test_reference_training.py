@@ -265,6 +265,13 @@ def test_shares_and_learning_rates_are_checked_before_anything_is_written(tmp_pa
     assert r.exit_code == 2 and "error: the recall stage's data mix" in r.stderr and not out.exists()
     with pytest.raises(TrainError, match="at least 2 name words"):
         TrainConfig(recall_name_words=1)
+    with pytest.raises(TrainError, match="recall stage's data mix: repeats need .* repeat_min_distance=0"):
+        TrainConfig(recall_repeat_min_distance=0)
+    r = CliRunner().invoke(app, ["train-reference", "--out-dir", str(out), "--init-from", "reference",
+                                 "--recall-steps", "5", "--recall-repeat-spans", "0"])
+    assert r.exit_code == 2 and "repeat_spans=0" in r.stderr and not out.exists()
+    far = TrainConfig(recall_repeat_spans=16, recall_repeat_min_distance=512).recall_mix()
+    assert (far.repeat_spans, far.repeat_min_distance, far.dense_kv) == (16, 512, True)
 
 
 def test_load_start_copies_bf16_weights_and_refuses_another_shape():

@@ -71,32 +71,36 @@ def context_nll(loaded: LoadedModel, domain: str, contexts: list[int], targets_p
 
 
 def attribution_tasks(loaded: LoadedModel, reference_context: int | None = None, max_docs: int = 16,
-                      copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0):
+                      copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0, copy_rule: str = "induction"):
     """The targets of ``truncsens certify-attribution`` with its defaults, for ``loaded``: long-range
-    copy targets of held-out code (induction rule, distance at least N/4) and synthetic key–value
-    recall documents (:mod:`truncsens.certificates.tasks`), each with its whole N-token reference
-    context.
+    copy targets of held-out code (``copy_rule``, default induction; distance at least N/4) and
+    synthetic key–value recall documents (:mod:`truncsens.certificates.tasks`), each with its whole
+    N-token reference context.
+
+    Raises:
+        truncsens.certificates.config.CertifyError: an unknown ``copy_rule`` or another bad option.
 
     Returns:
         :class:`truncsens.certificates.tasks.TaskSet` (``targets.context`` [n, N], ``targets.token_id``
         [n], ``kind`` "copy" / "kv" per target).
     """
     from truncsens.certificates.attribution_driver import AttributionConfig
-    from truncsens.certificates.tasks import build_task_set, copy_vocabulary, default_min_distance
+    from truncsens.certificates.tasks import COPY_RULES, build_task_set, copy_vocabulary, default_min_distance
     from truncsens.engine.documents import prepare_documents
 
     N = reference_context or loaded.max_context
     acfg = AttributionConfig(model=loaded.name, reference_context=N, max_docs=max_docs, copy_per_doc=copy_per_doc,
-                             kv_docs=kv_docs, seed=seed, progress=False, out="unused.nc")
+                             copy_rule=copy_rule, kv_docs=kv_docs, seed=seed, progress=False, out="unused.nc")
     docs = prepare_documents(acfg.certify_config().measure_config(), loaded, N)
     tok = loaded.tokenizer
     eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
     return build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N,
-                          default_min_distance(N), copy_per_doc, kv_docs, seed)
+                          default_min_distance(N), copy_per_doc, kv_docs, seed, COPY_RULES[copy_rule])
 
 
 def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max_docs: int = 16,
-                  copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0, batch: int = 2, tasks=None) -> dict:
+                  copy_per_doc: int = 4, kv_docs: int = 8, seed: int = 0, batch: int = 2, tasks=None,
+                  copy_rule: str = "induction") -> dict:
     """Full-cache top-1 accuracy on the targets of ``truncsens certify-attribution`` with its defaults
     (:func:`attribution_tasks`, or ``tasks`` already built by it), each read with its whole N-token
     reference context.
@@ -107,7 +111,7 @@ def task_accuracy(loaded: LoadedModel, reference_context: int | None = None, max
     import torch
 
     N = reference_context or loaded.max_context
-    tasks = tasks or attribution_tasks(loaded, N, max_docs, copy_per_doc, kv_docs, seed)
+    tasks = tasks or attribution_tasks(loaded, N, max_docs, copy_per_doc, kv_docs, seed, copy_rule)
     context, token = tasks.targets.context, tasks.targets.token_id  # [n, N], [n]
     hits = torch.zeros(len(token), dtype=torch.bool)
     with torch.no_grad():
@@ -154,6 +158,8 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                     recall_kv_share: float = TrainConfig.recall_kv_share,
                     recall_repeat_share: float = TrainConfig.recall_repeat_share,
                     recall_lr: float = TrainConfig.recall_lr,
+                    recall_repeat_spans: int = TrainConfig.recall_repeat_spans,
+                    recall_repeat_min_distance: int = TrainConfig.recall_repeat_min_distance,
                     init_from: str = "") -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
@@ -173,6 +179,9 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
         recall_kv_share, recall_repeat_share: shares of the recall stage's sequences in the dense
             key–value format and with long-range repeats (the rest is corpus text); each in [0, 1], sum ≤ 1.
         recall_lr: the recall stage's peak learning rate (> 0).
+        recall_repeat_spans, recall_repeat_min_distance: spans copied forward in each of the recall
+            stage's repeat sequences, and their shortest distance in tokens (each ≥ 1; the distances
+            are log-uniform up to the crop length).
         init_from: ``""`` (train the main stage), ``"reference"`` (the bundled weights) or an exported model
             folder: start at the recall stage from those weights and tokenizer (``TrainConfig.init_from``).
 
@@ -187,5 +196,7 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                       seed=seed, threads=threads, recall_warm_context=recall_warm_context,
                       recall_warm_steps=recall_warm_steps, recall_warm_doublings=recall_warm_doublings,
                       recall_name_words=recall_name_words, recall_kv_share=recall_kv_share,
-                      recall_repeat_share=recall_repeat_share, recall_lr=recall_lr, init_from=init_from)
+                      recall_repeat_share=recall_repeat_share, recall_lr=recall_lr,
+                      recall_repeat_spans=recall_repeat_spans, recall_repeat_min_distance=recall_repeat_min_distance,
+                      init_from=init_from)
     return build_reference(cfg, install)

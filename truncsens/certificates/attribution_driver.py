@@ -29,7 +29,7 @@ from truncsens.certificates.probe import check_model
 from truncsens.certificates.driver import (
     certify_sweep, certify_tokens_per_target, compute_arrays, design_attrs, shard_dataset,
 )
-from truncsens.certificates.tasks import build_task_set, copy_vocabulary, default_min_distance
+from truncsens.certificates.tasks import COPY_RULES, build_task_set, copy_vocabulary, default_min_distance
 from truncsens.certificates.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
@@ -48,7 +48,8 @@ class AttributionConfig(CertifyBase):
             progress, command), with
         reference_context: N (default 512: small enough for a few minutes on 2 CPU cores).
         max_docs: held-out documents searched for copy targets; copy_per_doc: copy targets per document;
-        copy_rule: "induction" (the preceding token repeats too) or "token" (:mod:`truncsens.certificates.tasks`).
+        copy_rule: a name in :data:`truncsens.certificates.tasks.COPY_RULES` ("induction": the preceding
+            token repeats too; "span": the preceding 4 tokens repeat, nowhere nearer; "token").
         kv_docs: synthetic key–value documents (one target each).
         min_distance: D (default N // 4).
         trajectory: steps of the greedy trajectory (0: none); trajectory_budget: its budget, a token
@@ -73,8 +74,8 @@ class AttributionConfig(CertifyBase):
         for name in ("copy_per_doc", "kv_docs", "trajectory"):
             if getattr(self, name) < 0:
                 raise CertifyError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if self.copy_rule not in ("induction", "token"):
-            raise CertifyError(f"--copy-rule must be induction or token, got {self.copy_rule!r}")
+        if self.copy_rule not in COPY_RULES:
+            raise CertifyError(f"--copy-rule must be one of {', '.join(COPY_RULES)}, got {self.copy_rule!r}")
         if self.copy_per_doc == 0 and self.kv_docs == 0:
             raise CertifyError("no attribution targets: --copy-per-doc and --kv-docs are both 0")
         if self.min_distance is not None and self.min_distance < 1:
@@ -133,7 +134,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     D = cfg.min_distance or default_min_distance(N)
     eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
     tasks = build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N, D,
-                           cfg.copy_per_doc, cfg.kv_docs, cfg.seed, induction=cfg.copy_rule == "induction")
+                           cfg.copy_per_doc, cfg.kv_docs, cfg.seed, COPY_RULES[cfg.copy_rule])
     attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype), "targets_per_doc": 0,
              "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs,
              "failure_nll": FAILURE_NLL,

@@ -52,7 +52,13 @@ def _verdicts(stats: dict) -> dict:
 
 
 def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
-    """The summary of an attribution results Dataset (verdict rules in the module docstring)."""
+    """The summary of an attribution results Dataset (verdict rules in the module docstring).
+
+    Besides each budget and all budgets pooled, ``pooled_by_kind`` repeats the pooled statistics within
+    each task kind ("copy", "kv") with its count of eviction-caused failures: when one kind supplies
+    most eviction-caused failures and the other most inherent ones, the pooled AUC could reward
+    telling the kinds apart rather than the failures.
+    """
     N = int(ds.attrs["reference_context"])
     kind = np.asarray(ds["task_kind"].values, dtype=str)
     policies = [str(p) for p in ds["policy"].values]
@@ -67,6 +73,14 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
     a = {name: np.concatenate([r[name] for r in per_budget]) for name in per_budget[0]}  # pooled: [K·n]
     pooled = by_documents(a["cert"], a["conf_kept"], a["conf_ref"], a["fail_kept"], a["fail_ref"], a["doc"], n_boot,
                           seed)
+    pooled_kind = np.tile(kind, len(budgets))  # [K·n] kind of each pooled record (budget by budget)
+    caused = a["fail_kept"] & ~a["fail_ref"]  # [K·n] eviction-caused failures
+    by_kind = {}  # one kind alone: are its eviction-caused failures told from its inherent ones?
+    for k in sorted(set(kind)):
+        m = pooled_kind == k
+        stats = by_documents(a["cert"][m], a["conf_kept"][m], a["conf_ref"][m], a["fail_kept"][m], a["fail_ref"][m],
+                             a["doc"][m], n_boot, seed)
+        by_kind[k] = {"poisson": stats, "eviction_caused": int(caused[m].sum())}
     fail_ref = per_budget[0]["fail_ref"]  # the full cache's failures (the same at every budget)
     traj = ds.attrs.get("trajectory")
     return {
@@ -77,6 +91,7 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
         "n_targets_by_kind": {k: int((kind == k).sum()) for k in sorted(set(kind))},
         "full_cache_failures": {k: int(fail_ref[kind == k].sum()) for k in sorted(set(kind))},
         "budgets": rows, "pooled": {"poisson": pooled, "verdicts": _verdicts(pooled)},
+        "pooled_by_kind": by_kind,
         "paper": {"auc_attribution_certificate": PAPER_AUC,
                   "claims": ["confidence at or below chance for attribution", "certificate-gated recomputation beats "
                              "random and confidence-gated", "confidence predicts failure better than the certificate"]},
@@ -98,13 +113,15 @@ def format_attribution(s: dict) -> str:
         for b in s["budgets"]]
     lines += [render_table(cols, rows), ""]
     table = [*((f"{b['budget']}", b["poisson"]) for b in s["budgets"]), ("pooled", s["pooled"]["poisson"])]
+    by_kind = s["pooled_by_kind"]
+    kinds_table = [(f"pooled, {k} only", t["poisson"]) for k, t in by_kind.items()] if len(by_kind) > 1 else []
     cols = [Column("poisson budget", ">"), Column("AUC attrib. certificate", ">"),
             Column("AUC attrib. -confidence", ">"),
             Column("AUC attrib. -conf. full", ">"), Column("AUC failure certificate", ">"),
             Column("AUC failure -confidence", ">")]
     rows = [[name, fmt_estimate(t["auc_attribution_certificate"]), fmt_estimate(t["auc_attribution_confidence"]),
              fmt_estimate(t["auc_attribution_confidence_ref"]), fmt_estimate(t["auc_failure_certificate"]),
-             fmt_estimate(t["auc_failure_confidence"])] for name, t in table]
+             fmt_estimate(t["auc_failure_confidence"])] for name, t in table + kinds_table]
     lines += [render_table(cols, rows), ""]
     cols = [Column("poisson budget", ">"), Column("recompute", ">"), Column("certificate-gated", ">"),
             Column("confidence-gated", ">"), Column("random", ">")]

@@ -9,9 +9,15 @@ Two kinds of target (a document id and a position t; the reference context is ``
 
       D <= t − s <= N   for the most recent earlier occurrence s of x[t]   (:func:`copy_positions`).
 
-  By default (rule ``induction``) the token before the target must also equal the token before
-  that earlier occurrence, ``x[t−1] = x[s−1]``: the pattern an induction head completes (Olsson et
-  al., arXiv 2209.11895), so the full-cache model can find the answer. (This rule was added after a
+  The copy rule (:data:`COPY_RULES`) adds a condition on the tokens before the target. By default
+  (rule ``induction``) the token before the target must also equal the token before that earlier
+  occurrence, ``x[t−1] = x[s−1]``: the pattern an induction head completes (Olsson et al., arXiv
+  2209.11895), so the full-cache model can find the answer. Rule ``span`` asks for the last
+  :data:`SPAN_MATCH` tokens, ``x[t−4:t] = x[s−4:s]``, and for the source to be the nearest earlier
+  occurrence of those four tokens: the text is repeating a span from at least D back, and a
+  four-token induction head copies the right token (in code the same short context often recurs
+  nearer with another continuation, which makes many ``induction`` targets ambiguous;
+  ``benchmarks/copy_oracle.py``). Rule ``token`` adds no condition. (This rule was added after a
   first look at full-cache accuracy only: the bundled reference model gets 15 % of the plain
   ``token``-rule targets of its held-out code right and 22 % of the induction-rule ones, at N = 512;
   no attribution statistic had been computed.) The default D = N/4 lies beyond the surely kept
@@ -64,6 +70,47 @@ class TaskSet:
     source: np.ndarray
 
 
+SPAN_MATCH = 4  # tokens before the target that rule "span" asks to repeat
+
+
+@dataclass(frozen=True)
+class CopyRule:
+    """How much of the text before a copy target must repeat the text before its source.
+
+    Attributes:
+        name: the ``--copy-rule`` value.
+        match: m, tokens before the target that must equal the m tokens before the source
+            (``x[t−m:t] = x[s−m:s]``).
+        nearest: the source must also be the nearest earlier occurrence of those m tokens (no nearer
+            copy of the same context with another continuation).
+        description: one line for ``--help`` and the results' ``copy_rule_definition`` attribute.
+    """
+
+    name: str
+    match: int
+    nearest: bool
+    description: str
+
+
+COPY_RULES = {r.name: r for r in (
+    CopyRule("induction", 1, False, "the token before the target also precedes its earlier occurrence"),
+    CopyRule("span", SPAN_MATCH, True, f"the {SPAN_MATCH} tokens before the target also precede its earlier "
+                                       "occurrence, and nowhere nearer"),
+    CopyRule("token", 0, False, "the target token alone"),
+)}
+
+
+def copy_rule(name: str) -> CopyRule:
+    """The :class:`CopyRule` called ``name``.
+
+    Raises:
+        TaskError: no such rule (the message lists them).
+    """
+    if name not in COPY_RULES:
+        raise TaskError(f"--copy-rule must be one of {', '.join(COPY_RULES)}, got {name!r}")
+    return COPY_RULES[name]
+
+
 def default_min_distance(reference_context: int) -> int:
     """D = N // 4 (tokens)."""
     return max(1, reference_context // 4)
@@ -87,42 +134,48 @@ def copy_vocabulary(tokens: Sequence[str]) -> np.ndarray:
 
 
 def copy_positions(ids: Sequence[int], eligible: np.ndarray, reference_context: int, min_distance: int,
-                   induction: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                   rule: CopyRule = COPY_RULES["induction"]) -> tuple[np.ndarray, np.ndarray]:
     """Every position t >= N of a document that is a copy target (module docstring), with its source.
 
     Args:
         ids: [L] token ids of the document.
         eligible: [V] bool, token ids that may be targets (:func:`copy_vocabulary`).
         reference_context: N in tokens; min_distance: D in tokens, 1 <= D <= N.
-        induction: also require ``ids[t − 1] == ids[s − 1]`` (rule ``induction``; False: rule ``token``).
+        rule: :class:`CopyRule` (default ``induction``).
 
     Returns:
         ([m] int64 positions t, increasing, with ``D <= t − s <= N`` for the most recent s < t with
-        ``ids[s] == ids[t]`` (and, with ``induction``, the same preceding token at s − 1 and t − 1);
-        [m] int64 those sources s).
+        ``ids[s] == ids[t]``, the rule's ``match`` tokens before t equal to those before s (and, with
+        ``nearest``, no later occurrence of them before t); [m] int64 those sources s).
 
     Raises:
         TaskError: D outside [1, N].
     """
-    N, D = reference_context, min_distance
+    N, D, m = reference_context, min_distance, rule.match
     if not 1 <= D <= N:
         raise TaskError(f"--min-distance must lie in [1, N = {N}], got {D}")
     ids = [int(i) for i in ids]
-    last: dict[int, int] = {}
+    last: dict[int, int] = {}  # token -> its latest position so far
+    after: dict[tuple[int, ...], int] = {}  # m tokens -> the position right after their latest occurrence
     out, sources = [], []
     for t, tok in enumerate(ids):
         s = last.get(tok)
-        preceded = not induction or (s is not None and s >= 1 and ids[s - 1] == ids[t - 1])
+        context = tuple(ids[t - m : t]) if m and t >= m else None
+        nearest_before = after.get(context) if context is not None else None
+        preceded = (m == 0 or (s is not None and s >= m and context is not None and tuple(ids[s - m : s]) == context)) \
+            and (not rule.nearest or nearest_before == s)
         if t >= N and s is not None and eligible[tok] and D <= t - s <= N and preceded:
             out.append(t)
             sources.append(s)
         last[tok] = t
+        if context is not None:
+            after[context] = t
     return np.asarray(out, dtype=np.int64), np.asarray(sources, dtype=np.int64)
 
 
 def copy_tasks(docs: Sequence[TokenDoc], eligible: np.ndarray, reference_context: int, min_distance: int,
                per_doc: int, seed: int,
-               induction: bool = True) -> tuple[list[str], list[int], list[torch.Tensor], list[int]]:
+               rule: CopyRule = COPY_RULES["induction"]) -> tuple[list[str], list[int], list[torch.Tensor], list[int]]:
     """Up to ``per_doc`` copy targets per document, drawn without replacement by a generator seeded by
     ``(seed, "copy:" + doc id)`` (independent of the other documents).
 
@@ -131,7 +184,7 @@ def copy_tasks(docs: Sequence[TokenDoc], eligible: np.ndarray, reference_context
     """
     doc_ids, positions, sources, ids_of = [], [], [], []
     for d in docs:
-        pos, src = copy_positions(d.ids.tolist(), eligible, reference_context, min_distance, induction)
+        pos, src = copy_positions(d.ids.tolist(), eligible, reference_context, min_distance, rule)
         if pos.size > per_doc:
             rng = np.random.default_rng(doc_seed(seed, "copy:" + d.id))
             pick = np.sort(rng.choice(pos.size, size=per_doc, replace=False))  # the same draw as of positions
@@ -263,13 +316,13 @@ def kv_tasks(encode: Callable[[str], list[int]], reference_context: int, min_dis
 
 def build_task_set(docs: Sequence[TokenDoc], eligible: np.ndarray, encode: Callable[[str], list[int]],
                    reference_context: int, min_distance: int, copy_per_doc: int, n_kv_docs: int,
-                   seed: int, induction: bool = True) -> TaskSet:
+                   seed: int, rule: CopyRule = COPY_RULES["induction"]) -> TaskSet:
     """Copy targets of ``docs`` then ``n_kv_docs`` key–value targets, as one :class:`TaskSet`.
 
     Raises:
         TaskError: D outside [1, N], or no target at all (says how to get some).
     """
-    parts = [("copy", copy_tasks(docs, eligible, reference_context, min_distance, copy_per_doc, seed, induction))]
+    parts = [("copy", copy_tasks(docs, eligible, reference_context, min_distance, copy_per_doc, seed, rule))]
     if n_kv_docs:
         parts.append(("kv", kv_tasks(encode, reference_context, min_distance, n_kv_docs, seed)))
     N = reference_context

@@ -27,7 +27,7 @@ def certify_attribution(
     sinks: CertifySinks = 4,
     max_docs: Optional[int] = typer.Option(16, help="Held-out documents searched for copy targets."),
     copy_per_doc: int = typer.Option(4, help="Copy targets drawn per document."),
-    copy_rule: str = typer.Option("induction", help="induction (the token before the target also precedes its earlier occurrence) or token (the token alone)."),
+    copy_rule: str = typer.Option("induction", help="induction (the token before the target also precedes its earlier occurrence), span (the 4 tokens before it do, and nowhere nearer) or token (the token alone)."),
     kv_docs: int = typer.Option(8, help="Synthetic key-value recall documents (one target each)."),
     min_distance: Optional[int] = typer.Option(None, help="D: the copied token lies at least D tokens back and not in the last D - 1 (default N/4)."),
     trajectory: int = typer.Option(0, help="Also run a greedy trajectory of this many steps under poisson eviction and report its e-process (0: none)."),

@@ -22,11 +22,18 @@ def _recall_schedule(cfg: dict) -> str:
     return f"; the first {cfg['recall_warm_steps']} on {cfg['recall_warm_context']}-token crops{growth}{names}"
 
 
+def _repeat_form(cfg: dict) -> str:
+    """How the recall stage's repeats were drawn, where not the default 4 spans from 64 tokens back."""
+    spans, distance = cfg.get("recall_repeat_spans") or 4, cfg.get("recall_repeat_min_distance") or 64
+    return "" if (spans, distance) == (4, 64) else f" ({spans} spans each, {distance} tokens back or more)"
+
+
 def _earlier(stages: list[dict]) -> str:
     """The card row of the recall stages the starting model was trained with (oldest first)."""
     return "; then ".join(
         f"{st['recall_steps']} steps from `{st['init_from']}` (sha256 {(st.get('init_sha256') or '?')[:16]}…): "
-        f"{100 * st['recall_kv_share']:.0f} % dense key-value recall, {100 * st['recall_repeat_share']:.0f} % repeats, "
+        f"{100 * st['recall_kv_share']:.0f} % dense key-value recall, {100 * st['recall_repeat_share']:.0f} % repeats"
+        f"{_repeat_form(st)}, "
         f"learning rate up to {st['recall_lr']:g}, the first {st['recall_warm_steps']} on shorter crops, seed {st['seed']}, "
         f"{st['minutes']:.0f} minutes" for st in stages)
 
@@ -76,7 +83,8 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
         *([f"| synthetic share | {100 * cfg['repeat_share']:.0f} % long-range repeats, {100 * cfg['kv_share']:.0f} % "
            "key-value recall (truncsens/models/reference/data.py) |"] if "kv_share" in cfg else []),
         *([f"| recall stage | the last {cfg['recall_steps']} steps: {100 * cfg['recall_kv_share']:.0f} % dense key-value "
-           f"recall, {100 * cfg['recall_repeat_share']:.0f} % repeats, learning rate up to {cfg['recall_lr']:g} again"
+           f"recall, {100 * cfg['recall_repeat_share']:.0f} % repeats{_repeat_form(cfg)}, learning rate up to "
+           f"{cfg['recall_lr']:g} again"
            f"{_recall_schedule(cfg)} |"]
           if cfg.get("recall_steps") else []),
         "",

@@ -56,12 +56,17 @@ class DataMix:
     kv: float = 0.2
     dense_kv: bool = False  # kv sequences in the dense recall format (kv_dense_text) instead of kv_text
     name_words: int = DENSE_NAME_WORDS  # name parts of the dense format: the first name_words words
+    repeat_spans: int = 4  # spans copied forward in each repeat sequence (add_repeats)
+    repeat_min_distance: int = 64  # tokens: the shortest copy distance (log-uniform up to the crop length)
 
     def __post_init__(self) -> None:
         if not (0 <= self.repeat and 0 <= self.kv and self.repeat + self.kv <= 1):
             raise ValueError(f"shares must be >= 0 and sum to at most 1, got repeat={self.repeat}, kv={self.kv}")
         if self.name_words < 2:
             raise ValueError(f"the dense recall format needs at least 2 name words, got name_words={self.name_words}")
+        if self.repeat_spans < 1 or self.repeat_min_distance < 1:
+            raise ValueError(f"repeats need at least 1 span and a distance of at least 1 token, got "
+                             f"repeat_spans={self.repeat_spans}, repeat_min_distance={self.repeat_min_distance}")
 
 
 def step_generator(seed: int, step: int, salt: str = "batch") -> np.random.Generator:
@@ -160,7 +165,8 @@ def kv_dense_text(rng: np.random.Generator, words: Sequence[str], filler: Callab
 def add_repeats(ids: np.ndarray, rng: np.random.Generator, n_spans: int = 4, min_span: int = 8,
                 max_span: int = 48, min_distance: int = 64) -> np.ndarray:
     """Copy ``n_spans`` spans of ``ids`` [L + 1] forward by log-uniform distances in [min_distance, L];
-    returns a new array (the input is not changed)."""
+    returns a new array (the input is not changed). A crop too short for a span at ``min_distance``
+    gets no more spans."""
     out = ids.copy()
     L = out.size
     for _ in range(n_spans):
@@ -230,7 +236,8 @@ class TrainingData:
             ids = kv_dense_text(*args, name_words=mix.name_words) if mix.dense_kv else kv_text(*args)
             return np.asarray(ids, np.int64), "kv"
         if u < mix.kv + mix.repeat:
-            return add_repeats(self.natural(rng, length), rng), "repeat"
+            return add_repeats(self.natural(rng, length), rng, n_spans=mix.repeat_spans,
+                               min_distance=mix.repeat_min_distance), "repeat"
         return self.natural(rng, length).copy(), "natural"
 
     def batch_at(self, step: int, batch_size: int, length: int, mix: DataMix | None = None) -> torch.Tensor:

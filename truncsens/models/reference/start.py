@@ -66,12 +66,12 @@ def load_start(model, weights: dict, init_from: str) -> None:
 
 
 STAGE_FIELDS = ("init_from", "recall_steps", "recall_warm_steps", "recall_kv_share", "recall_repeat_share",
-                "recall_lr", "seed")  # what the card says of an earlier recall stage
+                "recall_repeat_spans", "recall_repeat_min_distance", "recall_lr", "seed")  # what the card says of an earlier recall stage
 
 
 def earlier_stages(init_from: str) -> list[dict]:
     """The recall stages the starting model was itself trained with, oldest first: for each, the
-    ``STAGE_FIELDS`` of its config plus ``minutes`` and ``init_sha256``, read from the starting folder's
+    ``STAGE_FIELDS`` its config names (a field added later is absent) plus ``minutes`` and ``init_sha256``, read from the starting folder's
     ``training_summary.json`` (which lists the stages before it the same way). A starting model
     trained from scratch, or one without a summary, has none: ``[]``."""
     import json
@@ -83,7 +83,7 @@ def earlier_stages(init_from: str) -> list[dict]:
     cfg = summary.get("config", {})
     if not cfg.get("init_from"):
         return []
-    own = {k: cfg.get(k) for k in STAGE_FIELDS} | {"minutes": summary.get("minutes"),
+    own = {k: cfg[k] for k in STAGE_FIELDS if k in cfg} | {"minutes": summary.get("minutes"),
                                                   "init_sha256": summary.get("init_sha256")}
     return [*summary.get("earlier_stages", []), own]
 

@@ -86,6 +86,8 @@ class TrainConfig:
     recall_warmup_steps: int = 20
     recall_repeat_share: float = 0.2
     recall_kv_share: float = 0.6
+    recall_repeat_spans: int = 4  # spans per repeat sequence of the recall stage (data.add_repeats)
+    recall_repeat_min_distance: int = 64  # tokens: the recall stage's shortest repeat distance
     init_from: str = ""  # "" (train the main stage), "reference" or an exported model folder (recall stage only)
     seed: int = 0
     bf16_autocast: bool = False  # slower than float32 on CPUs without bfloat16 instructions
@@ -99,16 +101,23 @@ class TrainConfig:
             TrainError: a stage's shares below 0 or summing above 1, fewer than 2 name words, or a
                 learning rate ≤ 0.
         """
-        for stage, mix in (("main", dict(repeat=self.repeat_share, kv=self.kv_share)),
-                           ("recall", dict(repeat=self.recall_repeat_share, kv=self.recall_kv_share, dense_kv=True,
-                                           name_words=self.recall_name_words))):
+        for stage, mix in (("main", lambda: DataMix(self.repeat_share, self.kv_share)), ("recall", self.recall_mix)):
             try:
-                DataMix(**mix)
+                mix()
             except ValueError as err:
                 raise TrainError(f"the {stage} stage's data mix: {err}") from None
         for name in ("lr", "min_lr", "recall_lr"):
             if not getattr(self, name) > 0:
                 raise TrainError(f"{name} must be > 0, got {getattr(self, name)}")
+
+    def recall_mix(self) -> DataMix:
+        """The recall stage's :class:`~truncsens.models.reference.data.DataMix` (dense key–value format).
+
+        Raises:
+            ValueError: shares below 0 or summing above 1, fewer than 2 name words, no span or distance.
+        """
+        return DataMix(self.recall_repeat_share, self.recall_kv_share, dense_kv=True, name_words=self.recall_name_words,
+                       repeat_spans=self.recall_repeat_spans, repeat_min_distance=self.recall_repeat_min_distance)
 
     @property
     def total_steps(self) -> int:
@@ -317,7 +326,7 @@ def train(cfg: TrainConfig) -> Path:
                 "running": running, "minutes": minutes_before + (time.time() - t0) / 60, "recipe": cfg.recipe(),
                 "init_sha256": start_sha}
 
-    recall_mix = DataMix(cfg.recall_repeat_share, cfg.recall_kv_share, dense_kv=True, name_words=cfg.recall_name_words)
+    recall_mix = cfg.recall_mix()
     last = min(cfg.total_steps, cfg.stop_at_step) if cfg.stop_at_step > 0 else cfg.total_steps
     while step < last and (time.time() - t0) / 60 < cfg.max_minutes:
         n_seq, length = crop_at(step, cfg)
