@@ -99,9 +99,13 @@ STEPS = [
                                "--out results/certify-tail-range.json", ("results/certify-tail-range.json",)),
     Step("copy-oracle", "python benchmarks/copy_oracle.py --reference-context 2048 --out results/copy-oracle.json",
          ("results/copy-oracle.json",)),
+    Step("copy-oracle-span", "python benchmarks/copy_oracle.py --reference-context 2048 --copy-rule span "
+                             "--out results/copy-oracle-span.json", ("results/copy-oracle-span.json",)),
+    Step("copy-oracle-span-shorter", "for n in 256 512 1024; do python benchmarks/copy_oracle.py --reference-context $n "
+                                     "--copy-rule span; done"),
     Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
          ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png")),
-    Step("certify-attribution-max", "truncsens certify-attribution --domain code --reference-context 2048 "
+    Step("certify-attribution-max", "truncsens certify-attribution --domain code --reference-context 2048 --kv-docs 64 "
                                     "--out results/reference-code-attribution-2048.nc",
          ("results/reference-code-attribution-2048.nc", "results/reference-code-attribution-2048-recomputation.png")),
     Step("policies-streaming-a", "truncsens measure --policy suffix,sink_recent,h2o,tova,key_norm,topk "
