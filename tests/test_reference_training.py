@@ -99,6 +99,11 @@ def test_write_card(tmp_path):
     text = write_card(tmp_path, evals, summary | {"init_sha256": "ab" * 32, "earlier_stages": [stage]}, tasks).read_text()
     assert ("| earlier recall stages | 800 steps from `reference` (sha256 cdcdcdcdcdcdcdcd…): 60 % dense key-value "
             "recall, 20 % repeats, learning rate up to 0.001, the first 600 on shorter crops, seed 0, 99 minutes |") in text
+    summary["config"].update(recall_repeat_spans=16, recall_repeat_min_distance=256)  # dense far repeats are named
+    stage |= {"recall_repeat_spans": 16, "recall_repeat_min_distance": 512}
+    text = write_card(tmp_path, evals, summary | {"earlier_stages": [stage]}, tasks).read_text()
+    assert "20 % repeats (16 spans each, 256 tokens back or more), learning rate up to 0.001 again" in text
+    assert "20 % repeats (16 spans each, 512 tokens back or more), learning rate up to 0.001, the first 600" in text
 
 
 def test_earlier_stages_follow_the_chain_of_training_summaries(tmp_path):
