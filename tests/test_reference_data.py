@@ -16,6 +16,8 @@ from truncsens.models.reference.data import (
 )
 from truncsens.targets import doc_seed
 
+GOLDEN_BATCH = "b1a42d0755d34f36"  # sha256[:16] of small_data().batch_at(5, 4, 257) before the induction kind
+
 
 def char_encode(text: str) -> list[int]:
     """A stand-in tokenizer: one id per byte."""
@@ -62,6 +64,42 @@ def test_a_mix_with_dense_far_repeats_draws_them():
     assert np.all(base - shift[copied] >= 300)  # every copy from 300 tokens back or more
     with pytest.raises(ValueError, match="repeats need at least 1 span"):
         DataMix(0.5, 0.0, repeat_spans=0)
+
+
+def test_induction_sequences_copy_drawn_spans_into_natural_text():
+    """An induction sequence is a natural crop whose repeats copy spans first overwritten by tokens drawn
+    from the stream's frequencies. With stream positions as tokens (every token distinct) the crop is
+    a run of consecutive positions, a drawn token mostly lies outside that run, and a copied pair (two
+    tokens also side by side 300 or more tokens earlier) is a copy."""
+    text = bytes(range(32, 127)).decode() * 60
+    data = TrainingData([list(range(len(text)))], [text], -1, char_encode,
+                        DataMix(0.0, 0.0, repeat_spans=12, repeat_min_distance=300, induction=1.0), 0)
+    ids, kind = data.sequence(np.random.default_rng(1), 1025)
+    assert kind == "induction" and ids.shape == (1025,)
+    shift = ids - np.arange(ids.size)
+    base = int(np.bincount(shift - shift.min()).argmax() + shift.min())  # the crop's own offset
+    assert np.mean(shift == base) > 0.5  # mostly natural text (the crop)
+    outside = (ids < base) | (ids >= base + ids.size)  # drawn tokens (a plain repeat copies only crop tokens)
+    assert outside.sum() >= 12 * 8  # source and copy of many drawn spans
+    first = {}
+    for j in range(1, ids.size):
+        first.setdefault((int(ids[j - 1]), int(ids[j])), j)
+    copied = [j for j in range(1, ids.size) if outside[j] and first[(int(ids[j - 1]), int(ids[j]))] <= j - 300]
+    assert len(copied) >= 12 * 7 // 2  # drawn tokens whose pair occurred 300 or more tokens before: copies
+    mixed = small_data(DataMix(0.3, 0.3, induction=0.4))
+    kinds = [mixed.sequence(np.random.default_rng(s), 65)[1] for s in range(300)]
+    assert "natural" not in kinds and 0.3 < kinds.count("induction") / 300 < 0.5
+    with pytest.raises(ValueError, match="sum to at most 1, got repeat=0.5, kv=0.3, induction=0.3"):
+        DataMix(0.5, 0.3, induction=0.3)
+
+
+def test_a_mix_without_induction_draws_as_before():
+    """Adding the induction kind changed no earlier batch: the digest of a default-mix batch is the one
+    it had before the kind existed (computed then, commit ac2619e)."""
+    import hashlib
+
+    batch = small_data().batch_at(5, 4, 257)
+    assert hashlib.sha256(batch.numpy().tobytes()).hexdigest()[:16] == GOLDEN_BATCH
 
 
 def test_kv_sequences_define_then_query_their_keys():

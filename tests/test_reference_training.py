@@ -104,6 +104,10 @@ def test_write_card(tmp_path):
     text = write_card(tmp_path, evals, summary | {"earlier_stages": [stage]}, tasks).read_text()
     assert "20 % repeats (16 spans each, 256 tokens back or more), learning rate up to 0.001 again" in text
     assert "20 % repeats (16 spans each, 512 tokens back or more), learning rate up to 0.001, the first 600" in text
+    summary["config"].update(recall_induction_share=0.3)  # so is a share of induction sequences
+    text = write_card(tmp_path, evals, summary, tasks).read_text()
+    assert ("20 % repeats (16 spans each, 256 tokens back or more), 30 % induction sequences (the same repeats of "
+            "frequency-drawn spans), learning rate up to 0.001 again") in text
 
 
 def test_earlier_stages_follow_the_chain_of_training_summaries(tmp_path):
@@ -277,6 +281,10 @@ def test_shares_and_learning_rates_are_checked_before_anything_is_written(tmp_pa
     assert r.exit_code == 2 and "repeat_spans=0" in r.stderr and not out.exists()
     far = TrainConfig(recall_repeat_spans=16, recall_repeat_min_distance=512).recall_mix()
     assert (far.repeat_spans, far.repeat_min_distance, far.dense_kv) == (16, 512, True)
+    assert TrainConfig(recall_induction_share=0.2).recall_mix().induction == 0.2
+    r = CliRunner().invoke(app, ["train-reference", "--out-dir", str(out), "--init-from", "reference",
+                                 "--recall-steps", "5", "--recall-induction-share", "0.5"])  # 0.6 + 0.2 + 0.5 > 1
+    assert r.exit_code == 2 and "induction=0.5" in r.stderr and not out.exists()
 
 
 def test_load_start_copies_bf16_weights_and_refuses_another_shape():

@@ -160,6 +160,7 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                     recall_lr: float = TrainConfig.recall_lr,
                     recall_repeat_spans: int = TrainConfig.recall_repeat_spans,
                     recall_repeat_min_distance: int = TrainConfig.recall_repeat_min_distance,
+                    recall_induction_share: float = TrainConfig.recall_induction_share,
                     init_from: str = "") -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
@@ -182,6 +183,9 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
         recall_repeat_spans, recall_repeat_min_distance: spans copied forward in each of the recall
             stage's repeat sequences, and their shortest distance in tokens (each ≥ 1; the distances
             are log-uniform up to the crop length).
+        recall_induction_share: share of the recall stage's induction sequences (repeats as
+            above whose source spans are first replaced by tokens drawn by their frequency in the
+            training stream; :mod:`truncsens.models.reference.data`); in [0, 1], with the other shares summing to ≤ 1.
         init_from: ``""`` (train the main stage), ``"reference"`` (the bundled weights) or an exported model
             folder: start at the recall stage from those weights and tokenizer (``TrainConfig.init_from``).
 
@@ -198,5 +202,5 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                       recall_name_words=recall_name_words, recall_kv_share=recall_kv_share,
                       recall_repeat_share=recall_repeat_share, recall_lr=recall_lr,
                       recall_repeat_spans=recall_repeat_spans, recall_repeat_min_distance=recall_repeat_min_distance,
-                      init_from=init_from)
+                      recall_induction_share=recall_induction_share, init_from=init_from)
     return build_reference(cfg, install)

@@ -23,6 +23,7 @@ def train_reference(
     recall_lr: float = typer.Option(1e-3, help="Peak learning rate of the recall stage (cosine decay to the main stage's floor)."),
     recall_repeat_spans: int = typer.Option(4, help="Spans copied forward in each of the recall stage's repeat sequences."),
     recall_repeat_min_distance: int = typer.Option(64, help="Shortest distance of those copies in tokens (log-uniform up to the crop length)."),
+    recall_induction_share: float = typer.Option(0.0, help="Share of the recall stage's sequences whose repeated spans are first replaced by frequency-drawn tokens (induction sequences; data.py)."),
     init_from: str = typer.Option("", help="Start at the recall stage from this exported model folder's weights and tokenizer ('reference': the bundled model), skipping the main stage."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
@@ -39,7 +40,8 @@ def train_reference(
                                           recall_name_words=recall_name_words, recall_kv_share=recall_kv_share,
                                           recall_repeat_share=recall_repeat_share, recall_lr=recall_lr,
                                           recall_repeat_spans=recall_repeat_spans,
-                                          recall_repeat_min_distance=recall_repeat_min_distance, init_from=init_from)
+                                          recall_repeat_min_distance=recall_repeat_min_distance,
+                                          recall_induction_share=recall_induction_share, init_from=init_from)
         if not summary["finished"]:
             typer.echo(f"stopped at step {summary['steps']} of {max_steps + recall_steps} ({summary['minutes']:.1f} minutes so far); "
                        f"run the same command again to resume from {out_dir / 'checkpoint.pt'}")

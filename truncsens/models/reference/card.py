@@ -23,9 +23,12 @@ def _recall_schedule(cfg: dict) -> str:
 
 
 def _repeat_form(cfg: dict) -> str:
-    """How the recall stage's repeats were drawn, where not the default 4 spans from 64 tokens back."""
+    """How the recall stage's repeats were drawn, where not the default 4 spans from 64 tokens back, and
+    its share of induction sequences (data.py), where it has any."""
     spans, distance = cfg.get("recall_repeat_spans") or 4, cfg.get("recall_repeat_min_distance") or 64
-    return "" if (spans, distance) == (4, 64) else f" ({spans} spans each, {distance} tokens back or more)"
+    form = "" if (spans, distance) == (4, 64) else f" ({spans} spans each, {distance} tokens back or more)"
+    share = cfg.get("recall_induction_share") or 0
+    return form + (f", {100 * share:.0f} % induction sequences (the same repeats of frequency-drawn spans)" if share else "")
 
 
 def _earlier(stages: list[dict]) -> str:

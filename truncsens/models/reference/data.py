@@ -4,7 +4,7 @@ plus a share of synthetic sequences that reward retrieval from far back.
 Every batch is a pure function of ``(seed, step)`` (:func:`batch_at`), so a run stopped at any step
 and resumed from its checkpoint draws exactly the batches an uninterrupted run draws.
 
-Three kinds of sequence of L + 1 tokens (shares in :class:`DataMix`):
+Four kinds of sequence of L + 1 tokens (shares in :class:`DataMix`):
 
 - ``natural``: a crop of the token stream of the training documents (documents joined by the
   end-of-text token); crops start at a document's first token when the document is long enough
@@ -14,6 +14,13 @@ Three kinds of sequence of L + 1 tokens (shares in :class:`DataMix`):
   finding the earlier occurrence: the pattern an induction head completes (Olsson et al. 2022,
   "In-context learning and induction heads", arXiv 2209.11895), which forms earlier in small models
   when such repeats are frequent.
+- ``induction``: a natural crop in which spans are copied forward as in ``repeat``, but each source
+  span is first overwritten by tokens drawn independently from the training stream (its token
+  frequencies, no other structure). A drawn span cannot be guessed from its words, so its copy can
+  be predicted only by finding the earlier occurrence of the tokens before it: the repeated random
+  tokens on which Olsson et al. 2022 (above) first see induction heads. The text around the spans
+  stays natural, so the model need not hedge between natural and random text at the start of a
+  sequence. Share 0 by default (a mix without it draws every batch as before it).
 - ``kv``: key–value recall text: ``name = "value"`` definitions at the top, training code as filler,
   then ``assert name == "value"`` queries for a random subset of the keys, scattered through the
   rest of the sequence. Names join two identifiers of the training code (``parse_buffer``); they
@@ -58,10 +65,12 @@ class DataMix:
     name_words: int = DENSE_NAME_WORDS  # name parts of the dense format: the first name_words words
     repeat_spans: int = 4  # spans copied forward in each repeat sequence (add_repeats)
     repeat_min_distance: int = 64  # tokens: the shortest copy distance (log-uniform up to the crop length)
+    induction: float = 0.0  # share of induction sequences (repeats of frequency-drawn spans; same spans and distances)
 
     def __post_init__(self) -> None:
-        if not (0 <= self.repeat and 0 <= self.kv and self.repeat + self.kv <= 1):
-            raise ValueError(f"shares must be >= 0 and sum to at most 1, got repeat={self.repeat}, kv={self.kv}")
+        if not (0 <= self.repeat and 0 <= self.kv and 0 <= self.induction and self.repeat + self.kv + self.induction <= 1):
+            raise ValueError(f"shares must be >= 0 and sum to at most 1, got repeat={self.repeat}, kv={self.kv}, "
+                             f"induction={self.induction}")
         if self.name_words < 2:
             raise ValueError(f"the dense recall format needs at least 2 name words, got name_words={self.name_words}")
         if self.repeat_spans < 1 or self.repeat_min_distance < 1:
@@ -163,10 +172,13 @@ def kv_dense_text(rng: np.random.Generator, words: Sequence[str], filler: Callab
 
 
 def add_repeats(ids: np.ndarray, rng: np.random.Generator, n_spans: int = 4, min_span: int = 8,
-                max_span: int = 48, min_distance: int = 64) -> np.ndarray:
+                max_span: int = 48, min_distance: int = 64,
+                draw: Callable[[np.random.Generator, int], np.ndarray] | None = None) -> np.ndarray:
     """Copy ``n_spans`` spans of ``ids`` [L + 1] forward by log-uniform distances in [min_distance, L];
     returns a new array (the input is not changed). A crop too short for a span at ``min_distance``
-    gets no more spans."""
+    gets no more spans. With ``draw`` ((rng, m) -> m token ids), each source span is first
+    overwritten by ``draw(rng, m)``, then copied (the ``induction`` kind); without it the draws of
+    ``rng`` are those of the kinds before it."""
     out = ids.copy()
     L = out.size
     for _ in range(n_spans):
@@ -176,6 +188,8 @@ def add_repeats(ids: np.ndarray, rng: np.random.Generator, n_spans: int = 4, min
             break
         d = int(math.exp(rng.uniform(math.log(min_distance), math.log(hi))))
         s = int(rng.integers(0, L - d - m))
+        if draw is not None:
+            out[s : s + m] = draw(rng, m)
         out[s + d : s + d + m] = out[s : s + m]
     return out
 
@@ -216,6 +230,11 @@ class TrainingData:
             start = int(rng.integers(0, self.stream.size - length))
         return self.stream[start : start + length]
 
+    def unigram(self, rng: np.random.Generator, length: int) -> np.ndarray:
+        """[length] tokens drawn independently from the training stream (with replacement): the
+        stream's token frequencies and nothing else."""
+        return self.stream[rng.integers(0, self.stream.size, size=length)]
+
     def filler(self, rng: np.random.Generator) -> Callable[[int], str]:
         """n -> about n tokens (4 characters each) of a random training document's text."""
         def take(n: int) -> str:
@@ -227,8 +246,9 @@ class TrainingData:
         return take
 
     def sequence(self, rng: np.random.Generator, length: int, mix: DataMix | None = None) -> tuple[np.ndarray, str]:
-        """One sequence of ``length`` tokens and its kind ("natural", "repeat" or "kv"), drawn with
-        ``mix`` (default: the data's own)."""
+        """One sequence of ``length`` tokens and its kind ("natural", "repeat", "induction" or "kv"),
+        drawn with ``mix`` (default: the data's own). One uniform draw picks the kind by the shares in
+        the order kv, repeat, induction, natural (so a mix without induction draws as before it)."""
         mix = mix or self.mix
         u = rng.random()
         if u < mix.kv:
@@ -238,6 +258,9 @@ class TrainingData:
         if u < mix.kv + mix.repeat:
             return add_repeats(self.natural(rng, length), rng, n_spans=mix.repeat_spans,
                                min_distance=mix.repeat_min_distance), "repeat"
+        if u < mix.kv + mix.repeat + mix.induction:
+            return add_repeats(self.natural(rng, length), rng, n_spans=mix.repeat_spans,
+                               min_distance=mix.repeat_min_distance, draw=self.unigram), "induction"
         return self.natural(rng, length).copy(), "natural"
 
     def batch_at(self, step: int, batch_size: int, length: int, mix: DataMix | None = None) -> torch.Tensor:

@@ -66,7 +66,7 @@ def load_start(model, weights: dict, init_from: str) -> None:
 
 
 STAGE_FIELDS = ("init_from", "recall_steps", "recall_warm_steps", "recall_kv_share", "recall_repeat_share",
-                "recall_repeat_spans", "recall_repeat_min_distance", "recall_lr", "seed")  # what the card says of an earlier recall stage
+                "recall_repeat_spans", "recall_repeat_min_distance", "recall_induction_share", "recall_lr", "seed")  # what the card says of an earlier recall stage
 
 
 def earlier_stages(init_from: str) -> list[dict]:

@@ -88,6 +88,7 @@ class TrainConfig:
     recall_kv_share: float = 0.6
     recall_repeat_spans: int = 4  # spans per repeat sequence of the recall stage (data.add_repeats)
     recall_repeat_min_distance: int = 64  # tokens: the recall stage's shortest repeat distance
+    recall_induction_share: float = 0.0  # share of induction sequences in the recall stage (data.py; same spans and distances)
     init_from: str = ""  # "" (train the main stage), "reference" or an exported model folder (recall stage only)
     seed: int = 0
     bf16_autocast: bool = False  # slower than float32 on CPUs without bfloat16 instructions
@@ -117,7 +118,8 @@ class TrainConfig:
             ValueError: shares below 0 or summing above 1, fewer than 2 name words, no span or distance.
         """
         return DataMix(self.recall_repeat_share, self.recall_kv_share, dense_kv=True, name_words=self.recall_name_words,
-                       repeat_spans=self.recall_repeat_spans, repeat_min_distance=self.recall_repeat_min_distance)
+                       repeat_spans=self.recall_repeat_spans, repeat_min_distance=self.recall_repeat_min_distance,
+                       induction=self.recall_induction_share)
 
     @property
     def total_steps(self) -> int:
