@@ -2,8 +2,8 @@
 misses the copy aim). Not a speed benchmark.
 
 Each probe is a crop of N tokens of held-out code (the builtin ``code`` corpus, held-out split) whose
-last S = 24 tokens are overwritten by a copy of the S tokens that end D + S tokens before the end: the
-context ends with a span that occurred exactly D tokens earlier. A model that copies (an induction
+last S = 24 tokens are overwritten by a copy of the S tokens that begin D tokens before them: the
+context ends with a span whose every token stood exactly D tokens earlier. A model that copies (an induction
 head: find the earlier occurrence of the current tokens, predict what followed) predicts every copied
 token after the first few; the probe scores the model's top-1 prediction of the copied tokens 5..S
 (after four copied tokens, the span is unambiguous). Two kinds of span:
@@ -51,6 +51,14 @@ def probe_sequence(stream, rng, n: int, distance: int, drawn: bool):
     return seq
 
 
+def copied_hits(pred, seq) -> int:
+    """How many of the scored copied tokens of probe ``seq`` [n] the predictions ``pred`` [SPAN] get
+    right; ``pred[i]`` is the prediction made at position n - SPAN - 1 + i, that is of token
+    ``seq[n - SPAN + i]`` (copied tokens SCORED_FROM + 1 .. SPAN are scored)."""
+    n = len(seq)
+    return int((pred[SCORED_FROM:] == seq[n - SPAN + SCORED_FROM:]).sum())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="reference")
@@ -93,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     seq = probe_sequence(stream, rng, n, d, kind == "drawn")
                     ids = torch.from_numpy(seq)[None].to(loaded.device)  # [1, n]
                     logits = loaded.model(input_ids=ids).logits[0, n - SPAN - 1:n - 1]  # [SPAN, V]: predictions of the copy
-                    pred = logits.argmax(-1).cpu().numpy()
-                    hits += int((pred[SCORED_FROM:] == seq[n - SPAN + SCORED_FROM:]).sum())
+                    hits += copied_hits(logits.argmax(-1).cpu().numpy(), seq)
                 total = args.probes * (SPAN - SCORED_FROM)
                 rows.append({"kind": kind, "distance": d, "correct": hits, "scored": total, "accuracy": hits / total})
     print(f"copied-span accuracy (tokens {SCORED_FROM + 1}..{SPAN} of each copy), N = {n}, {args.probes} probes, {loaded.name}")

@@ -103,6 +103,8 @@ STEPS = [
                              "--out results/copy-oracle-span.json", ("results/copy-oracle-span.json",)),
     Step("copy-oracle-span-shorter", "for n in 256 512 1024; do python benchmarks/copy_oracle.py --reference-context $n "
                                      "--copy-rule span; done"),
+    Step("induction-probe", "python benchmarks/induction_probe.py --out results/induction-probe.json",
+         ("results/induction-probe.json",)),
     Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
          ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png")),
     Step("certify-attribution-max", "truncsens certify-attribution --domain code --reference-context 2048 --kv-docs 64 "
