@@ -15,7 +15,7 @@ token after the first few; the probe scores the model's top-1 prediction of the 
 
 A pure copier scores 100 % on both at every D. The probes depend on ``--seed`` only.
 
-Usage (about 1 minute per model on 2 CPU cores with the defaults)::
+Usage (about 3 minutes per model on 2 CPU cores with the defaults)::
 
     python benchmarks/induction_probe.py [--model PATH] [--reference-context 2048] \
         [--distance 32 --distance 512 ...] [--probes 16] [--out results/induction-probe.json]
@@ -61,7 +61,7 @@ def copied_hits(pred, seq) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="reference")
+    ap.add_argument("--model", default="reference", help="model id or folder (default: the bundled reference model)")
     ap.add_argument("--reference-context", type=int, default=2048, help="N: tokens per probe")
     ap.add_argument("--distance", type=int, action="append", default=None,
                     help=f"copy distance D in tokens (repeatable; default {', '.join(map(str, DISTANCES))})")

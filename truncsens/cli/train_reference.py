@@ -23,7 +23,7 @@ def train_reference(
     recall_lr: float = typer.Option(1e-3, help="Peak learning rate of the recall stage (cosine decay to the main stage's floor)."),
     recall_repeat_spans: int = typer.Option(4, help="Spans copied forward in each of the recall stage's repeat sequences."),
     recall_repeat_min_distance: int = typer.Option(64, help="Shortest distance of those copies in tokens (log-uniform up to the crop length)."),
-    recall_induction_share: float = typer.Option(0.0, help="Share of the recall stage's sequences whose repeated spans are first replaced by frequency-drawn tokens (induction sequences; data.py)."),
+    recall_induction_share: float = typer.Option(0.0, help="Share of the recall stage's sequences whose repeated spans are first replaced by frequency-drawn tokens (induction sequences, truncsens/models/reference/data.py); with --recall-kv-share and --recall-repeat-share it sums to at most 1."),
     init_from: str = typer.Option("", help="Start at the recall stage from this exported model folder's weights and tokenizer ('reference': the bundled model), skipping the main stage."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
