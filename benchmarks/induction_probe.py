@@ -83,14 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from truncsens.corpora import load_corpus
+    from truncsens.engine.documents import tokenize_documents
     from truncsens.models import load_model
 
     loaded = load_model(args.model)
-    docs = load_corpus(domain="code", split="heldout").documents
-    eos = loaded.tokenizer.eos_token_id
-    pieces = [loaded.tokenizer(d.text, add_special_tokens=False)["input_ids"] + ([eos] if eos is not None else [])
-              for d in docs]
-    stream = np.asarray([t for p in pieces for t in p], dtype=np.int64)  # [T] held-out code tokens
+    docs = tokenize_documents(load_corpus(domain="code", split="heldout").documents, loaded.tokenizer)
+    eos = [] if loaded.tokenizer.eos_token_id is None else [loaded.tokenizer.eos_token_id]
+    stream = np.concatenate([np.asarray([*d.ids.tolist(), *eos], dtype=np.int64) for d in docs])  # [T] held-out code, documents joined by EOS
     rng = np.random.default_rng(args.seed)
     rows = []
     with torch.no_grad():
