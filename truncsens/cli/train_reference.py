@@ -13,7 +13,7 @@ def train_reference(
     out_dir: Path = typer.Option(Path("runs/reference"), help="Working folder (checkpoint, training log, exported model)."),
     minutes: float = typer.Option(170.0, help="Wall-clock budget of this call: the run checkpoints and stops; run again to resume."),
     max_steps: int = typer.Option(2000, help="Optimizer steps of the main stage (its learning rate reaches its floor there)."),
-    recall_steps: int = typer.Option(0, help="Optimizer steps of a recall stage after it (dense key-value recall; 0: none; the installed model: 800, see docs/reference-model.md)."),
+    recall_steps: int = typer.Option(0, help="Optimizer steps of a recall stage after it (dense key-value recall; 0: none; the installed model's three recall stages: 800, 1000 and 600, see docs/reference-model.md)."),
     recall_warm_context: int = typer.Option(512, help="Crop length of the recall stage's first --recall-warm-steps steps."),
     recall_warm_steps: int = typer.Option(150, help="Steps of the recall stage on shorter crops."),
     recall_warm_doublings: int = typer.Option(0, help="Split those steps in n + 1 equal phases whose crops double from --recall-warm-context (0: one phase)."),

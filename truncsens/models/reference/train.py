@@ -41,9 +41,10 @@ class TrainConfig:
     ``recall_lr`` and decayed to ``min_lr``; its first ``recall_warm_steps`` steps use
     ``recall_warm_context``-token crops (more of them per step), where recall is learnt at short
     distances first, as in the main stage's warm phase. The main stage alone (2,000 steps) left the
-    model at chance on key–value recall. The installed model adds a recall stage of 800 steps (warm
-    crops of 256 tokens doubling in 3 phases over 600 steps, names from 20 words), trained from the
-    main stage's exported weights (``init_from``); the defaults below keep the fields' earlier values,
+    model at chance on key–value recall. The installed model adds three recall stages, each trained
+    from the exported weights of the one before (``init_from``): 800 steps of dense recall (warm
+    crops of 256 tokens doubling in 3 phases over 600 steps, names from 20 words), then 1,000 and
+    600 steps with induction sequences (``recall_induction_share``); the defaults below keep the fields' earlier values,
     which checkpoints written before a field existed ran with (docs/reference-model.md).
     ``max_minutes`` bounds one invocation only (the run checkpoints and stops; the learning-rate
     schedule is by step, so where a run was stopped never changes the result).
@@ -77,7 +78,7 @@ class TrainConfig:
     kv_share: float = 0.2
     eval_every: int = 100
     eval_sequences: int = 16
-    recall_steps: int = 0  # the installed model: 800 (docs/reference-model.md)
+    recall_steps: int = 0  # the installed model's stages: 800, 1000, 600 (docs/reference-model.md)
     recall_warm_context: int = 512  # the recall stage's first recall_warm_steps steps train on crops this long
     recall_warm_steps: int = 150
     recall_warm_doublings: int = 0  # > 0: the warm steps in n + 1 equal phases of crops w, 2w, ..., 2^n w (w above)
