@@ -19,7 +19,7 @@ quote numbers from a JSON file are edited by hand from the kept output; the page
 Usage::
 
     python reproduce/reference_numbers.py --list
-    nohup python reproduce/reference_numbers.py > runs/numbers.log 2>&1 &    # hours on 2 CPU cores
+    nohup python reproduce/reference_numbers.py > runs/numbers.log 2>&1 &    # about 50 minutes on 2 CPU cores
     python reproduce/reference_numbers.py --only plan,certify                 # some steps (and what they need)
     python reproduce/reference_numbers.py --update-docs                        # rewrite the marked blocks
 """
