@@ -107,6 +107,10 @@ STEPS = [
          ("results/induction-probe.json",)),
     Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
          ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png")),
+    Step("certify-attribution-max-kv8", "truncsens certify-attribution --domain code --reference-context 2048 "
+                                        "--out results/reference-code-attribution-2048-kv8.nc",
+         ("results/reference-code-attribution-2048-kv8.nc", "results/reference-code-attribution-2048-kv8-recomputation.png")),
+    Step("recall-accuracy-64", "python benchmarks/recall_accuracy.py --model reference --kv-docs 64"),
     Step("certify-attribution-max", "truncsens certify-attribution --domain code --reference-context 2048 --kv-docs 64 "
                                     "--out results/reference-code-attribution-2048.nc",
          ("results/reference-code-attribution-2048.nc", "results/reference-code-attribution-2048-recomputation.png")),
