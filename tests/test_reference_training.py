@@ -10,7 +10,7 @@ import pytest
 
 from conftest import requires_reference
 from truncsens.api.reference import doc_clustered_mean_se
-from truncsens.models.reference.card import write_card
+from truncsens.models.reference.card import training_runs, write_card
 from truncsens.models.reference.train import TrainConfig, _lr_at, crop_at
 
 
@@ -64,71 +64,121 @@ def test_doc_clustered_mean_se_by_hand():
     assert se == pytest.approx(math.sqrt(3 / 2 * (resid**2).sum()) / 4)
 
 
+CARD_EVALS = [{"domain": "code", "n_docs": 3, "n_targets": 12,
+               "nll": {"16": [3.5, 0.1], "64": [3.2, 0.1], "256": [3.0, 0.1], "1024": [2.9, 0.1]},
+               "gain_shortest_to_max": [0.6, 0.05], "gain_to_max": {"16": [0.6, 0.05], "64": [0.3, 0.04], "256": [0.1, 0.02]}}]
+CARD_TASKS = {"reference_context": 2048, "copy": {"correct": 45, "n": 60, "accuracy": 0.75},
+              "kv": {"correct": 5, "n": 8, "accuracy": 0.625}}
+
+
+def card_summary() -> dict:
+    """A run trained from scratch: 10 steps (the main stage's 8, then a recall stage of 2 in the same run)."""
+    return {"parameters": 1234, "steps": 10, "tokens_seen": 5000, "minutes": 2.0,
+            "config": {"num_layers": 2, "hidden_size": 8, "num_heads": 2, "intermediate_size": 16,
+                       "vocab_size": 64, "context": 1024, "batch_size": 2, "seed": 0, "max_steps": 8, "lr": 3e-3,
+                       "warm_steps": 4, "warm_context": 512, "repeat_share": 0.2, "kv_share": 0.2,
+                       "recall_steps": 2, "recall_kv_share": 0.6, "recall_repeat_share": 0.2, "recall_lr": 1e-3}}
+
+
 def test_write_card(tmp_path):
-    evals = [{"domain": "code", "n_docs": 3, "n_targets": 12,
-              "nll": {"16": [3.5, 0.1], "64": [3.2, 0.1], "256": [3.0, 0.1], "1024": [2.9, 0.1]},
-              "gain_shortest_to_max": [0.6, 0.05], "gain_to_max": {"16": [0.6, 0.05], "64": [0.3, 0.04], "256": [0.1, 0.02]}}]
-    summary = {"parameters": 1234, "steps": 10, "tokens_seen": 5000, "minutes": 2.0,
-               "config": {"num_layers": 2, "hidden_size": 8, "num_heads": 2, "intermediate_size": 16,
-                          "vocab_size": 64, "context": 1024, "batch_size": 2, "seed": 0, "recall_steps": 30,
-                          "recall_kv_share": 0.6, "recall_repeat_share": 0.2, "recall_lr": 1e-3}}
-    tasks = {"reference_context": 2048, "copy": {"correct": 45, "n": 60, "accuracy": 0.75},
-             "kv": {"correct": 5, "n": 8, "accuracy": 0.625}}
-    path = write_card(tmp_path, evals, summary, tasks)
-    text = path.read_text()
+    text = write_card(tmp_path, CARD_EVALS, card_summary(), CARD_TASKS).read_text()
     assert "| NLL | 3.500 ± 0.100 | 3.200 ± 0.100 | 3.000 ± 0.100 | 2.900 ± 0.100 | 0.600 ± 0.050 |" in text
     assert "| parameters | 1,234 |" in text
     assert "| gain of max over c | 0.600 ± 0.050 | 0.300 ± 0.040 | 0.100 ± 0.020 | 0 | |" in text
     assert "| long-range copy | 45 | 60 | 75.0 % |" in text and "| key-value recall | 5 | 8 | 62.5 % |" in text
     assert "(N = 2048)" in text
-    assert "| recall stage | the last 30 steps: 60 % dense key-value recall, 20 % repeats, learning rate up to 0.001 again |" in text
-    summary["config"].update(recall_warm_steps=12, recall_warm_context=384, recall_warm_doublings=2, recall_name_words=20)
-    text = write_card(tmp_path, evals, summary, tasks).read_text()
-    assert ("| recall stage | the last 30 steps: 60 % dense key-value recall, 20 % repeats, learning rate up to 0.001 "
-            "again; the first 12 on 384-token crops doubling in 3 phases; names from 20 words |") in text
     assert json.loads((tmp_path / "eval.json").read_text())["evaluations"][0]["domain"] == "code"
-    assert "started from" not in text
-    summary["config"].update(init_from="reference", max_steps=2000)
-    text = write_card(tmp_path, evals, summary | {"init_sha256": "ab" * 32}, tasks).read_text()
-    assert ("| started from | `reference` (checkpoint sha256 abababababababab…, the `model_sha256` of its results) at "
-            "step 2000, fresh optimizer: the main stage's steps are that model's |") in text
-    assert "| tokens seen | 5,000 (the recall stage) |" in text and "(the recall stage; the main stage" in text
-    assert "earlier recall stages" not in text
-    stage = {"init_from": "reference", "recall_steps": 800, "recall_warm_steps": 600, "recall_kv_share": 0.6,
-             "recall_repeat_share": 0.2, "recall_lr": 1e-3, "seed": 0, "minutes": 99.4, "init_sha256": "cd" * 32}
-    text = write_card(tmp_path, evals, summary | {"init_sha256": "ab" * 32, "earlier_stages": [stage]}, tasks).read_text()
-    assert ("| earlier recall stages | 800 steps from `reference` (sha256 cdcdcdcdcdcdcdcd…): 60 % dense key-value "
-            "recall, 20 % repeats, learning rate up to 0.001, the first 600 on shorter crops, seed 0, 99 minutes |") in text
-    summary["config"].update(recall_repeat_spans=16, recall_repeat_min_distance=256)  # dense far repeats are named
-    stage |= {"recall_repeat_spans": 16, "recall_repeat_min_distance": 512}
-    text = write_card(tmp_path, evals, summary | {"earlier_stages": [stage]}, tasks).read_text()
-    assert "20 % repeats (16 spans each, 256 tokens back or more), learning rate up to 0.001 again" in text
-    assert "20 % repeats (16 spans each, 512 tokens back or more), learning rate up to 0.001, the first 600" in text
-    summary["config"].update(recall_induction_share=0.3)  # so is a share of induction sequences
-    text = write_card(tmp_path, evals, summary, tasks).read_text()
-    assert ("20 % repeats (16 spans each, 256 tokens back or more), 30 % induction sequences (the same repeats of "
-            "frequency-drawn spans), learning rate up to 0.001 again") in text
+    # one run from scratch: the main stage and its own recall stage in one row
+    assert "| optimizer steps | 10 in 1 runs (batch 2 x 1024 tokens) |" in text
+    assert ("| main + recall | random initialisation | 10 | 5,000 | 20 % long-range repeats, 20 % key-value recall, the "
+            "rest corpus text; 512-token crops for 4 steps, then 1024; then, in the same run, a recall stage of 2 steps: "
+            "60 % dense key-value recall, 20 % repeats, the rest corpus text | 0.003, then 0.001 | 0 | 2 |") in text
+    assert "| all | | 10 | 5,000 | | | | 2 (0.0 hours) |" in text
 
 
-def test_earlier_stages_follow_the_chain_of_training_summaries(tmp_path):
-    from truncsens.models.reference.start import earlier_stages
+def test_card_lists_every_run_of_a_chain_with_totals(tmp_path):
+    """A run started from another model: the main stage and the earlier recall stages its summary
+    carries, one row each, and the totals over all of them; a missing record makes them 'at least'."""
+    main = {"max_steps": 2000, "warm_steps": 400, "warm_context": 512, "repeat_share": 0.2, "kv_share": 0.2,
+            "lr": 3e-3, "seed": 0, "context": 2048, "steps": 2000, "minutes": 305.2, "tokens_seen": 16_384_000}
+    first = {"init_from": "reference", "recall_steps": 800, "recall_warm_steps": 600, "recall_warm_context": 256,
+             "recall_warm_doublings": 2, "recall_name_words": 20, "recall_kv_share": 0.6, "recall_repeat_share": 0.2,
+             "recall_lr": 1e-3, "seed": 0, "minutes": 99.4, "tokens_seen": 6_553_600, "init_sha256": "cd" * 32,
+             "stage_name": "recall"}
+    summary = card_summary()
+    summary["config"] |= {"init_from": "runs/recall/final", "recall_steps": 30, "recall_warm_steps": 0,
+                          "recall_repeat_spans": 16, "recall_repeat_min_distance": 512, "recall_induction_share": 0.3,
+                          "seed": 4, "stage_name": "far"}
+    summary |= {"steps": 2030, "tokens_seen": 5000, "minutes": 2.4, "init_sha256": "ab" * 32,
+                "main_stage": main, "earlier_stages": [first]}
+    text = write_card(tmp_path, CARD_EVALS, summary, CARD_TASKS).read_text()
+    assert ("| main | random initialisation | 2,000 | 16,384,000 | 20 % long-range repeats, 20 % key-value recall, the "
+            "rest corpus text; 512-token crops for 400 steps, then 2048 | 0.003 | 0 | 305 |") in text
+    assert ("| recall | main (sha256 cdcdcdcdcdcdcdcd…) | 800 | 6,553,600 | 60 % dense key-value recall, 20 % repeats, "
+            "the rest corpus text; the first 600 on 256-token crops doubling in 3 phases; names from 20 words "
+            "| 0.001 | 0 | 99 |") in text
+    assert ("| far | recall (sha256 abababababababab…) | 30 | 5,000 | 60 % dense key-value recall, 20 % repeats (16 spans "
+            "each, 512 tokens back or more), 30 % induction sequences (the same repeats of frequency-drawn spans), the "
+            "rest corpus text | 0.001 | 4 | 2 |") in text
+    assert "| all | | 2,830 | 22,942,600 | | | | 407 (6.8 hours) |" in text
+    assert "| optimizer steps | 2,830 in 3 runs (batch 2 x 1024 tokens) |" in text
+    assert "| tokens seen | 22,942,600 |" in text
+    assert "| training time | 407 minutes on 2 CPU cores (float32); the last run 2 minutes, seed 4" in text
+    # a starting model whose summary predates the records: its main stage is not recorded, totals are lower bounds
+    del summary["main_stage"]
+    first.pop("tokens_seen")
+    text = write_card(tmp_path, CARD_EVALS, summary, CARD_TASKS).read_text()
+    assert ("| main | random initialisation | not recorded | not recorded | not recorded in the starting model's summary "
+            "| not recorded | not recorded | not recorded |") in text
+    assert "| recall | `reference` (sha256 cdcdcdcdcdcdcdcd…) | 800 | not recorded |" in text
+    assert "| all | | at least 830 | at least 5,000 | | | | at least 102 (1.7 hours) |" in text
+    assert "| optimizer steps | at least 830 in 3 runs" in text
 
-    assert earlier_stages(str(tmp_path)) == []  # no training_summary.json
-    scratch, first, second = tmp_path / "scratch", tmp_path / "first", tmp_path / "second"
-    scratch.mkdir(), first.mkdir(), second.mkdir()
-    (scratch / "training_summary.json").write_text(json.dumps({"minutes": 305.0, "config": {"init_from": ""}}))
-    assert earlier_stages(str(scratch)) == []  # trained from scratch: the main stage is no earlier recall stage
-    cfg = {"init_from": "reference", "recall_steps": 800, "recall_warm_steps": 600, "recall_kv_share": 0.6,
-           "recall_repeat_share": 0.2, "recall_lr": 1e-3, "seed": 0, "max_steps": 2000}
-    (first / "training_summary.json").write_text(json.dumps(
-        {"minutes": 99.0, "config": cfg, "init_sha256": "aa", "earlier_stages": []}))
-    one = {k: cfg[k] for k in cfg if k != "max_steps"} | {"minutes": 99.0, "init_sha256": "aa"}
-    assert earlier_stages(str(first)) == [one]
-    (second / "training_summary.json").write_text(json.dumps(
-        {"minutes": 40.0, "config": cfg | {"init_from": str(first), "recall_steps": 400, "seed": 1},
-         "init_sha256": "bb", "earlier_stages": [one]}))
-    two = one | {"init_from": str(first), "recall_steps": 400, "seed": 1, "minutes": 40.0, "init_sha256": "bb"}
-    assert earlier_stages(str(second)) == [one, two]
+
+def test_rewrite_card_keeps_the_evaluations_and_names_missing_files(tmp_path):
+    from truncsens.api.reference import rewrite_card
+
+    write_card(tmp_path, CARD_EVALS, card_summary(), CARD_TASKS)
+    (tmp_path / "training_summary.json").write_text(json.dumps(card_summary() | {"minutes": 75.0}))
+    (tmp_path / "README.md").write_text("old card")
+    before = json.loads((tmp_path / "eval.json").read_text())
+    text = rewrite_card(tmp_path).read_text()
+    assert "| all | | 10 | 5,000 | | | | 75 (1.2 hours) |" in text  # the folder's summary, not eval.json's copy
+    after = json.loads((tmp_path / "eval.json").read_text())
+    assert after["evaluations"] == before["evaluations"] and after["tasks"] == before["tasks"]
+    from typer.testing import CliRunner
+
+    from truncsens.cli.main import app
+
+    r = CliRunner().invoke(app, ["train-reference", "--rewrite-card", str(tmp_path)])
+    assert r.exit_code == 0 and "model card written again" in r.stdout
+    (tmp_path / "eval.json").unlink()
+    with pytest.raises(FileNotFoundError, match="eval.json does not exist"):
+        rewrite_card(tmp_path)
+    r = CliRunner().invoke(app, ["train-reference", "--rewrite-card", str(tmp_path)])
+    assert r.exit_code == 2 and "eval.json does not exist" in r.stderr and (tmp_path / "README.md").read_text() == text
+
+
+def test_the_stage_name_is_a_label_not_part_of_the_recipe():
+    named = TrainConfig(stage_name="far-induction")
+    assert "stage_name" not in named.recipe() and named.differences(TrainConfig().recipe(), 2500) == []
+
+
+def test_the_installed_card_is_the_card_of_its_records(tmp_path):
+    """The bundled card is what this version's card writer makes of the bundled eval.json and
+    training_summary.json (regenerated, not edited), and it counts all four runs."""
+    import shutil
+
+    from truncsens import models
+    from truncsens.api.reference import rewrite_card
+
+    for name in ("README.md", "eval.json", "training_summary.json"):
+        shutil.copy(models.REFERENCE_DIR / name, tmp_path / name)
+    assert rewrite_card(tmp_path).read_text() == (models.REFERENCE_DIR / "README.md").read_text()
+    summary = json.loads((models.REFERENCE_DIR / "training_summary.json").read_text())
+    runs = training_runs(summary)
+    assert [r["name"] for r in runs] == ["main", "recall", "induction", "far-induction"]
+    assert [r["steps"] for r in runs] == [2000, 800, 1000, 600]
 
 
 @pytest.mark.slow
@@ -337,3 +387,8 @@ def test_a_run_started_from_an_exported_model_trains_only_the_recall_stage(tmp_p
 
     assert summary["finished"] and summary["init_sha256"] == checkpoint_sha256(main)
     assert summary["earlier_stages"] == []  # the main-stage run started from nothing
+    main_summary = json.loads((main / "training_summary.json").read_text())
+    assert summary["main_stage"] == {"max_steps": 4, "warm_steps": 2, "warm_context": 64, "repeat_share": 0.2,
+                                     "kv_share": 0.2, "lr": 3e-3, "seed": 0, "context": 128, "recall_steps": 0,
+                                     "stage_name": "", "steps": 4, "minutes": main_summary["minutes"],
+                                     "tokens_seen": main_summary["tokens_seen"]}

@@ -161,7 +161,7 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                     recall_repeat_spans: int = TrainConfig.recall_repeat_spans,
                     recall_repeat_min_distance: int = TrainConfig.recall_repeat_min_distance,
                     recall_induction_share: float = TrainConfig.recall_induction_share,
-                    init_from: str = "") -> tuple[Path, Path | None, dict]:
+                    init_from: str = "", stage_name: str = "") -> tuple[Path, Path | None, dict]:
     """``truncsens train-reference``: :func:`build_reference` with the command's options. On 2 CPU cores
     the default recipe takes several sessions of ``minutes``; each call resumes from the checkpoint
     in ``out_dir`` (the result does not depend on where a run was stopped).
@@ -188,6 +188,8 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
             training stream; :mod:`truncsens.models.reference.data`); in [0, 1], with the other shares summing to ≤ 1.
         init_from: ``""`` (train the main stage), ``"reference"`` (the bundled weights) or an exported model
             folder: start at the recall stage from those weights and tokenizer (``TrainConfig.init_from``).
+        stage_name: what the model card calls this run's last stage (``""``: "main" or "recall"); a
+            label only, not part of the recipe.
 
     Returns:
         (final checkpoint folder, install folder or None, training summary).
@@ -202,5 +204,25 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                       recall_name_words=recall_name_words, recall_kv_share=recall_kv_share,
                       recall_repeat_share=recall_repeat_share, recall_lr=recall_lr,
                       recall_repeat_spans=recall_repeat_spans, recall_repeat_min_distance=recall_repeat_min_distance,
-                      recall_induction_share=recall_induction_share, init_from=init_from)
+                      recall_induction_share=recall_induction_share, init_from=init_from, stage_name=stage_name)
     return build_reference(cfg, install)
+
+
+def rewrite_card(folder: str | Path) -> Path:
+    """Write the model card (``README.md``) of an exported reference-model folder again from the
+    evaluations in its ``eval.json`` and its ``training_summary.json``, with the card writer of this
+    version (:func:`~truncsens.models.reference.card.write_card`); nothing is trained or evaluated, and
+    ``eval.json`` keeps its evaluations and task accuracies (its training summary is the folder's).
+
+    Raises:
+        FileNotFoundError: the folder lacks ``eval.json`` or ``training_summary.json`` (a run that has
+            not finished, or a folder that is no reference model's).
+    """
+    folder = Path(folder)
+    for name in ("eval.json", "training_summary.json"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} does not exist: --rewrite-card needs the folder of a finished "
+                                    "train-reference run (its final/ folder) or the installed weights")
+    evaluated = json.loads((folder / "eval.json").read_text())
+    summary = json.loads((folder / "training_summary.json").read_text())
+    return write_card(folder, evaluated["evaluations"], summary, evaluated.get("tasks"))

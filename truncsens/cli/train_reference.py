@@ -26,13 +26,19 @@ def train_reference(
     recall_induction_share: float = typer.Option(0.0, help="Share of the recall stage's sequences whose repeated spans are first replaced by frequency-drawn tokens (induction sequences, truncsens/models/reference/data.py); with --recall-kv-share and --recall-repeat-share it sums to at most 1."),
     init_from: str = typer.Option("", help="Start at the recall stage from this exported model folder's weights and tokenizer ('reference': the bundled model), skipping the main stage."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
+    stage_name: str = typer.Option("", help="What the model card calls this run's last stage (default: 'main', or 'recall' with --init-from); a label, not part of the recipe."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
     install: bool = typer.Option(False, "--install", help="Copy the finished result into truncsens/models/reference/weights."),
+    rewrite_card: Path = typer.Option(None, help="Only write the model card of this exported model folder again, from its eval.json and training_summary.json (no training; the other options are ignored)."),
 ) -> None:
     """Train the reference model (resumable: run again to continue from the checkpoint in --out-dir)."""
+    from truncsens.api.reference import rewrite_card as rewrite
     from truncsens.api.reference import train_reference as train
 
     with user_errors():
+        if rewrite_card is not None:
+            typer.echo(f"model card written again: {rewrite(rewrite_card)}")
+            return
         final, installed, summary = train(out_dir, minutes=minutes, max_steps=max_steps, recall_steps=recall_steps,
                                           seed=seed, install=install, threads=threads,
                                           recall_warm_context=recall_warm_context, recall_warm_steps=recall_warm_steps,
@@ -41,7 +47,8 @@ def train_reference(
                                           recall_repeat_share=recall_repeat_share, recall_lr=recall_lr,
                                           recall_repeat_spans=recall_repeat_spans,
                                           recall_repeat_min_distance=recall_repeat_min_distance,
-                                          recall_induction_share=recall_induction_share, init_from=init_from)
+                                          recall_induction_share=recall_induction_share, init_from=init_from,
+                                          stage_name=stage_name)
         if not summary["finished"]:
             typer.echo(f"stopped at step {summary['steps']} of {max_steps + recall_steps} ({summary['minutes']:.1f} minutes so far); "
                        f"run the same command again to resume from {out_dir / 'checkpoint.pt'}")

@@ -11,15 +11,20 @@ from pathlib import Path
 CARD_CONTEXTS = (16, 64, 256, 1024)  # shorter contexts evaluated beside the model's maximum
 
 
+def _pct(share: float) -> str:
+    return f"{100 * share:.0f} %"
+
+
 def _recall_schedule(cfg: dict) -> str:
-    """The crop schedule and name vocabulary of a recall stage for its card row (``; the first S on
-    W-token crops doubling in n phases; names from K words``), from the fields its config has (a
-    config from before them: an empty string)."""
-    if not cfg.get("recall_warm_steps"):
-        return ""
-    growth = f" doubling in {cfg['recall_warm_doublings'] + 1} phases" if cfg.get("recall_warm_doublings") else ""
-    names = f"; names from {cfg['recall_name_words']} words" if "recall_name_words" in cfg else ""
-    return f"; the first {cfg['recall_warm_steps']} on {cfg['recall_warm_context']}-token crops{growth}{names}"
+    """The crop schedule and name vocabulary of a recall stage (``; the first S on W-token crops
+    doubling in n phases; names from K words``), from the fields its record has: a record without
+    the crop length says ``on shorter crops``; one from before the name vocabulary existed names none."""
+    text = ""
+    if cfg.get("recall_warm_steps"):
+        crops = f"{cfg['recall_warm_context']}-token crops" if "recall_warm_context" in cfg else "shorter crops"
+        growth = f" doubling in {cfg['recall_warm_doublings'] + 1} phases" if cfg.get("recall_warm_doublings") else ""
+        text += f"; the first {cfg['recall_warm_steps']} on {crops}{growth}"
+    return text + (f"; names from {cfg['recall_name_words']} words" if "recall_name_words" in cfg else "")
 
 
 def _repeat_form(cfg: dict) -> str:
@@ -28,17 +33,101 @@ def _repeat_form(cfg: dict) -> str:
     spans, distance = cfg.get("recall_repeat_spans") or 4, cfg.get("recall_repeat_min_distance") or 64
     form = "" if (spans, distance) == (4, 64) else f" ({spans} spans each, {distance} tokens back or more)"
     share = cfg.get("recall_induction_share") or 0
-    return form + (f", {100 * share:.0f} % induction sequences (the same repeats of frequency-drawn spans)" if share else "")
+    return form + (f", {_pct(share)} induction sequences (the same repeats of frequency-drawn spans)" if share else "")
 
 
-def _earlier(stages: list[dict]) -> str:
-    """The card row of the recall stages the starting model was trained with (oldest first)."""
-    return "; then ".join(
-        f"{st['recall_steps']} steps from `{st['init_from']}` (sha256 {(st.get('init_sha256') or '?')[:16]}…): "
-        f"{100 * st['recall_kv_share']:.0f} % dense key-value recall, {100 * st['recall_repeat_share']:.0f} % repeats"
-        f"{_repeat_form(st)}, "
-        f"learning rate up to {st['recall_lr']:g}, the first {st['recall_warm_steps']} on shorter crops, seed {st['seed']}, "
-        f"{st['minutes']:.0f} minutes" for st in stages)
+def _recall_data(cfg: dict) -> str:
+    """A recall stage's data and crops, for its row of the recipe table."""
+    return (f"{_pct(cfg['recall_kv_share'])} dense key-value recall, {_pct(cfg['recall_repeat_share'])} repeats"
+            f"{_repeat_form(cfg)}, the rest corpus text{_recall_schedule(cfg)}")
+
+
+def _main_data(cfg: dict) -> str:
+    """The main stage's data and crops, for its row of the recipe table."""
+    text = (f"{_pct(cfg['repeat_share'])} long-range repeats, {_pct(cfg['kv_share'])} key-value recall, the rest "
+            "corpus text" if "kv_share" in cfg else "corpus text")
+    if cfg.get("warm_steps"):
+        text += f"; {cfg['warm_context']}-token crops for {cfg['warm_steps']} steps, then {cfg.get('context')}"
+    return text
+
+
+def training_runs(summary: dict) -> list[dict]:
+    """The runs that made the model, oldest first, as rows of the card's recipe table.
+
+    A run trained from scratch is the main stage (and, with ``recall_steps``, a recall stage in the
+    same run); a run started from another model (``init_from``) is one recall stage, and its summary
+    carries the runs before it (``main_stage``, ``earlier_stages``;
+    :mod:`truncsens.models.reference.start`).
+
+    Args:
+        summary: ``training_summary.json`` of :func:`truncsens.models.reference.train.train`.
+
+    Returns:
+        one dict per run: ``name``, ``start`` (what it started from), ``steps``, ``tokens`` and
+        ``minutes`` (None where the record lacks them), ``data``, ``lr``, ``seed``. Where the main stage
+        is not recorded (a starting model whose summary predates the record) the first row says so,
+        with None for its numbers.
+    """
+    cfg = summary.get("config", {})
+    own = cfg | {"minutes": summary.get("minutes"), "tokens_seen": summary.get("tokens_seen"), "steps": summary.get("steps"),
+                 "init_sha256": summary.get("init_sha256")}
+    main = own if not cfg.get("init_from") else summary.get("main_stage")
+    rows = []
+    if main is None:
+        rows.append({"name": "main", "start": "random initialisation", "steps": None, "tokens": None, "minutes": None,
+                     "data": "not recorded in the starting model's summary", "lr": None, "seed": None})
+    else:
+        recall = main.get("recall_steps") or 0
+        data = _main_data(main) + (f"; then, in the same run, a recall stage of {recall} steps"
+                                   + (f": {_recall_data(main)}" if "recall_kv_share" in main else "") if recall else "")
+        steps = main.get("max_steps", main.get("steps"))
+        rows.append({"name": main.get("stage_name") or ("main + recall" if recall else "main"),
+                     "start": "random initialisation", "steps": steps + recall if steps is not None else None,
+                     "tokens": main.get("tokens_seen"), "minutes": main.get("minutes"), "data": data,
+                     "lr": f"{main['lr']:g}" + (f", then {main['recall_lr']:g}" if recall and "recall_lr" in main else "")
+                     if "lr" in main else None, "seed": main.get("seed")})
+    stages = [*summary.get("earlier_stages", []), own] if cfg.get("init_from") else []
+    for st in stages:
+        before = rows[-1]["name"] if rows[-1]["steps"] is not None or len(rows) > 1 else None
+        start = f"{before} (sha256 {(st.get('init_sha256') or '?')[:16]}…)" if before \
+            else f"`{st.get('init_from')}` (sha256 {(st.get('init_sha256') or '?')[:16]}…)"
+        rows.append({"name": st.get("stage_name") or "recall", "start": start, "steps": st.get("recall_steps"),
+                     "tokens": st.get("tokens_seen"), "minutes": st.get("minutes"), "data": _recall_data(st),
+                     "lr": f"{st['recall_lr']:g}", "seed": st.get("seed")})
+    return rows
+
+
+def _total(rows: list[dict], key: str) -> tuple[float, bool]:
+    """Sum of ``key`` over the rows, and whether every row had it."""
+    values = [r[key] for r in rows]
+    return sum(v for v in values if v is not None), all(v is not None for v in values)
+
+
+def _recipe_lines(rows: list[dict], cfg: dict) -> list[str]:
+    """The card's "Training recipe" section: one row per run and the totals."""
+    def num(v, fmt="{:,}"):
+        return "not recorded" if v is None else fmt.format(v)
+
+    lines = ["## Training recipe", "",
+             "Each run below started from the weights the run above it exported, with a fresh optimizer and its",
+             "learning rate warmed up again (`truncsens train-reference --init-from`); the commands are in",
+             "docs/reference-model.md (\"Training it\"); the SHA-256 beside each is the one its run recorded for",
+             "its starting model (`init_sha256` of `training_summary.json`). Batches of "
+             f"{cfg.get('batch_size')} x {cfg.get('context')} tokens at full-length crops; minutes on 2 CPU cores.", "",
+             "| run | started from | optimizer steps | tokens | data and crops | peak learning rate | seed | minutes |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['start']} | {num(r['steps'])} | {num(r['tokens'])} | {r['data']} | "
+                     f"{num(r['lr'], '{}')} | {num(r['seed'], '{}')} | {num(r['minutes'], '{:.0f}')} |")
+    steps, tokens, minutes = (_total(rows, k) for k in ("steps", "tokens", "minutes"))
+    lines.append(f"| all | | {_partial(rows, 'steps')}{steps[0]:,} | {_partial(rows, 'tokens')}{tokens[0]:,} | | | | "
+                 f"{_partial(rows, 'minutes')}{minutes[0]:.0f} ({minutes[0] / 60:.1f} hours) |")
+    return lines + [""]
+
+
+def _partial(rows: list[dict], key: str) -> str:
+    """``at least `` where a row lacks ``key`` (not every run recorded it), else ``""``."""
+    return "" if _total(rows, key)[1] else "at least "
 
 
 def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict | None = None) -> Path:
@@ -58,6 +147,7 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
     (folder / "eval.json").write_text(json.dumps({"evaluations": evaluations, "training": summary, "tasks": tasks},
                                                  indent=2))
     cfg = summary.get("config", {})
+    runs = training_runs(summary)
     lines = [
         "# truncsens reference model",
         "",
@@ -73,23 +163,12 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
         f"| layers / hidden / heads / FFN | {cfg.get('num_layers')} / {cfg.get('hidden_size')} / {cfg.get('num_heads')} / {cfg.get('intermediate_size')} |",
         f"| vocabulary | {cfg.get('vocab_size')} (byte-level BPE) |",
         f"| context (max positions) | {cfg.get('context')} |",
-        f"| optimizer steps | {summary.get('steps')} (batch {cfg.get('batch_size')} x {cfg.get('context')} tokens) |",
-        f"| tokens seen | {summary.get('tokens_seen', 0):,}{' (the recall stage)' if cfg.get('init_from') else ''} |",
-        f"| training time | {summary.get('minutes', 0):.0f} minutes on 2 CPU cores "
-        f"({'bf16 autocast' if cfg.get('bf16_autocast') else 'float32'}), seed {cfg.get('seed')}"
-        f"{' (the recall stage; the main stage is that of the model it started from)' if cfg.get('init_from') else ''} |",
-        *([f"| started from | `{cfg['init_from']}` (checkpoint sha256 {summary.get('init_sha256', '?')[:16]}…, the `model_sha256` of its results) at step "
-           f"{cfg.get('max_steps')}, fresh optimizer: the main stage's steps are that model's |"] if cfg.get("init_from") else []),
-        *([f"| earlier recall stages | {_earlier(summary['earlier_stages'])} |"] if summary.get("earlier_stages") else []),
-        *([f"| context schedule | {cfg['warm_context']}-token crops for {cfg['warm_steps']} steps, then {cfg['context']} |"]
-          if cfg.get("warm_steps") else []),
-        *([f"| synthetic share | {100 * cfg['repeat_share']:.0f} % long-range repeats, {100 * cfg['kv_share']:.0f} % "
-           "key-value recall (truncsens/models/reference/data.py) |"] if "kv_share" in cfg else []),
-        *([f"| recall stage | the last {cfg['recall_steps']} steps: {100 * cfg['recall_kv_share']:.0f} % dense key-value "
-           f"recall, {100 * cfg['recall_repeat_share']:.0f} % repeats{_repeat_form(cfg)}, learning rate up to "
-           f"{cfg['recall_lr']:g} again"
-           f"{_recall_schedule(cfg)} |"]
-          if cfg.get("recall_steps") else []),
+        f"| optimizer steps | {_partial(runs, 'steps')}{_total(runs, 'steps')[0]:,} in {len(runs)} runs "
+        f"(batch {cfg.get('batch_size')} x {cfg.get('context')} tokens) |",
+        f"| tokens seen | {_partial(runs, 'tokens')}{_total(runs, 'tokens')[0]:,} |",
+        f"| training time | {_partial(runs, 'minutes')}{_total(runs, 'minutes')[0]:.0f} minutes on 2 CPU cores "
+        f"({'bf16 autocast' if cfg.get('bf16_autocast') else 'float32'}); the last run {summary.get('minutes', 0):.0f} "
+        f"minutes, seed {cfg.get('seed')} (\"Training recipe\", below) |",
         "",
         "## Held-out NLL by context length",
         "",
@@ -121,8 +200,9 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
             t = tasks[kind]
             lines.append(f"| {label} | {t['correct']} | {t['n']} | {100 * t['accuracy']:.1f} % |")
         lines.append("")
+    lines += _recipe_lines(runs, cfg)
     lines += [f"Training curve: `train_log.csv` beside this card (held-out code NLL by position in "
-              f"{cfg.get('context', 1024)}-token crops).", ""]
+              f"{cfg.get('context', 1024)}-token crops; the last run's steps).", ""]
     path = folder / "README.md"
     path.write_text("\n".join(lines))
     return path

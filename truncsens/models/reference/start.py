@@ -65,25 +65,52 @@ def load_start(model, weights: dict, init_from: str) -> None:
     model.load_state_dict(weights, strict=False)  # copies into float32 parameters
 
 
-STAGE_FIELDS = ("init_from", "recall_steps", "recall_warm_steps", "recall_kv_share", "recall_repeat_share",
-                "recall_repeat_spans", "recall_repeat_min_distance", "recall_induction_share", "recall_lr", "seed")  # what the card says of an earlier recall stage
+STAGE_FIELDS = ("init_from", "recall_steps", "recall_warm_steps", "recall_warm_context", "recall_warm_doublings",
+                "recall_name_words", "recall_kv_share", "recall_repeat_share", "recall_repeat_spans",
+                "recall_repeat_min_distance", "recall_induction_share", "recall_lr", "seed", "bf16_autocast",
+                "stage_name")  # what the card says of an earlier recall stage
+MAIN_FIELDS = ("max_steps", "warm_steps", "warm_context", "repeat_share", "kv_share", "lr", "seed", "context",
+               "recall_steps", "stage_name")  # what the card says of the main stage
+
+
+def _summary(init_from: str) -> dict | None:
+    """The starting folder's ``training_summary.json`` as a dict, or None where it has none."""
+    import json
+
+    path = init_folder(init_from) / "training_summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def earlier_stages(init_from: str) -> list[dict]:
     """The recall stages the starting model was itself trained with, oldest first: for each, the
-    ``STAGE_FIELDS`` its config names (a field added later is absent) plus ``minutes`` and ``init_sha256``, read from the starting folder's
-    ``training_summary.json`` (which lists the stages before it the same way). A starting model
-    trained from scratch, or one without a summary, has none: ``[]``."""
-    import json
-
-    path = init_folder(init_from) / "training_summary.json"
-    if not path.is_file():
+    ``STAGE_FIELDS`` its config names (a field added later is absent) plus ``minutes``,
+    ``tokens_seen`` and ``init_sha256``, read from the starting folder's ``training_summary.json``
+    (which lists the stages before it the same way). A starting model trained from scratch, or one
+    without a summary, has none: ``[]`` (its main stage is :func:`main_stage`)."""
+    summary = _summary(init_from)
+    if summary is None:
         return []
-    summary = json.loads(path.read_text())
     cfg = summary.get("config", {})
     if not cfg.get("init_from"):
         return []
     own = {k: cfg[k] for k in STAGE_FIELDS if k in cfg} | {"minutes": summary.get("minutes"),
+                                                  "tokens_seen": summary.get("tokens_seen"),
                                                   "init_sha256": summary.get("init_sha256")}
     return [*summary.get("earlier_stages", []), own]
 
+
+def main_stage(init_from: str) -> dict | None:
+    """The main stage the starting model descends from: the ``MAIN_FIELDS`` of its config plus
+    ``steps``, ``minutes`` and ``tokens_seen`` (those of the whole run, which is the main stage and
+    any recall stage of that same run, ``recall_steps``). Read from the starting folder's summary: a
+    model trained from scratch is its own main stage; one that was itself started from another model
+    passes on the record its summary holds (``main_stage``). None where no summary records it (a
+    folder without ``training_summary.json``, or one written before this record existed)."""
+    summary = _summary(init_from)
+    if summary is None:
+        return None
+    cfg = summary.get("config", {})
+    if cfg.get("init_from"):
+        return summary.get("main_stage")
+    return {k: cfg[k] for k in MAIN_FIELDS if k in cfg} | {
+        "steps": summary.get("steps"), "minutes": summary.get("minutes"), "tokens_seen": summary.get("tokens_seen")}

@@ -21,7 +21,7 @@ import torch
 from truncsens.corpora.builtin import code_documents, nl_documents
 from truncsens.corpora.document import Document, select_split
 from truncsens.models.reference.data import DENSE_NAME_WORDS, DataMix
-from truncsens.models.reference.start import TrainError, earlier_stages, init_folder, load_start, start_from
+from truncsens.models.reference.start import TrainError, earlier_stages, init_folder, load_start, main_stage, start_from
 
 EOS = "<|endoftext|>"
 
@@ -30,7 +30,8 @@ EOS = "<|endoftext|>"
 class TrainConfig:
     """Configuration of one reference-model training run (sizes in tokens unless stated).
 
-    The recipe is every field but ``out_dir``, ``max_minutes``, ``stop_at_step`` and ``threads``: a resumed run must
+    The recipe is every field but ``out_dir``, ``max_minutes``, ``stop_at_step``, ``threads`` and
+    ``stage_name`` (a label for the card): a resumed run must
     have the same recipe as the checkpoint it continues, as far as the steps that checkpoint has done
     go (:class:`TrainError` otherwise; a checkpoint of the main stage continues into any recall stage).
 
@@ -94,6 +95,7 @@ class TrainConfig:
     seed: int = 0
     bf16_autocast: bool = False  # slower than float32 on CPUs without bfloat16 instructions
     threads: int = 0  # 0: torch default
+    stage_name: str = ""  # what the card calls this run's last stage ("" : "main" or "recall"); not part of the recipe
 
     def __post_init__(self) -> None:
         """Check each stage's data mix (:class:`~truncsens.models.reference.data.DataMix`'s own rule) and
@@ -128,9 +130,10 @@ class TrainConfig:
         return self.max_steps + self.recall_steps
 
     def recipe(self) -> dict:
-        """The fields that decide the trained weights (all but out_dir, max_minutes, threads)."""
+        """The fields that decide the trained weights (all but out_dir, max_minutes, stop_at_step,
+        threads and stage_name)."""
         return {k: v for k, v in asdict(self).items()
-                if k not in ("out_dir", "max_minutes", "stop_at_step", "threads")}
+                if k not in ("out_dir", "max_minutes", "stop_at_step", "threads", "stage_name")}
 
     def differences(self, recipe: dict, step: int) -> list[str]:
         """Recipe fields in which ``recipe`` (a checkpoint's, ``step`` steps done) differs from this
@@ -365,7 +368,8 @@ def train(cfg: TrainConfig) -> Path:
     (out / "final" / "training_summary.json").write_text(json.dumps(
         {"parameters": n_params, "steps": step, "tokens_seen": tokens, "finished": step >= cfg.total_steps,
          "minutes": minutes_before + (time.time() - t0) / 60, "config": asdict(cfg),
-         **({"init_sha256": start_sha, "earlier_stages": earlier_stages(cfg.init_from)} if cfg.init_from else {})},
+         **({"init_sha256": start_sha, "earlier_stages": earlier_stages(cfg.init_from),
+             "main_stage": main_stage(cfg.init_from)} if cfg.init_from else {})},
         indent=2))
     log.close()
     return out / "final"
