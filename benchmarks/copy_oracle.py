@@ -16,10 +16,19 @@ Next to them, the model's own full-cache top-1 accuracy on the same targets
 asks for more than copying: the most recent match of a suffix in code usually continues differently
 from the far one the target copies.
 
+Two more rows ask how far copying could lift this model. ``model, source evicted``: its top-1 when
+it reads only the last D − 1 tokens of the context (re-encoded, positions from 0), where the target
+token does not occur (a copy target's token is nowhere in its last D − 1 tokens), so only what it
+knows of code predicts it. ``either``: targets that the model without the source or the ideal
+induction head (``longest``) gets right, the accuracy of a model that knew, target by target, which
+of the two to trust; and the same with the full-cache model in place of the model without the
+source. These are not bounds for every model (a better model of code would know more), but they say
+how much of the aim perfect copying adds to what this model already predicts.
+
 ``--copy-rule span`` reads the targets of that rule instead (the four tokens before the target repeat
 those before its source, and nowhere nearer: the copy is unambiguous for a four-token induction head).
 
-Usage (about 3 minutes on 2 CPU cores at N = 2048)::
+Usage (about 2 minutes on 2 CPU cores at N = 2048)::
 
     python benchmarks/copy_oracle.py --reference-context 2048 [--copy-rule span] [--model PATH] [--out results/copy-oracle.json]
 """
@@ -59,6 +68,19 @@ def longest_rule(context: Sequence[int], max_match: int = MAX_MATCH) -> int | No
     return pred
 
 
+def top1(loaded, contexts, batch: int = 4):
+    """[n] int64 top-1 next-token ids of ``loaded`` after each row of ``contexts`` ([n, L] token ids,
+    L tokens read from position 0)."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for i in range(0, contexts.shape[0], batch):
+            ids = contexts[i : i + batch].to(loaded.device)  # [b, L]
+            out.append(loaded.model(input_ids=ids, logits_to_keep=1).logits[:, -1].argmax(-1).cpu())  # [b]
+    return torch.cat(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="reference")
@@ -72,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from truncsens.api.reference import attribution_tasks, task_accuracy
+    from truncsens.certificates.tasks import default_min_distance
     from truncsens.models import load_model
 
     loaded = load_model(args.model)
@@ -79,21 +102,40 @@ def main(argv: list[str] | None = None) -> int:
     tasks = attribution_tasks(loaded, N, copy_rule=args.copy_rule)
     copy = np.flatnonzero(np.asarray(tasks.kind) == "copy")
     rules = {f"suffix-{k}": (lambda c, k=k: suffix_rule(c, k)) for k in (1, 2, 3)} | {"longest": longest_rule}
-    hits = {name: 0 for name in rules}
-    for i in copy:
+    right = {name: np.zeros(len(copy), dtype=bool) for name in rules}  # [n] per rule
+    for j, i in enumerate(copy):
         context, target = tasks.targets.context[i].tolist(), int(tasks.targets.token_id[i])
         for name, rule in rules.items():
-            hits[name] += rule(context) == target
+            right[name][j] = rule(context) == target
+    hits = {name: int(r.sum()) for name, r in right.items()}
     model = task_accuracy(loaded, N, tasks=tasks)["copy"]  # the same targets, built once
+    D = default_min_distance(N)
+    target = tasks.targets.token_id[copy].numpy()  # [n]
+    full = top1(loaded, tasks.targets.context[copy]).numpy() == target  # [n]
+    assert int(full.sum()) == model["correct"], "full-cache top-1 differs from task_accuracy's"
+    evicted = top1(loaded, tasks.targets.context[copy][:, N - (D - 1):]).numpy() == target  # reads [n, D - 1]
     n = len(copy)
+    both = {"model, source evicted": int(evicted.sum()),
+            "either: evicted model or longest": int((evicted | right["longest"]).sum()),
+            "either: full-cache model or longest": int((full | right["longest"]).sum())}
     doc = {"model": loaded.name, "model_sha256": loaded.content_sha256, "reference_context": N,
-           "copy_rule": args.copy_rule, "n_copy_targets": n,
+           "copy_rule": args.copy_rule, "n_copy_targets": n, "min_distance": D,
            "rules": {name: {"correct": h, "accuracy": h / n} for name, h in hits.items()},
-           "model_full_cache": model}
+           "model_full_cache": model,
+           "model_source_evicted": {"window": D - 1, "correct": both["model, source evicted"],
+                                    "accuracy": both["model, source evicted"] / n},
+           "either_evicted_or_longest": {"correct": both["either: evicted model or longest"],
+                                         "accuracy": both["either: evicted model or longest"] / n},
+           "either_full_cache_or_longest": {"correct": both["either: full-cache model or longest"],
+                                            "accuracy": both["either: full-cache model or longest"] / n}}
     print(f"copy targets of certify-attribution at N = {N}, rule {args.copy_rule}: {n}")
     for name, h in hits.items():
         print(f"  {name:9s} {h:3d} / {n} = {h / n:.0%}")
     print(f"  {'model':9s} {model['correct']:3d} / {n} = {model['accuracy']:.0%} (full-cache top-1, {loaded.name})")
+    print(f"  model, source evicted (last D - 1 = {D - 1} tokens) {both['model, source evicted']:3d} / {n} = "
+          f"{both['model, source evicted'] / n:.0%}")
+    for name in ("either: evicted model or longest", "either: full-cache model or longest"):
+        print(f"  {name} {both[name]:3d} / {n} = {both[name] / n:.0%}")
     if args.out:
         path = Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)

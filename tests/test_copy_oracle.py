@@ -22,3 +22,21 @@ def test_longest_rule_prefers_the_longer_match_over_the_recent_one():
     assert copy_oracle.suffix_rule(context, 1) == 8  # the most recent "1" (at 5) is followed by 8
     assert copy_oracle.longest_rule(context) == 7  # "3 2 1" at 0..2 matches three tokens: followed by 7
     assert copy_oracle.longest_rule([1, 2, 3]) is None  # the last token never occurred before
+
+
+def test_top1_equals_a_loop_of_single_forwards():
+    """top1 batches the contexts; each row's prediction is that of the row read alone."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)).eval()
+    contexts = torch.randint(0, 50, (5, 12))  # [n, L]
+    loaded = SimpleNamespace(model=model, device=torch.device("cpu"))
+    with torch.no_grad():
+        expected = [int(model(input_ids=row[None]).logits[0, -1].argmax()) for row in contexts]
+    got = copy_oracle.top1(loaded, contexts, batch=2)
+    assert got.tolist() == expected and len(set(expected)) > 1  # several distinct predictions, so rows matter
