@@ -85,7 +85,16 @@ def test_write_card(tmp_path):
     assert "| NLL | 3.500 ± 0.100 | 3.200 ± 0.100 | 3.000 ± 0.100 | 2.900 ± 0.100 | 0.600 ± 0.050 |" in text
     assert "| parameters | 1,234 |" in text
     assert "| gain of max over c | 0.600 ± 0.050 | 0.300 ± 0.040 | 0.100 ± 0.020 | 0 | |" in text
-    assert "| long-range copy | 45 | 60 | 75.0 % |" in text and "| key-value recall | 5 | 8 | 62.5 % |" in text
+    # Wilson's interval by hand: (p + z²/2n ± z·sqrt(p(1 − p)/n + z²/4n²)) / (1 + z²/n), z = 1.959964
+    z = 1.959964
+    def wilson(k, n):
+        p = k / n
+        mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return 100 * (mid - half) / (1 + z * z / n), 100 * (mid + half) / (1 + z * z / n)
+    assert wilson(45, 60) == pytest.approx((62.77, 84.23), abs=0.01)
+    assert "| long-range copy | 45 | 60 | 75.0 % [62.8, 84.2] |" in text
+    lo, hi = wilson(5, 8)
+    assert f"| key-value recall | 5 | 8 | 62.5 % [{lo:.1f}, {hi:.1f}] |" in text
     assert "(N = 2048)" in text
     assert json.loads((tmp_path / "eval.json").read_text())["evaluations"][0]["domain"] == "code"
     # one run from scratch: the main stage and its own recall stage in one row

@@ -130,6 +130,17 @@ def _partial(rows: list[dict], key: str) -> str:
     return "" if _total(rows, key)[1] else "at least "
 
 
+def wilson_interval(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval for a proportion (E. B. Wilson 1927, via statsmodels
+    ``proportion_confint``); (nan, nan) for n = 0."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    if not n:
+        return float("nan"), float("nan")
+    lo, hi = proportion_confint(correct, n, alpha=1 - level, method="wilson")
+    return float(lo), float(hi)
+
+
 def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict | None = None) -> Path:
     """Write README.md (the model card) and eval.json into the weights folder.
 
@@ -194,11 +205,14 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
         lines += ["## Full-cache accuracy on the certify-attribution tasks", "",
                   f"Top-1 accuracy with the whole reference context (N = {tasks['reference_context']}) on the targets of "
                   "`truncsens certify-attribution` with its defaults: long-range copy targets of held-out code and "
-                  "synthetic key-value recall documents.", "",
-                  "| task | correct | targets | accuracy |", "|---|---|---|---|"]
+                  "synthetic key-value recall documents. The interval is Wilson's 95 % score interval "
+                  "(statsmodels `proportion_confint`), which treats targets as independent (the copy targets come "
+                  "up to 4 from each document).", "",
+                  "| task | correct | targets | accuracy [95 % interval] |", "|---|---|---|---|"]
         for kind, label in (("copy", "long-range copy"), ("kv", "key-value recall")):
             t = tasks[kind]
-            lines.append(f"| {label} | {t['correct']} | {t['n']} | {100 * t['accuracy']:.1f} % |")
+            lo, hi = wilson_interval(t["correct"], t["n"])
+            lines.append(f"| {label} | {t['correct']} | {t['n']} | {100 * t['accuracy']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}] |")
         lines.append("")
     lines += _recipe_lines(runs, cfg)
     lines += [f"Training curve: `train_log.csv` beside this card (held-out code NLL by position in "
