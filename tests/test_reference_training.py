@@ -98,7 +98,7 @@ def test_write_card(tmp_path):
     assert "(N = 2048)" in text
     assert json.loads((tmp_path / "eval.json").read_text())["evaluations"][0]["domain"] == "code"
     # one run from scratch: the main stage and its own recall stage in one row
-    assert "| optimizer steps | 10 in 1 runs (batch 2 x 1024 tokens) |" in text
+    assert "| optimizer steps | 10 in 1 runs (batch 2 x 1024 tokens, or as many tokens in shorter crops) |" in text
     assert ("| main + recall | random initialisation | 10 | 5,000 | 20 % long-range repeats, 20 % key-value recall, the "
             "rest corpus text; 512-token crops for 4 steps, then 1024; then, in the same run, a recall stage of 2 steps: "
             "60 % dense key-value recall, 20 % repeats, the rest corpus text | 0.003, then 0.001 | 0 | 2 |") in text
@@ -130,7 +130,7 @@ def test_card_lists_every_run_of_a_chain_with_totals(tmp_path):
             "each, 512 tokens back or more), 30 % induction sequences (the same repeats of frequency-drawn spans), the "
             "rest corpus text | 0.001 | 4 | 2 |") in text
     assert "| all | | 2,830 | 22,942,600 | | | | 407 (6.8 hours) |" in text
-    assert "| optimizer steps | 2,830 in 3 runs (batch 2 x 1024 tokens) |" in text
+    assert "| optimizer steps | 2,830 in 3 runs (batch 2 x 1024 tokens, or as many tokens in shorter crops) |" in text
     assert "| tokens seen | 22,942,600 |" in text
     assert "| training time | 407 minutes on 2 CPU cores (float32); the last run 2 minutes, seed 4" in text
     # a starting model whose summary predates the records: its main stage is not recorded, totals are lower bounds

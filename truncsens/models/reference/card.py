@@ -113,7 +113,7 @@ def _recipe_lines(rows: list[dict], cfg: dict) -> list[str]:
              "learning rate warmed up again (`truncsens train-reference --init-from`); the commands are in",
              "docs/reference-model.md (\"Training it\"); the SHA-256 beside each is the one its run recorded for",
              "its starting model (`init_sha256` of `training_summary.json`). Batches of "
-             f"{cfg.get('batch_size')} x {cfg.get('context')} tokens at full-length crops; minutes on 2 CPU cores.", "",
+             f"{cfg.get('batch_size')} x {cfg.get('context')} tokens, or as many tokens in shorter crops; minutes on 2 CPU cores.", "",
              "| run | started from | optimizer steps | tokens | data and crops | peak learning rate | seed | minutes |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -175,7 +175,7 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
         f"| vocabulary | {cfg.get('vocab_size')} (byte-level BPE) |",
         f"| context (max positions) | {cfg.get('context')} |",
         f"| optimizer steps | {_partial(runs, 'steps')}{_total(runs, 'steps')[0]:,} in {len(runs)} runs "
-        f"(batch {cfg.get('batch_size')} x {cfg.get('context')} tokens) |",
+        f"(batch {cfg.get('batch_size')} x {cfg.get('context')} tokens, or as many tokens in shorter crops) |",
         f"| tokens seen | {_partial(runs, 'tokens')}{_total(runs, 'tokens')[0]:,} |",
         f"| training time | {_partial(runs, 'minutes')}{_total(runs, 'minutes')[0]:.0f} minutes on 2 CPU cores "
         f"({'bf16 autocast' if cfg.get('bf16_autocast') else 'float32'}); the last run {summary.get('minutes', 0):.0f} "
