@@ -28,7 +28,7 @@ how much of the aim perfect copying adds to what this model already predicts.
 ``--copy-rule span`` reads the targets of that rule instead (the four tokens before the target repeat
 those before its source, and nowhere nearer: the copy is unambiguous for a four-token induction head).
 
-Usage (about 2 minutes on 2 CPU cores at N = 2048)::
+Usage (about 30 s on 2 CPU cores at N = 2048)::
 
     python benchmarks/copy_oracle.py --reference-context 2048 [--copy-rule span] [--model PATH] [--out results/copy-oracle.json]
 """

@@ -123,10 +123,10 @@ def test_card_lists_every_run_of_a_chain_with_totals(tmp_path):
     text = write_card(tmp_path, CARD_EVALS, summary, CARD_TASKS).read_text()
     assert ("| main | random initialisation | 2,000 | 16,384,000 | 20 % long-range repeats, 20 % key-value recall, the "
             "rest corpus text; 512-token crops for 400 steps, then 2048 | 0.003 | 0 | 305 |") in text
-    assert ("| recall | main (sha256 cdcdcdcdcdcdcdcd…) | 800 | 6,553,600 | 60 % dense key-value recall, 20 % repeats, "
-            "the rest corpus text; the first 600 on 256-token crops doubling in 3 phases; names from 20 words "
-            "| 0.001 | 0 | 99 |") in text
-    assert ("| far | recall (sha256 abababababababab…) | 30 | 5,000 | 60 % dense key-value recall, 20 % repeats (16 spans "
+    assert ("| recall | main (checkpoint sha256 cdcdcdcdcdcdcdcd…) | 800 | 6,553,600 | 60 % dense key-value recall, "
+            "20 % repeats, the rest corpus text; the first 600 steps on crops of 256, 512 and 1024 tokens (200 steps "
+            "each), then 1024; names from 20 words | 0.001 | 0 | 99 |") in text  # crops capped at the context
+    assert ("| far | recall (checkpoint sha256 abababababababab…) | 30 | 5,000 | 60 % dense key-value recall, 20 % repeats (16 spans "
             "each, 512 tokens back or more), 30 % induction sequences (the same repeats of frequency-drawn spans), the "
             "rest corpus text | 0.001 | 4 | 2 |") in text
     assert "| all | | 2,830 | 22,942,600 | | | | 407 (6.8 hours) |" in text
@@ -139,7 +139,14 @@ def test_card_lists_every_run_of_a_chain_with_totals(tmp_path):
     text = write_card(tmp_path, CARD_EVALS, summary, CARD_TASKS).read_text()
     assert ("| main | random initialisation | not recorded | not recorded | not recorded in the starting model's summary "
             "| not recorded | not recorded | not recorded |") in text
-    assert "| recall | `reference` (sha256 cdcdcdcdcdcdcdcd…) | 800 | not recorded |" in text
+    assert "| recall | `reference` (checkpoint sha256 cdcdcdcdcdcdcdcd…) | 800 | not recorded |" in text
+    first |= {"init_sha256_of": "model.safetensors", "recall_warm_steps": 7, "recall_warm_context": 128}
+    text = write_card(tmp_path, CARD_EVALS, summary, CARD_TASKS).read_text()
+    # crop_at's phases of 7 steps in 3: step k in phase k * 3 // 7, so 3, 2 and 2 steps
+    assert ("| recall | `reference` (model.safetensors sha256 cdcdcdcdcdcdcdcd…) | 800 | not recorded | 60 % dense "
+            "key-value recall, 20 % repeats, the rest corpus text; the first 7 steps on crops of 128, 256 and 512 "
+            "tokens (3, 2 and 2 steps), then 1024;") in text
+    assert "the last run's steps, numbered on from the main stage's 8)" in text
     assert "| all | | at least 830 | at least 5,000 | | | | at least 102 (1.7 hours) |" in text
     assert "| optimizer steps | at least 830 in 3 runs" in text
 
@@ -166,6 +173,14 @@ def test_rewrite_card_keeps_the_evaluations_and_names_missing_files(tmp_path):
         rewrite_card(tmp_path)
     r = CliRunner().invoke(app, ["train-reference", "--rewrite-card", str(tmp_path)])
     assert r.exit_code == 2 and "eval.json does not exist" in r.stderr and (tmp_path / "README.md").read_text() == text
+    (tmp_path / "eval.json").write_text("{}")
+    r = CliRunner().invoke(app, ["train-reference", "--rewrite-card", str(tmp_path)])
+    assert r.exit_code == 2 and "eval.json has no list 'evaluations'" in r.stderr
+    (tmp_path / "eval.json").write_text(json.dumps({"evaluations": []}))
+    (tmp_path / "training_summary.json").write_text("[]")
+    r = CliRunner().invoke(app, ["train-reference", "--rewrite-card", str(tmp_path)])
+    assert r.exit_code == 2 and "training_summary.json has no 'config'" in r.stderr
+    assert (tmp_path / "README.md").read_text() == text  # nothing rewritten by a refused call
 
 
 def test_the_stage_name_is_a_label_not_part_of_the_recipe():

@@ -188,8 +188,8 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
             training stream; :mod:`truncsens.models.reference.data`); in [0, 1], with the other shares summing to ≤ 1.
         init_from: ``""`` (train the main stage), ``"reference"`` (the bundled weights) or an exported model
             folder: start at the recall stage from those weights and tokenizer (``TrainConfig.init_from``).
-        stage_name: what the model card calls this run's last stage (``""``: "main" or "recall"); a
-            label only, not part of the recipe.
+        stage_name: what the model card calls this run (``""``: "main", "main + recall" with recall
+            steps, or "recall" with ``init_from``); a label only, not part of the recipe.
 
     Returns:
         (final checkpoint folder, install folder or None, training summary).
@@ -217,6 +217,8 @@ def rewrite_card(folder: str | Path) -> Path:
     Raises:
         FileNotFoundError: the folder lacks ``eval.json`` or ``training_summary.json`` (a run that has
             not finished, or a folder that is no reference model's).
+        ValueError: either file lacks what the card is written from (``evaluations``; ``config``), or
+            is not JSON.
     """
     folder = Path(folder)
     for name in ("eval.json", "training_summary.json"):
@@ -225,4 +227,10 @@ def rewrite_card(folder: str | Path) -> Path:
                                     "train-reference run (its final/ folder) or the installed weights")
     evaluated = json.loads((folder / "eval.json").read_text())
     summary = json.loads((folder / "training_summary.json").read_text())
+    if not isinstance(evaluated, dict) or not isinstance(evaluated.get("evaluations"), list):
+        raise ValueError(f"{folder / 'eval.json'} has no list 'evaluations' (held-out NLL by context), which "
+                         "train-reference writes there; the card cannot be written from it")
+    if not isinstance(summary, dict) or not isinstance(summary.get("config"), dict):
+        raise ValueError(f"{folder / 'training_summary.json'} has no 'config' (the run's options), which "
+                         "train-reference writes there; the card cannot be written from it")
     return write_card(folder, evaluated["evaluations"], summary, evaluated.get("tasks"))

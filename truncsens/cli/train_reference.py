@@ -26,7 +26,7 @@ def train_reference(
     recall_induction_share: float = typer.Option(0.0, help="Share of the recall stage's sequences whose repeated spans are first replaced by frequency-drawn tokens (induction sequences, truncsens/models/reference/data.py); with --recall-kv-share and --recall-repeat-share it sums to at most 1."),
     init_from: str = typer.Option("", help="Start at the recall stage from this exported model folder's weights and tokenizer ('reference': the bundled model), skipping the main stage."),
     seed: int = typer.Option(0, help="Seed of initialisation and batch sampling."),
-    stage_name: str = typer.Option("", help="What the model card calls this run's last stage (default: 'main', or 'recall' with --init-from); a label, not part of the recipe."),
+    stage_name: str = typer.Option("", help="What the model card calls this run (default: 'main', 'main + recall' with --recall-steps, or 'recall' with --init-from); a label, not part of the recipe."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
     install: bool = typer.Option(False, "--install", help="Copy the finished result into truncsens/models/reference/weights."),
     rewrite_card: Path = typer.Option(None, help="Only write the model card of this exported model folder again, from its eval.json and training_summary.json (no training; the other options are ignored)."),

@@ -15,15 +15,28 @@ def _pct(share: float) -> str:
     return f"{100 * share:.0f} %"
 
 
-def _recall_schedule(cfg: dict) -> str:
-    """The crop schedule and name vocabulary of a recall stage (``; the first S on W-token crops
-    doubling in n phases; names from K words``), from the fields its record has: a record without
-    the crop length says ``on shorter crops``; one from before the name vocabulary existed names none."""
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _recall_schedule(cfg: dict, context: int | None) -> str:
+    """The crop schedule and name vocabulary of a recall stage (``; the first S steps on crops of W, 2W
+    and 4W tokens (S/3 steps each), then N; names from K words``), as
+    :func:`~truncsens.models.reference.train.crop_at` draws them, from the fields its record has: a
+    record without the crop length says ``on shorter crops``; one from before the name vocabulary
+    existed names none. ``context``: the model's context N (None: not named)."""
     text = ""
-    if cfg.get("recall_warm_steps"):
-        crops = f"{cfg['recall_warm_context']}-token crops" if "recall_warm_context" in cfg else "shorter crops"
-        growth = f" doubling in {cfg['recall_warm_doublings'] + 1} phases" if cfg.get("recall_warm_doublings") else ""
-        text += f"; the first {cfg['recall_warm_steps']} on {crops}{growth}"
+    warm = cfg.get("recall_warm_steps") or 0
+    if warm and "recall_warm_context" in cfg:
+        phases = (cfg.get("recall_warm_doublings") or 0) + 1
+        cap = context or cfg["recall_warm_context"] * 2 ** (phases - 1)
+        lengths = [min(cap, cfg["recall_warm_context"] * 2**j) for j in range(phases)]
+        sizes = [sum(1 for k in range(warm) if k * phases // warm == j) for j in range(phases)]  # crop_at's phases
+        each = f"{sizes[0]} steps each" if len(set(sizes)) == 1 else _and([str(n) for n in sizes]) + " steps"
+        text += (f"; the first {warm} steps on crops of {_and([str(n) for n in lengths])} tokens"
+                 + (f" ({each})" if phases > 1 else "") + (f", then {context}" if context else ""))
+    elif warm:
+        text += f"; the first {warm} steps on shorter crops"
     return text + (f"; names from {cfg['recall_name_words']} words" if "recall_name_words" in cfg else "")
 
 
@@ -36,10 +49,10 @@ def _repeat_form(cfg: dict) -> str:
     return form + (f", {_pct(share)} induction sequences (the same repeats of frequency-drawn spans)" if share else "")
 
 
-def _recall_data(cfg: dict) -> str:
-    """A recall stage's data and crops, for its row of the recipe table."""
+def _recall_data(cfg: dict, context: int | None = None) -> str:
+    """A recall stage's data and crops, for its row of the recipe table (``context``: the model's, N)."""
     return (f"{_pct(cfg['recall_kv_share'])} dense key-value recall, {_pct(cfg['recall_repeat_share'])} repeats"
-            f"{_repeat_form(cfg)}, the rest corpus text{_recall_schedule(cfg)}")
+            f"{_repeat_form(cfg)}, the rest corpus text{_recall_schedule(cfg, context)}")
 
 
 def _main_data(cfg: dict) -> str:
@@ -64,7 +77,8 @@ def training_runs(summary: dict) -> list[dict]:
 
     Returns:
         one dict per run: ``name``, ``start`` (what it started from), ``steps``, ``tokens`` and
-        ``minutes`` (None where the record lacks them), ``data``, ``lr``, ``seed``. Where the main stage
+        ``minutes`` (None where the record lacks them), ``data``, ``lr``, ``seed``; ``start`` names the
+        hash a record's ``init_sha256_of`` says it covers (absent: the checkpoint). Where the main stage
         is not recorded (a starting model whose summary predates the record) the first row says so,
         with None for its numbers.
     """
@@ -79,7 +93,7 @@ def training_runs(summary: dict) -> list[dict]:
     else:
         recall = main.get("recall_steps") or 0
         data = _main_data(main) + (f"; then, in the same run, a recall stage of {recall} steps"
-                                   + (f": {_recall_data(main)}" if "recall_kv_share" in main else "") if recall else "")
+                                   + (f": {_recall_data(main, cfg.get('context'))}" if "recall_kv_share" in main else "") if recall else "")
         steps = main.get("max_steps", main.get("steps"))
         rows.append({"name": main.get("stage_name") or ("main + recall" if recall else "main"),
                      "start": "random initialisation", "steps": steps + recall if steps is not None else None,
@@ -89,10 +103,10 @@ def training_runs(summary: dict) -> list[dict]:
     stages = [*summary.get("earlier_stages", []), own] if cfg.get("init_from") else []
     for st in stages:
         before = rows[-1]["name"] if rows[-1]["steps"] is not None or len(rows) > 1 else None
-        start = f"{before} (sha256 {(st.get('init_sha256') or '?')[:16]}…)" if before \
-            else f"`{st.get('init_from')}` (sha256 {(st.get('init_sha256') or '?')[:16]}…)"
+        sha = f"{st.get('init_sha256_of') or 'checkpoint'} sha256 {(st.get('init_sha256') or '?')[:16]}…"
+        start = f"{before} ({sha})" if before else f"`{st.get('init_from')}` ({sha})"
         rows.append({"name": st.get("stage_name") or "recall", "start": start, "steps": st.get("recall_steps"),
-                     "tokens": st.get("tokens_seen"), "minutes": st.get("minutes"), "data": _recall_data(st),
+                     "tokens": st.get("tokens_seen"), "minutes": st.get("minutes"), "data": _recall_data(st, cfg.get("context")),
                      "lr": f"{st['recall_lr']:g}", "seed": st.get("seed")})
     return rows
 
@@ -112,7 +126,9 @@ def _recipe_lines(rows: list[dict], cfg: dict) -> list[str]:
              "Each run below started from the weights the run above it exported, with a fresh optimizer and its",
              "learning rate warmed up again (`truncsens train-reference --init-from`); the commands are in",
              "docs/reference-model.md (\"Training it\"); the SHA-256 beside each is the one its run recorded for",
-             "its starting model (`init_sha256` of `training_summary.json`). Batches of "
+             "its starting model (`init_sha256` of `training_summary.json`): the checkpoint SHA-256 (the `model_sha256`",
+             "of results made on that model), or, where marked, that of its `model.safetensors` alone (a run from",
+             "before the checkpoint SHA-256 was recorded). Batches of "
              f"{cfg.get('batch_size')} x {cfg.get('context')} tokens, or as many tokens in shorter crops; minutes on 2 CPU cores.", "",
              "| run | started from | optimizer steps | tokens | data and crops | peak learning rate | seed | minutes |",
              "|---|---|---|---|---|---|---|---|"]
@@ -215,8 +231,9 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
             lines.append(f"| {label} | {t['correct']} | {t['n']} | {100 * t['accuracy']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}] |")
         lines.append("")
     lines += _recipe_lines(runs, cfg)
+    numbered = f", numbered on from the main stage's {cfg.get('max_steps')}" if cfg.get("init_from") else ""
     lines += [f"Training curve: `train_log.csv` beside this card (held-out code NLL by position in "
-              f"{cfg.get('context', 1024)}-token crops; the last run's steps).", ""]
+              f"{cfg.get('context', 1024)}-token crops; the last run's steps{numbered}).", ""]
     path = folder / "README.md"
     path.write_text("\n".join(lines))
     return path

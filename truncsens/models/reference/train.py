@@ -95,7 +95,7 @@ class TrainConfig:
     seed: int = 0
     bf16_autocast: bool = False  # slower than float32 on CPUs without bfloat16 instructions
     threads: int = 0  # 0: torch default
-    stage_name: str = ""  # what the card calls this run's last stage ("" : "main" or "recall"); not part of the recipe
+    stage_name: str = ""  # what the card calls this run ("": "main", "main + recall" or "recall"); not part of the recipe
 
     def __post_init__(self) -> None:
         """Check each stage's data mix (:class:`~truncsens.models.reference.data.DataMix`'s own rule) and
