@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from truncsens.models.reference.start import main_record, stage_record
+
 CARD_CONTEXTS = (16, 64, 256, 1024)  # shorter contexts evaluated beside the model's maximum
 
 
@@ -83,9 +85,7 @@ def training_runs(summary: dict) -> list[dict]:
         with None for its numbers.
     """
     cfg = summary.get("config", {})
-    own = cfg | {"minutes": summary.get("minutes"), "tokens_seen": summary.get("tokens_seen"), "steps": summary.get("steps"),
-                 "init_sha256": summary.get("init_sha256")}
-    main = own if not cfg.get("init_from") else summary.get("main_stage")
+    main = main_record(summary) if not cfg.get("init_from") else summary.get("main_stage")
     rows = []
     if main is None:
         rows.append({"name": "main", "start": "random initialisation", "steps": None, "tokens": None, "minutes": None,
@@ -100,7 +100,7 @@ def training_runs(summary: dict) -> list[dict]:
                      "tokens": main.get("tokens_seen"), "minutes": main.get("minutes"), "data": data,
                      "lr": f"{main['lr']:g}" + (f", then {main['recall_lr']:g}" if recall and "recall_lr" in main else "")
                      if "lr" in main else None, "seed": main.get("seed")})
-    stages = [*summary.get("earlier_stages", []), own] if cfg.get("init_from") else []
+    stages = [*summary.get("earlier_stages", []), stage_record(summary)] if cfg.get("init_from") else []
     for st in stages:
         before = rows[-1]["name"] if rows[-1]["steps"] is not None or len(rows) > 1 else None
         sha = f"{st.get('init_sha256_of') or 'checkpoint'} sha256 {(st.get('init_sha256') or '?')[:16]}…"
@@ -111,10 +111,11 @@ def training_runs(summary: dict) -> list[dict]:
     return rows
 
 
-def _total(rows: list[dict], key: str) -> tuple[float, bool]:
-    """Sum of ``key`` over the rows, and whether every row had it."""
+def _total(rows: list[dict], key: str, fmt: str = "{:,}") -> str:
+    """The sum of ``key`` over the rows, formatted; ``at least …`` where a row lacks it (not every
+    run recorded it)."""
     values = [r[key] for r in rows]
-    return sum(v for v in values if v is not None), all(v is not None for v in values)
+    return ("" if all(v is not None for v in values) else "at least ") + fmt.format(sum(v for v in values if v is not None))
 
 
 def _recipe_lines(rows: list[dict], cfg: dict) -> list[str]:
@@ -135,15 +136,10 @@ def _recipe_lines(rows: list[dict], cfg: dict) -> list[str]:
     for r in rows:
         lines.append(f"| {r['name']} | {r['start']} | {num(r['steps'])} | {num(r['tokens'])} | {r['data']} | "
                      f"{num(r['lr'], '{}')} | {num(r['seed'], '{}')} | {num(r['minutes'], '{:.0f}')} |")
-    steps, tokens, minutes = (_total(rows, k) for k in ("steps", "tokens", "minutes"))
-    lines.append(f"| all | | {_partial(rows, 'steps')}{steps[0]:,} | {_partial(rows, 'tokens')}{tokens[0]:,} | | | | "
-                 f"{_partial(rows, 'minutes')}{minutes[0]:.0f} ({minutes[0] / 60:.1f} hours) |")
+    hours = sum(r["minutes"] or 0 for r in rows) / 60
+    lines.append(f"| all | | {_total(rows, 'steps')} | {_total(rows, 'tokens')} | | | | "
+                 f"{_total(rows, 'minutes', '{:.0f}')} ({hours:.1f} hours) |")
     return lines + [""]
-
-
-def _partial(rows: list[dict], key: str) -> str:
-    """``at least `` where a row lacks ``key`` (not every run recorded it), else ``""``."""
-    return "" if _total(rows, key)[1] else "at least "
 
 
 def wilson_interval(correct: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -190,10 +186,10 @@ def write_card(folder: Path, evaluations: list[dict], summary: dict, tasks: dict
         f"| layers / hidden / heads / FFN | {cfg.get('num_layers')} / {cfg.get('hidden_size')} / {cfg.get('num_heads')} / {cfg.get('intermediate_size')} |",
         f"| vocabulary | {cfg.get('vocab_size')} (byte-level BPE) |",
         f"| context (max positions) | {cfg.get('context')} |",
-        f"| optimizer steps | {_partial(runs, 'steps')}{_total(runs, 'steps')[0]:,} in {len(runs)} runs "
+        f"| optimizer steps | {_total(runs, 'steps')} in {len(runs)} runs "
         f"(batch {cfg.get('batch_size')} x {cfg.get('context')} tokens, or as many tokens in shorter crops) |",
-        f"| tokens seen | {_partial(runs, 'tokens')}{_total(runs, 'tokens')[0]:,} |",
-        f"| training time | {_partial(runs, 'minutes')}{_total(runs, 'minutes')[0]:.0f} minutes on 2 CPU cores "
+        f"| tokens seen | {_total(runs, 'tokens')} |",
+        f"| training time | {_total(runs, 'minutes', '{:.0f}')} minutes on 2 CPU cores "
         f"({'bf16 autocast' if cfg.get('bf16_autocast') else 'float32'}); the last run {summary.get('minutes', 0):.0f} "
         f"minutes, seed {cfg.get('seed')} (\"Training recipe\", below) |",
         "",

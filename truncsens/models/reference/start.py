@@ -81,36 +81,43 @@ def _summary(init_from: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def earlier_stages(init_from: str) -> list[dict]:
-    """The recall stages the starting model was itself trained with, oldest first: for each, the
+def stage_record(summary: dict) -> dict:
+    """The record of the recall-stage run whose ``training_summary.json`` is ``summary``: the
     ``STAGE_FIELDS`` its config names (a field added later is absent) plus ``minutes``,
-    ``tokens_seen`` and ``init_sha256``, read from the starting folder's ``training_summary.json``
-    (which lists the stages before it the same way). A starting model trained from scratch, or one
-    without a summary, has none: ``[]`` (its main stage is :func:`main_stage`)."""
-    summary = _summary(init_from)
-    if summary is None:
-        return []
+    ``tokens_seen`` and ``init_sha256``."""
     cfg = summary.get("config", {})
-    if not cfg.get("init_from"):
+    return {k: cfg[k] for k in STAGE_FIELDS if k in cfg} | {"minutes": summary.get("minutes"),
+                                                            "tokens_seen": summary.get("tokens_seen"),
+                                                            "init_sha256": summary.get("init_sha256")}
+
+
+def main_record(summary: dict) -> dict:
+    """The record of the from-scratch run whose ``training_summary.json`` is ``summary``: the
+    ``MAIN_FIELDS`` of its config (with a recall stage in the same run, its ``recall_*`` fields too)
+    plus ``steps``, ``minutes`` and ``tokens_seen`` of the whole run."""
+    cfg = summary.get("config", {})
+    recall = {k: v for k, v in cfg.items() if k.startswith("recall_")} if cfg.get("recall_steps") else {}
+    return {k: cfg[k] for k in MAIN_FIELDS if k in cfg} | recall | {
+        "steps": summary.get("steps"), "minutes": summary.get("minutes"), "tokens_seen": summary.get("tokens_seen")}
+
+
+def earlier_stages(init_from: str) -> list[dict]:
+    """The recall stages the starting model was itself trained with, oldest first, each as
+    :func:`stage_record` reads it, from the starting folder's ``training_summary.json`` (which lists
+    the stages before it the same way). A starting model trained from scratch, or one without a
+    summary, has none: ``[]`` (its main stage is :func:`main_stage`)."""
+    summary = _summary(init_from)
+    if summary is None or not summary.get("config", {}).get("init_from"):
         return []
-    own = {k: cfg[k] for k in STAGE_FIELDS if k in cfg} | {"minutes": summary.get("minutes"),
-                                                  "tokens_seen": summary.get("tokens_seen"),
-                                                  "init_sha256": summary.get("init_sha256")}
-    return [*summary.get("earlier_stages", []), own]
+    return [*summary.get("earlier_stages", []), stage_record(summary)]
 
 
 def main_stage(init_from: str) -> dict | None:
-    """The main stage the starting model descends from: the ``MAIN_FIELDS`` of its config plus
-    ``steps``, ``minutes`` and ``tokens_seen`` (those of the whole run, which is the main stage and
-    any recall stage of that same run, ``recall_steps``). Read from the starting folder's summary: a
-    model trained from scratch is its own main stage; one that was itself started from another model
-    passes on the record its summary holds (``main_stage``). None where no summary records it (a
-    folder without ``training_summary.json``, or one written before this record existed)."""
+    """The main stage the starting model descends from: a model trained from scratch is its own main
+    stage (:func:`main_record`); one that was itself started from another model passes on the
+    record its summary holds (``main_stage``). None where no summary records it (a folder without
+    ``training_summary.json``, or one written before this record existed)."""
     summary = _summary(init_from)
     if summary is None:
         return None
-    cfg = summary.get("config", {})
-    if cfg.get("init_from"):
-        return summary.get("main_stage")
-    return {k: cfg[k] for k in MAIN_FIELDS if k in cfg} | {
-        "steps": summary.get("steps"), "minutes": summary.get("minutes"), "tokens_seen": summary.get("tokens_seen")}
+    return summary.get("main_stage") if summary.get("config", {}).get("init_from") else main_record(summary)
