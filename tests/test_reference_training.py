@@ -32,6 +32,14 @@ def test_lr_schedule_of_the_recall_stage_warms_up_again_and_decays_to_the_floor(
     assert _lr_at(160, cfg) == pytest.approx(1e-4) and _lr_at(500, cfg) == pytest.approx(1e-4)
 
 
+def test_an_annealing_recall_stage_decays_from_its_peak_to_a_lower_floor():
+    """--min-lr below the recall peak: warm-up to 2e-4, cosine to 1e-5 at the last step."""
+    cfg = TrainConfig(min_lr=1e-5, max_steps=100, recall_steps=45, recall_lr=2e-4, recall_warmup_steps=5)
+    assert _lr_at(104, cfg) == pytest.approx(2e-4)
+    assert _lr_at(125, cfg) == pytest.approx(1e-5 + 0.5 * 1.9e-4 * (1 + math.cos(math.pi * 20 / 40)))
+    assert _lr_at(145, cfg) == pytest.approx(1e-5)
+
+
 def test_a_main_stage_checkpoint_continues_into_the_recall_stage_but_not_a_changed_one():
     cfg = TrainConfig(max_steps=100, recall_steps=30)
     main_only = {k: v for k, v in cfg.recipe().items() if not k.startswith("recall_")}  # an earlier recipe
@@ -130,6 +138,11 @@ def test_card_lists_every_run_of_a_chain_with_totals(tmp_path):
             "each, 512 tokens back or more), 30 % induction sequences (the same repeats of frequency-drawn spans), the "
             "rest corpus text | 0.001 | 4 | 2 |") in text
     assert "| all | | 2,830 | 22,942,600 | | | | 407 (6.8 hours) |" in text
+    assert "decays by cosine to a floor of 0.0002, or to the floor its row names." in text
+    summary["config"]["min_lr"] = 1e-5  # an annealing run names its floor; the others keep the stated one
+    text = write_card(tmp_path, CARD_EVALS, summary, CARD_TASKS).read_text()
+    assert "the rest corpus text | 0.001 (floor 1e-05) | 4 | 2 |" in text and "| 0.001 | 0 | 99 |" in text
+    summary["config"]["min_lr"] = 2e-4
     assert "| optimizer steps | 2,830 in 3 runs (batch 2 x 1024 tokens, or as many tokens in shorter crops) |" in text
     assert "| tokens seen | 22,942,600 |" in text
     assert "| training time | 407 minutes on 2 CPU cores (float32); the last run 2 minutes, seed 4" in text
@@ -341,6 +354,12 @@ def test_shares_and_learning_rates_are_checked_before_anything_is_written(tmp_pa
         TrainConfig(kv_share=-0.1)
     with pytest.raises(TrainError, match="recall_lr must be > 0, got 0"):
         TrainConfig(recall_lr=0.0)
+    with pytest.raises(TrainError, match=r"min_lr \(the learning-rate floor, 0.0005\) must not exceed recall_lr "
+                                         r"\(a peak that decays to it, 0.0003\)"):
+        TrainConfig(recall_steps=10, recall_lr=3e-4, min_lr=5e-4)
+    assert TrainConfig(recall_lr=3e-4, min_lr=5e-4).min_lr == 5e-4  # no recall stage: its peak decays to nothing
+    with pytest.raises(TrainError, match="must not exceed lr"):
+        TrainConfig(lr=1e-4)
     assert TrainConfig(recall_repeat_share=0.4, recall_kv_share=0.6).recall_kv_share == 0.6  # sum 1 is allowed
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["train-reference", "--out-dir", str(out), "--init-from", "reference",
@@ -359,6 +378,9 @@ def test_shares_and_learning_rates_are_checked_before_anything_is_written(tmp_pa
     r = CliRunner().invoke(app, ["train-reference", "--out-dir", str(out), "--init-from", "reference",
                                  "--recall-steps", "5", "--recall-induction-share", "0.5"])  # 0.6 + 0.2 + 0.5 > 1
     assert r.exit_code == 2 and "induction=0.5" in r.stderr and not out.exists()
+    r = CliRunner().invoke(app, ["train-reference", "--out-dir", str(out), "--init-from", "reference",
+                                 "--recall-steps", "5", "--recall-lr", "1e-4", "--min-lr", "2e-4"])
+    assert r.exit_code == 2 and "must not exceed recall_lr" in r.stderr and not out.exists()
 
 
 def test_load_start_copies_bf16_weights_and_refuses_another_shape():

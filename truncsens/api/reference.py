@@ -157,7 +157,7 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                     recall_name_words: int = TrainConfig.recall_name_words,
                     recall_kv_share: float = TrainConfig.recall_kv_share,
                     recall_repeat_share: float = TrainConfig.recall_repeat_share,
-                    recall_lr: float = TrainConfig.recall_lr,
+                    recall_lr: float = TrainConfig.recall_lr, min_lr: float = TrainConfig.min_lr,
                     recall_repeat_spans: int = TrainConfig.recall_repeat_spans,
                     recall_repeat_min_distance: int = TrainConfig.recall_repeat_min_distance,
                     recall_induction_share: float = TrainConfig.recall_induction_share,
@@ -180,6 +180,9 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
         recall_kv_share, recall_repeat_share: shares of the recall stage's sequences in the dense
             key–value format and with long-range repeats (the rest is corpus text); each in [0, 1], sum ≤ 1.
         recall_lr: the recall stage's peak learning rate (> 0).
+        min_lr: the floor to which each stage's learning rate decays by cosine (> 0, at most each
+            peak; 2e-4 for every run of the installed model). A floor well below the peak in a
+            short recall stage anneals the model (docs/reference-model.md, "Annealing").
         recall_repeat_spans, recall_repeat_min_distance: spans copied forward in each of the recall
             stage's repeat sequences, and their shortest distance in tokens (each ≥ 1; the distances
             are log-uniform up to the crop length).
@@ -202,7 +205,7 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
                       seed=seed, threads=threads, recall_warm_context=recall_warm_context,
                       recall_warm_steps=recall_warm_steps, recall_warm_doublings=recall_warm_doublings,
                       recall_name_words=recall_name_words, recall_kv_share=recall_kv_share,
-                      recall_repeat_share=recall_repeat_share, recall_lr=recall_lr,
+                      recall_repeat_share=recall_repeat_share, recall_lr=recall_lr, min_lr=min_lr,
                       recall_repeat_spans=recall_repeat_spans, recall_repeat_min_distance=recall_repeat_min_distance,
                       recall_induction_share=recall_induction_share, init_from=init_from, stage_name=stage_name)
     return build_reference(cfg, install)

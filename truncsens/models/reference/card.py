@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from truncsens.models.reference.start import main_record, stage_record
+from truncsens.models.reference.start import FLOOR_LR, main_record, stage_record
 
 CARD_CONTEXTS = (16, 64, 256, 1024)  # shorter contexts evaluated beside the model's maximum
 
@@ -99,7 +99,7 @@ def training_runs(summary: dict) -> list[dict]:
                      "start": "random initialisation", "steps": steps + recall if steps is not None else None,
                      "tokens": main.get("tokens_seen"), "minutes": main.get("minutes"), "data": data,
                      "lr": f"{main['lr']:g}" + (f", then {main['recall_lr']:g}" if recall and "recall_lr" in main else "")
-                     if "lr" in main else None, "seed": main.get("seed")})
+                     + _floor(main) if "lr" in main else None, "seed": main.get("seed")})
     stages = [*summary.get("earlier_stages", []), stage_record(summary)] if cfg.get("init_from") else []
     for st in stages:
         before = rows[-1]["name"] if rows[-1]["steps"] is not None or len(rows) > 1 else None
@@ -107,8 +107,15 @@ def training_runs(summary: dict) -> list[dict]:
         start = f"{before} ({sha})" if before else f"`{st.get('init_from')}` ({sha})"
         rows.append({"name": st.get("stage_name") or "recall", "start": start, "steps": st.get("recall_steps"),
                      "tokens": st.get("tokens_seen"), "minutes": st.get("minutes"), "data": _recall_data(st, cfg.get("context")),
-                     "lr": f"{st['recall_lr']:g}", "seed": st.get("seed")})
+                     "lr": f"{st['recall_lr']:g}" + _floor(st), "seed": st.get("seed")})
     return rows
+
+
+def _floor(record: dict) -> str:
+    """`` (floor x)`` where a run's record names a learning-rate floor ``min_lr`` other than
+    :data:`~truncsens.models.reference.start.FLOOR_LR` (the card says that one once), else ``""``."""
+    floor = record.get("min_lr", FLOOR_LR)
+    return "" if floor == FLOOR_LR else f" (floor {floor:g})"
 
 
 def _total(rows: list[dict], key: str, fmt: str = "{:,}") -> str:
@@ -130,7 +137,9 @@ def _recipe_lines(rows: list[dict], cfg: dict) -> list[str]:
              "its starting model (`init_sha256` of `training_summary.json`): the checkpoint SHA-256 (the `model_sha256`",
              "of results made on that model), or, where marked, that of its `model.safetensors` alone (a run from",
              "before the checkpoint SHA-256 was recorded). Batches of "
-             f"{cfg.get('batch_size')} x {cfg.get('context')} tokens, or as many tokens in shorter crops; minutes on 2 CPU cores.", "",
+             f"{cfg.get('batch_size')} x {cfg.get('context')} tokens, or as many tokens in shorter crops; minutes on 2 CPU cores.",
+             "Each run's learning rate warms up to its peak and decays by cosine to a floor of "
+             f"{FLOOR_LR:g}, or to the floor its row names.", "",
              "| run | started from | optimizer steps | tokens | data and crops | peak learning rate | seed | minutes |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:

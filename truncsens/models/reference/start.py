@@ -65,11 +65,13 @@ def load_start(model, weights: dict, init_from: str) -> None:
     model.load_state_dict(weights, strict=False)  # copies into float32 parameters
 
 
+FLOOR_LR = 2e-4  # the learning-rate floor of TrainConfig.min_lr's default, which every run of the installed model used
+
 STAGE_FIELDS = ("init_from", "recall_steps", "recall_warm_steps", "recall_warm_context", "recall_warm_doublings",
                 "recall_name_words", "recall_kv_share", "recall_repeat_share", "recall_repeat_spans",
-                "recall_repeat_min_distance", "recall_induction_share", "recall_lr", "seed", "bf16_autocast",
+                "recall_repeat_min_distance", "recall_induction_share", "recall_lr", "min_lr", "seed", "bf16_autocast",
                 "stage_name")  # what the card says of an earlier recall stage
-MAIN_FIELDS = ("max_steps", "warm_steps", "warm_context", "repeat_share", "kv_share", "lr", "seed", "context",
+MAIN_FIELDS = ("max_steps", "warm_steps", "warm_context", "repeat_share", "kv_share", "lr", "min_lr", "seed", "context",
                "recall_steps", "stage_name")  # what the card says of the main stage
 
 

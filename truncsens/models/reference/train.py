@@ -21,7 +21,7 @@ import torch
 from truncsens.corpora.builtin import code_documents, nl_documents
 from truncsens.corpora.document import Document, select_split
 from truncsens.models.reference.data import DENSE_NAME_WORDS, DataMix
-from truncsens.models.reference.start import TrainError, earlier_stages, init_folder, load_start, main_stage, start_from
+from truncsens.models.reference.start import FLOOR_LR, TrainError, earlier_stages, init_folder, load_start, main_stage, start_from
 
 EOS = "<|endoftext|>"
 
@@ -72,7 +72,7 @@ class TrainConfig:
     stop_at_step: int = 0  # > 0: this invocation stops (and checkpoints) once this step is done
     checkpoint_minutes: float = 10.0
     lr: float = 3e-3
-    min_lr: float = 2e-4
+    min_lr: float = FLOOR_LR
     warmup_steps: int = 100
     weight_decay: float = 0.1
     repeat_share: float = 0.2
@@ -102,8 +102,9 @@ class TrainConfig:
         the learning rates before anything is trained or written.
 
         Raises:
-            TrainError: a stage's shares below 0 or summing above 1, fewer than 2 name words, or a
-                learning rate ≤ 0.
+            TrainError: a stage's shares below 0 or summing above 1, fewer than 2 name words, a
+                learning rate ≤ 0, or a floor ``min_lr`` above a peak that decays to it (``lr``;
+                ``recall_lr`` with recall steps).
         """
         for stage, mix in (("main", lambda: DataMix(self.repeat_share, self.kv_share)), ("recall", self.recall_mix)):
             try:
@@ -113,6 +114,11 @@ class TrainConfig:
         for name in ("lr", "min_lr", "recall_lr"):
             if not getattr(self, name) > 0:
                 raise TrainError(f"{name} must be > 0, got {getattr(self, name)}")
+        peaks = [("lr", self.lr)] + ([("recall_lr", self.recall_lr)] if self.recall_steps else [])
+        for name, peak in peaks:
+            if self.min_lr > peak:
+                raise TrainError(f"min_lr (the learning-rate floor, {self.min_lr:g}) must not exceed {name} "
+                                 f"(a peak that decays to it, {peak:g})")
 
     def recall_mix(self) -> DataMix:
         """The recall stage's :class:`~truncsens.models.reference.data.DataMix` (dense key–value format).
