@@ -20,7 +20,7 @@ def train_reference(
     recall_name_words: int = typer.Option(200, help="Name parts of the dense key-value format: the most frequent this many words."),
     recall_kv_share: float = typer.Option(0.6, help="Share of the recall stage's sequences in the dense key-value format."),
     recall_repeat_share: float = typer.Option(0.2, help="Share of the recall stage's sequences with long-range repeats (the rest: corpus text)."),
-    recall_lr: float = typer.Option(1e-3, help="Peak learning rate of the recall stage (cosine decay to the main stage's floor)."),
+    recall_lr: float = typer.Option(1e-3, help="Peak learning rate of the recall stage (cosine decay to --min-lr)."),
     min_lr: float = typer.Option(2e-4, help="Floor to which each stage's learning rate decays (cosine); at most each peak."),
     recall_repeat_spans: int = typer.Option(4, help="Spans copied forward in each of the recall stage's repeat sequences."),
     recall_repeat_min_distance: int = typer.Option(64, help="Shortest distance of those copies in tokens (log-uniform up to the crop length)."),
