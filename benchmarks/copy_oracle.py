@@ -25,6 +25,11 @@ of the two to trust; and the same with the full-cache model in place of the mode
 source. These are not bounds for every model (a better model of code would know more), but they say
 how much of the aim perfect copying adds to what this model already predicts.
 
+Two last rows say how the model misses: how many targets lie in its top 5 (it knows the candidates
+but ranks another first), and how many distinct tokens follow an earlier occurrence of the token
+before the target in the context (median over targets): the choices a copier keyed on that token
+has, of which the target is one.
+
 ``--copy-rule span`` reads the targets of that rule instead (the four tokens before the target repeat
 those before its source, and nowhere nearer: the copy is unambiguous for a four-token induction head).
 
@@ -42,6 +47,7 @@ from pathlib import Path
 from typing import Sequence
 
 MAX_MATCH = 64  # longest suffix compared, tokens
+TOP_K = 5  # the model's top-k row
 
 
 def suffix_rule(context: Sequence[int], k: int) -> int | None:
@@ -68,16 +74,26 @@ def longest_rule(context: Sequence[int], max_match: int = MAX_MATCH) -> int | No
     return pred
 
 
-def top1(loaded, contexts, batch: int = 4):
-    """[n] int64 top-1 next-token ids of ``loaded`` after each row of ``contexts`` ([n, L] token ids,
-    L tokens read from position 0)."""
+def continuations(context: Sequence[int]) -> int:
+    """How many distinct tokens follow an earlier occurrence of the last token of ``context``: the
+    candidates among which a copier keyed on that one token must choose (0: it never occurred before)."""
+    last = context[-1]
+    return len({context[s + 1] for s in range(len(context) - 1) if context[s] == last})
+
+
+def target_rank(loaded, contexts, targets, batch: int = 4):
+    """[n] int64 rank of each target in ``loaded``'s next-token logits after its row of ``contexts``
+    ([n, L] token ids, L tokens read from position 0; ``targets`` [n] token ids): the number of
+    tokens with a larger logit, so 0 is a top-1 hit and < k a top-k hit."""
     import torch
 
     out = []
     with torch.no_grad():
         for i in range(0, contexts.shape[0], batch):
             ids = contexts[i : i + batch].to(loaded.device)  # [b, L]
-            out.append(loaded.model(input_ids=ids, logits_to_keep=1).logits[:, -1].argmax(-1).cpu())  # [b]
+            logits = loaded.model(input_ids=ids, logits_to_keep=1).logits[:, -1].float().cpu()  # [b, V]
+            own = logits.gather(1, targets[i : i + batch, None])  # [b, 1]
+            out.append((logits > own).sum(-1))  # [b]
     return torch.cat(out)
 
 
@@ -109,11 +125,14 @@ def main(argv: list[str] | None = None) -> int:
             right[name][j] = rule(context) == target
     hits = {name: int(r.sum()) for name, r in right.items()}
     D = default_min_distance(N)
-    target = tasks.targets.token_id[copy].numpy()  # [n]
-    full = top1(loaded, tasks.targets.context[copy]).numpy() == target  # [n], task_accuracy's copy count per target
+    target = tasks.targets.token_id[copy]  # [n]
+    rank = target_rank(loaded, tasks.targets.context[copy], target).numpy()  # [n]
+    full = rank == 0  # [n], task_accuracy's copy count per target
     model = {"correct": int(full.sum()), "n": len(copy), "accuracy": float(full.mean()) if len(copy) else float("nan")}
-    evicted = top1(loaded, tasks.targets.context[copy][:, N - (D - 1):]).numpy() == target  # reads [n, D - 1]
+    evicted = target_rank(loaded, tasks.targets.context[copy][:, N - (D - 1):], target).numpy() == 0  # reads [n, D - 1]
     n = len(copy)
+    top5 = int((rank < TOP_K).sum())
+    candidates = [continuations(tasks.targets.context[i].tolist()) for i in copy]  # [n]
     both = {"model, source evicted": int(evicted.sum()),
             "either: evicted model or longest": int((evicted | right["longest"]).sum()),
             "either: full-cache model or longest": int((full | right["longest"]).sum())}
@@ -126,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
            "either_evicted_or_longest": {"correct": both["either: evicted model or longest"],
                                          "accuracy": both["either: evicted model or longest"] / n},
            "either_full_cache_or_longest": {"correct": both["either: full-cache model or longest"],
-                                            "accuracy": both["either: full-cache model or longest"] / n}}
+                                            "accuracy": both["either: full-cache model or longest"] / n},
+           "model_full_cache_top5": {"correct": top5, "accuracy": top5 / n},
+           "continuations_of_previous_token": {"median": float(np.median(candidates)) if n else float("nan"),
+                                               "per_target": candidates}}
     print(f"copy targets of certify-attribution at N = {N}, rule {args.copy_rule}: {n}")
     for name, h in hits.items():
         print(f"  {name:9s} {h:3d} / {n} = {h / n:.0%}")
@@ -135,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{both['model, source evicted'] / n:.0%}")
     for name in ("either: evicted model or longest", "either: full-cache model or longest"):
         print(f"  {name} {both[name]:3d} / {n} = {both[name] / n:.0%}")
+    print(f"  model, full cache, target in its top {TOP_K}  {top5:3d} / {n} = {top5 / n:.0%}")
+    if n:
+        print(f"  distinct tokens after earlier occurrences of the token before the target: median "
+              f"{np.median(candidates):g} (range {min(candidates)}-{max(candidates)})")
     if args.out:
         path = Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)

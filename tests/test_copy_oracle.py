@@ -24,8 +24,17 @@ def test_longest_rule_prefers_the_longer_match_over_the_recent_one():
     assert copy_oracle.longest_rule([1, 2, 3]) is None  # the last token never occurred before
 
 
-def test_top1_equals_a_loop_of_single_forwards():
-    """top1 batches the contexts; each row's prediction is that of the row read alone."""
+def test_continuations_counts_the_distinct_tokens_after_the_last_token():
+    #          0  1  2  3  4  5  6  7  8
+    context = [1, 7, 1, 8, 2, 1, 7, 3, 1]
+    assert copy_oracle.continuations(context) == 2  # "1" at 0, 2, 5 is followed by 7, 8, 7
+    assert copy_oracle.continuations([4, 5, 6]) == 0  # "6" never occurred before
+    assert copy_oracle.continuations([6, 6, 6]) == 1  # "6" followed by "6" twice
+
+
+def test_target_rank_equals_a_loop_of_single_forwards():
+    """target_rank batches the contexts; each row's rank is the number of logits above the target's
+    when the row is read alone (0: top-1), for targets chosen to give distinct ranks."""
     from types import SimpleNamespace
 
     import torch
@@ -37,6 +46,8 @@ def test_top1_equals_a_loop_of_single_forwards():
     contexts = torch.randint(0, 50, (5, 12))  # [n, L]
     loaded = SimpleNamespace(model=model, device=torch.device("cpu"))
     with torch.no_grad():
-        expected = [int(model(input_ids=row[None]).logits[0, -1].argmax()) for row in contexts]
-    got = copy_oracle.top1(loaded, contexts, batch=2)
-    assert got.tolist() == expected and len(set(expected)) > 1  # several distinct predictions, so rows matter
+        order = [model(input_ids=row[None]).logits[0, -1].argsort(descending=True) for row in contexts]  # [V] each
+    wanted = [0, 3, 1, 49, 7]  # the rank each row's target is given
+    targets = torch.stack([o[r] for o, r in zip(order, wanted)])  # [n]
+    got = copy_oracle.target_rank(loaded, contexts, targets, batch=2)
+    assert got.tolist() == wanted
