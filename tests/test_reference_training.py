@@ -360,6 +360,7 @@ def test_shares_and_learning_rates_are_checked_before_anything_is_written(tmp_pa
     assert TrainConfig(recall_lr=3e-4, min_lr=5e-4).min_lr == 5e-4  # no recall stage: its peak decays to nothing
     with pytest.raises(TrainError, match="must not exceed lr"):
         TrainConfig(lr=1e-4)
+    assert TrainConfig(init_from="reference", recall_steps=10, recall_lr=5e-3, min_lr=4e-3).min_lr == 4e-3  # no main stage
     assert TrainConfig(recall_repeat_share=0.4, recall_kv_share=0.6).recall_kv_share == 0.6  # sum 1 is allowed
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["train-reference", "--out-dir", str(out), "--init-from", "reference",

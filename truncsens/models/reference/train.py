@@ -33,7 +33,8 @@ class TrainConfig:
     The recipe is every field but ``out_dir``, ``max_minutes``, ``stop_at_step``, ``threads`` and
     ``stage_name`` (a label for the card): a resumed run must
     have the same recipe as the checkpoint it continues, as far as the steps that checkpoint has done
-    go (:class:`TrainError` otherwise; a checkpoint of the main stage continues into any recall stage).
+    go (:class:`TrainError` otherwise; a checkpoint of the main stage continues into any recall stage with the same ``min_lr``, the
+    floor of both stages).
 
     Two stages: the main stage (steps ``0 .. max_steps - 1``) draws batches with ``repeat_share`` and
     ``kv_share``; the recall stage (the next ``recall_steps`` steps) draws them with
@@ -103,8 +104,8 @@ class TrainConfig:
 
         Raises:
             TrainError: a stage's shares below 0 or summing above 1, fewer than 2 name words, a
-                learning rate ≤ 0, or a floor ``min_lr`` above a peak that decays to it (``lr``;
-                ``recall_lr`` with recall steps).
+                learning rate ≤ 0, or a floor ``min_lr`` above a peak that decays to it (``lr`` unless
+                ``init_from`` skips the main stage; ``recall_lr`` with recall steps).
         """
         for stage, mix in (("main", lambda: DataMix(self.repeat_share, self.kv_share)), ("recall", self.recall_mix)):
             try:
@@ -114,7 +115,7 @@ class TrainConfig:
         for name in ("lr", "min_lr", "recall_lr"):
             if not getattr(self, name) > 0:
                 raise TrainError(f"{name} must be > 0, got {getattr(self, name)}")
-        peaks = [("lr", self.lr)] + ([("recall_lr", self.recall_lr)] if self.recall_steps else [])
+        peaks = ([] if self.init_from else [("lr", self.lr)]) + ([("recall_lr", self.recall_lr)] if self.recall_steps else [])
         for name, peak in peaks:
             if self.min_lr > peak:
                 raise TrainError(f"min_lr (the learning-rate floor, {self.min_lr:g}) must not exceed {name} "
