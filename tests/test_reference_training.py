@@ -143,6 +143,12 @@ def test_card_lists_every_run_of_a_chain_with_totals(tmp_path):
     text = write_card(tmp_path, CARD_EVALS, summary, CARD_TASKS).read_text()
     assert "the rest corpus text | 0.001 (floor 1e-05) | 4 | 2 |" in text and "| 0.001 | 0 | 99 |" in text
     summary["config"]["min_lr"] = 2e-4
+    summary["config"]["recall_repeat_share"] = 0.0  # no repeats of corpus text: the span form is the induction's
+    text = write_card(tmp_path, CARD_EVALS, summary, CARD_TASKS).read_text()
+    assert ("| far | recall (checkpoint sha256 abababababababab…) | 30 | 5,000 | 60 % dense key-value recall, 30 % induction "
+            "sequences (repeats of frequency-drawn spans, 16 spans each, 512 tokens back or more), the rest corpus text | "
+            "0.001 | 4 | 2 |") in text
+    summary["config"]["recall_repeat_share"] = 0.2
     assert "| optimizer steps | 2,830 in 3 runs (batch 2 x 1024 tokens, or as many tokens in shorter crops) |" in text
     assert "| tokens seen | 22,942,600 |" in text
     assert "| training time | 407 minutes on 2 CPU cores (float32); the last run 2 minutes, seed 4" in text

@@ -42,19 +42,23 @@ def _recall_schedule(cfg: dict, context: int | None) -> str:
     return text + (f"; names from {cfg['recall_name_words']} words" if "recall_name_words" in cfg else "")
 
 
-def _repeat_form(cfg: dict) -> str:
-    """How the recall stage's repeats were drawn, where not the default 4 spans from 64 tokens back, and
-    its share of induction sequences (data.py), where it has any."""
+def _repeats(cfg: dict) -> str:
+    """The recall stage's repeats and induction sequences (data.py): their shares, and how their spans
+    were drawn where not the default 4 spans from 64 tokens back; a share of 0 is named for repeats
+    only where there are no induction sequences either (records before that share existed)."""
     spans, distance = cfg.get("recall_repeat_spans") or 4, cfg.get("recall_repeat_min_distance") or 64
-    form = "" if (spans, distance) == (4, 64) else f" ({spans} spans each, {distance} tokens back or more)"
-    share = cfg.get("recall_induction_share") or 0
-    return form + (f", {_pct(share)} induction sequences (the same repeats of frequency-drawn spans)" if share else "")
+    form = "" if (spans, distance) == (4, 64) else f"{spans} spans each, {distance} tokens back or more"
+    repeat, induction = cfg["recall_repeat_share"], cfg.get("recall_induction_share") or 0
+    if not repeat and induction:  # no repeats of corpus text: the span form belongs to the induction sequences
+        return f"{_pct(induction)} induction sequences (repeats of frequency-drawn spans{', ' + form if form else ''})"
+    text = f"{_pct(repeat)} repeats" + (f" ({form})" if form else "")
+    return text + (f", {_pct(induction)} induction sequences (the same repeats of frequency-drawn spans)" if induction else "")
 
 
 def _recall_data(cfg: dict, context: int | None = None) -> str:
     """A recall stage's data and crops, for its row of the recipe table (``context``: the model's, N)."""
-    return (f"{_pct(cfg['recall_kv_share'])} dense key-value recall, {_pct(cfg['recall_repeat_share'])} repeats"
-            f"{_repeat_form(cfg)}, the rest corpus text{_recall_schedule(cfg, context)}")
+    return (f"{_pct(cfg['recall_kv_share'])} dense key-value recall, {_repeats(cfg)}, the rest corpus text"
+            f"{_recall_schedule(cfg, context)}")
 
 
 def _main_data(cfg: dict) -> str:
