@@ -76,6 +76,7 @@ def _run_and_report(run, cfg) -> None:
     from truncsens.api.load import load
     from truncsens.engine.run.shards import kept_shards, shard_dir_for
     from truncsens.report.summary import format_table, summarize
+    from truncsens.metrics import DEFAULT_METRICS, present
 
     try:
         summary = run(cfg)
@@ -102,7 +103,8 @@ def _run_and_report(run, cfg) -> None:
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
         f"{what} {points}"
         + (f", {summary.shards_reused} shard{'s' if summary.shards_reused > 1 else ''} reused" if summary.shards_reused else ""))
-    typer.echo(format_table(summarize(load(summary.path), ["tv", "kl"]), summary.sweep_dim))
+    shown = list(present(DEFAULT_METRICS))  # in results-file order: tv, kl
+    typer.echo(format_table(summarize(load(summary.path), shown), summary.sweep_dim))
 
 
 def register(app: typer.Typer) -> None:
