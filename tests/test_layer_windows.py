@@ -80,6 +80,39 @@ def test_sweep_layer_by_layer_and_errors():
         decode_layer_windows(model, ids, reference_pass(model, ids, keep_cache=True).cache, [0, 2], 1)
 
 
+def test_per_layer_support_and_path_are_the_semantics_attributes():
+    from truncsens.engine.config import DEFAULT_PER_LAYER_SEMANTICS, PER_LAYER_SEMANTICS
+    from truncsens.engine.semantics import SEMANTICS, PrefillEvict, Streaming
+
+    assert PER_LAYER_SEMANTICS[0] == DEFAULT_PER_LAYER_SEMANTICS
+    assert set(PER_LAYER_SEMANTICS) == {n for n, s in SEMANTICS.items() if s.per_layer} == {"prefill_evict", "streaming"}
+
+    class Renamed(PrefillEvict):  # the same object under another name: only attributes decide
+        name = "prefill_evict_copy"
+
+    class StreamingRenamed(Streaming):
+        name = "streaming_copy"
+
+    model = sharp_tiny_llama(layers=2)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(5))
+    targets = TargetSet(["a", "b"], np.arange(2) + 16, ids, torch.zeros(2, dtype=torch.long))
+    configs = layer_sweep_configurations(2, [2, 6])
+    for base, renamed in (("prefill_evict", Renamed()), ("streaming", StreamingRenamed())):
+        tokens_base, tokens_renamed = [], []
+        want, _ = measure_layer_windows(model, targets, configs, 1, "cpu", 10_000, tokens_base.append, semantics=base)
+        got, _ = measure_layer_windows(model, targets, configs, 1, "cpu", 10_000, tokens_renamed.append, semantics=renamed)
+        np.testing.assert_array_equal(got["kl"], want["kl"])
+        # forward tokens: the reference pass (2 x 16), then 4 configurations of one decoded token or 16 streamed per row
+        assert tokens_renamed == tokens_base == [2 * 16 + 4 * 2 * (1 if base == "prefill_evict" else 16)]
+
+    class NoPerLayer(Streaming):
+        name = "streaming_without"
+        per_layer = False
+
+    with pytest.raises(LayerMaskError, match="per-layer windows run under streaming or prefill_evict, not 'streaming_without'"):
+        measure_layer_windows(model, targets, configs, 1, "cpu", 10_000, semantics=NoPerLayer(SEMANTICS))
+
+
 def streaming_loop(model, ids, windows, n_sink):
     """Streaming with a window per layer, token by token: at step q each layer's cache holds only its
     sinks and last w_l earlier keys (keys as computed at their own step), copied from the stored keys;

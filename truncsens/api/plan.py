@@ -34,8 +34,6 @@ from truncsens.report.plots import figure_paths
 from truncsens.fits.per_layer import floor_window, layer_power_laws
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 
-SEMANTICS = ("prefill_evict", "streaming")
-
 
 class PlanError(ValueError):
     """A plan cannot be made as asked; the message names the input and the fix."""
@@ -234,6 +232,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     from truncsens.api.measure import measure_config, model_argument
     from truncsens.budget.allocation import AllocationError
     from truncsens.engine.attention_windows import layer_windows
+    from truncsens.engine.config import PER_LAYER_SEMANTICS
     from truncsens.engine.documents import prepare_documents
     from truncsens.engine.layer_windows_pass import layer_sweep_configurations, measure_layer_windows
     from truncsens.engine.measure import resolve_reference_context
@@ -242,8 +241,8 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     from truncsens.targets import select_targets
 
     metric_record(metric)  # an unknown metric fails here, before any pass
-    if semantics not in SEMANTICS:
-        raise PlanError(f"--semantics must be one of {', '.join(SEMANTICS)}, got {semantics!r}")
+    if semantics not in PER_LAYER_SEMANTICS:
+        raise PlanError(f"--semantics must be one of {', '.join(PER_LAYER_SEMANTICS)}, got {semantics!r}")
     defaulted = average_windows is None and kv_bytes is None and eps is None
     if defaulted:
         average_windows = (64, 256)
