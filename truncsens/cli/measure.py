@@ -9,13 +9,14 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.corpora import corpus_help
 from truncsens.cli.options import Domain, Overwrite, Resume, Split
 
 
 def measure(
     model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id, a local checkpoint folder, or synthetic:ALPHA."),
     domain: Domain = "code",
-    corpus: Optional[str] = typer.Option(None, help="Override the corpus: shipped manifest name, .yaml manifest, folder, .txt, .jsonl, or 'synthetic'."),
+    corpus: Optional[str] = typer.Option(None, help="Override the corpus: " + corpus_help("'synthetic'") + "."),
     split: Split = "auto",
     text_field: str = typer.Option("text", help="Text field of a .jsonl corpus."),
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context of the reference distribution (default: model maximum)."),
