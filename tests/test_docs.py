@@ -1,5 +1,5 @@
 """The README and docs/ pages: CI runs exactly the README's test command, and every relative link,
-anchor and repository path the pages name exists (the layout of issue 18 moved modules and pages)."""
+anchor and repository path the pages name exists (a moved module or page leaves no dangling reference)."""
 
 from __future__ import annotations
 

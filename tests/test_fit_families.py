@@ -65,7 +65,7 @@ def test_every_family_has_its_own_line_style_and_legend():
 
 
 def test_fit_help_names_every_family():
-    out = CliRunner().invoke(app, ["fit", "--help"], terminal_width=400).output
+    out = CliRunner().invoke(app, ["fit", "--help"], env={"COLUMNS": "300"}).output
     text = " ".join(out.split())
     for record in FAMILY_RECORDS:
         assert record.help in text and record.name in text

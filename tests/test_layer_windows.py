@@ -1,4 +1,4 @@
-"""Prefill-evict with a window per layer (issue 21, item 1): the per-layer masks equal a decode over a
+"""Prefill-evict with a window per layer: the per-layer masks equal a decode over a
 cache pruned layer by layer (a naive per-layer evicting loop written here), to 1e-5; nothing windowed
 is the model's own output; a sweep measures each layer alone."""
 

@@ -1,7 +1,7 @@
 """``truncsens plan`` as a function: per-layer KV windows from each layer's measured truncation
 sensitivity, validated against the uniform window and a PyramidKV-style schedule at equal KV bytes.
 
-Steps (issue 21; method in docs/plan.md):
+Steps (method in docs/plan.md):
 
 1. The documents are split in two: the first half (by run order) is the fit set, the rest held out.
 2. On the fit set, each layer alone keeps its sinks and last w keys while every other layer keeps its

@@ -74,7 +74,7 @@ class MeasureConfig:
         granularity: "token" (one kept set per target, shared by all layers and heads) or "head"
             (one per key/value head, shared by all layers; ``streaming`` and ``prefill_evict`` only;
             :mod:`truncsens.engine.granularity`).
-        per_layer: a per-layer window sweep (issue 21): for each layer l alone, D_l(w), layer l keeping
+        per_layer: a per-layer window sweep (the measurement behind ``truncsens plan``): for each layer l alone, D_l(w), layer l keeping
             its ``n_sink`` first and last w keys (the query's own among them) while every other layer
             keeps its full cache, under ``prefill_evict`` (default) or ``streaming``
             (:mod:`truncsens.engine.layer_windows_pass`); ``n_sink`` defaults to 4; results gain a

@@ -1,4 +1,4 @@
-"""A window per layer, the measurement behind ``truncsens plan`` (issue 21): under prefill-evict, the
+"""A window per layer, the measurement behind ``truncsens plan``: under prefill-evict, the
 decode step of the target's query in which layer l reads only its sinks and its last w_l keys
 (every layer its own w_l, or the full cache); under streaming, one parallel pass in which every
 token was processed that way (:func:`stream_layer_windows`).

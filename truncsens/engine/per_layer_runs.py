@@ -1,4 +1,4 @@
-"""The shards of a per-layer window sweep (``truncsens measure --per-layer``, issue 21).
+"""The shards of a per-layer window sweep (``truncsens measure --per-layer``).
 
 For each layer l alone and each window w, the target's next-token distribution when layer l keeps
 only its ``n_sink`` first keys and its last w keys (the query's own among them) while every other
