@@ -21,14 +21,23 @@ from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.granularity import evicted_mass
 from truncsens.engine.kernel import measure_draws, policy_seeds
 from truncsens.engine.reference_pass import reference_pass
-from truncsens.engine.semantics import decode_kept, semantics_for
+from truncsens.engine.semantics import SEMANTICS, decode_kept, semantics_for
 from truncsens.engine.streaming_pass import decide_offline
 from truncsens.models import load_model
-from truncsens.policies import make_policy
+from truncsens.policies import POLICIES, make_policy
 from truncsens.targets import TokenDoc, select_block_targets
 
-STREAMING = ["suffix", "sink_recent", "random", "poisson", "h2o", "tova", "key_norm", "topk"]
-PREFILL_EVICT = STREAMING + ["snapkv"]
+BLOCK_SEMANTICS = [n for n, s in SEMANTICS.items() if s.policy_blocks]  # those whose policy sweeps run in blocks
+
+
+
+def runnable(semantics: str) -> list[str]:
+    """The registered policies the semantics runs (every one but snapkv under streaming), in registry order."""
+    return [n for n in POLICIES if make_policy(n, n_sink=2).requirements() <= SEMANTICS[semantics].provides]
+
+
+STREAMING = runnable("streaming")
+PREFILL_EVICT = runnable("prefill_evict")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +105,7 @@ def test_prefill_evict_block_equals_single_target_decodes(llama, names):
 
 def test_a_block_of_one_equals_the_exact_protocol(llama):
     docs = _docs(5)
-    for name in ("streaming", "prefill_evict"):
+    for name in BLOCK_SEMANTICS:
         semantics = semantics_for(name)
         policies = [make_policy(n, n_sink=2) for n in ("h2o", "random")]
         targets = select_block_targets(docs, 24, 3, 0, 1)  # B = 1: every target its own block
@@ -257,7 +266,7 @@ def test_prefill_evict_block_run_on_the_reference_model_names_its_protocol(tmp_p
     assert shown.exit_code == 0 and "protocol block" in shown.output, shown.output
 
 
-@pytest.mark.parametrize("semantics_name", ["streaming", "prefill_evict"])
+@pytest.mark.parametrize("semantics_name", BLOCK_SEMANTICS)
 def test_blocks_batched_together_keep_their_own_seeds(llama, semantics_name):
     """Three documents, blocks of 4: three blocks run in one batch, each with its own seeds and rows."""
     out = check_block_equals_single_targets(llama, semantics_name, ["poisson", "tova"], [6], draws=2, tpd=4, n_docs=3)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from truncsens.engine.semantics import semantics_for
+from truncsens.engine.semantics import SEMANTICS, semantics_for
 from truncsens.policies import (
     POLICIES, PoissonPolicy, PolicyError, RandomPolicy, SinkRecentPolicy, SuffixPolicy, make_policy, parse_policies,
 )
@@ -178,7 +178,7 @@ def test_poisson_errors():
     with pytest.raises(PolicyError, match="unknown poisson score"):
         PoissonPolicy(score="entropy")
     for name in ("suffix", "sink_recent", "random"):
-        for sem in ("reencode", "streaming", "prefill_evict"):
+        for sem in SEMANTICS:
             semantics_for(sem).check_policy(make_policy(name))  # every deterministic/uniform policy runs everywhere
     semantics_for("streaming").check_policy(p)
     semantics_for("prefill_evict").check_policy(p)

@@ -141,7 +141,7 @@ def test_own_window_differs():
 
 # --- the issue's instance: 1-layer Mistral, window 4, suffix ------------------------------------
 
-@pytest.mark.parametrize("semantics", ["streaming", "prefill_evict", "reencode"])
+@pytest.mark.parametrize("semantics", list(SEMANTICS))
 def test_mistral_window_4_suffix_budgets(mistral_dir, semantics):
     """--policy suffix --budgets 2,3,4,8,16: no error; at budgets >= the window nothing a layer could
     see is evicted, so the metrics are those of the model's own output; below it they are not."""
@@ -271,7 +271,7 @@ def test_hybrid_reencode_original_equals_windowed_loop(qwen2_dir, name, impl):
     assert_same(fast, windowed_reencode(model, ids, index, QWEN_TYPES, QWEN_WINDOWS))
 
 
-@pytest.mark.parametrize("semantics", ["streaming", "prefill_evict", "reencode"])
+@pytest.mark.parametrize("semantics", list(SEMANTICS))
 def test_hybrid_nothing_evicted_is_the_models_own_output(qwen2_dir, semantics):
     """A budget covering the context: every semantics gives the model's own output (1e-5)."""
     model = load_model(qwen2_dir).model
