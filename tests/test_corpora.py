@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -315,9 +316,9 @@ def test_load_corpus_errors(tmp_path):
         load_corpus(str(tmp_path / "nowhere"))
     with pytest.raises(CorpusError, match="no corpus manifest 'bogus'; shipped manifests: code, nl"):
         load_corpus("bogus")
-    (tmp_path / "data.csv").write_text("a,b\n")
-    with pytest.raises(CorpusError, match="data.csv is neither .txt, .jsonl nor a .yaml manifest"):
-        load_corpus(str(tmp_path / "data.csv"))
+    (tmp_path / "data.xyz").write_text("a,b\n")  # a suffix no path kind reads
+    with pytest.raises(CorpusError, match=r"data.xyz is neither \.txt, \.jsonl(, \S+)* nor a \.yaml manifest"):
+        load_corpus(str(tmp_path / "data.xyz"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(CorpusError, match="has no non-empty UTF-8 text files"):
         load_corpus(str(tmp_path / "empty"))
@@ -377,18 +378,21 @@ def test_join_articles_wikitext_style():
 def test_a_path_kind_added_to_the_records_is_read_and_named(tmp_path, monkeypatch):
     from truncsens.corpora import corpus_help, local
 
-    assert corpus_help() == "manifest name, .yaml manifest, folder, .txt or .jsonl"
-    csv = local.PathKind(".csv", ".csv", lambda path, o, skipped: [Document(id=path.name, text=path.read_text().replace(",", " "))])
-    monkeypatch.setattr(local, "PATH_KINDS", local.PATH_KINDS + (csv,))
-    (tmp_path / "data.csv").write_text("a,b\n")
-    c = load_corpus(str(tmp_path / "data.csv"))
+    kinds = [k.name for k in local.PATH_KINDS]
+    assert kinds[:3] == ["folder", ".txt", ".jsonl"]
+    assert corpus_help() == "manifest name, .yaml manifest, " + ", ".join(kinds[:-1]) + " or " + kinds[-1]
+    tab = local.PathKind(".tab", ".tab", lambda path, o, skipped: [Document(id=path.name, text=path.read_text().replace(",", " "))])
+    monkeypatch.setattr(local, "PATH_KINDS", local.PATH_KINDS + (tab,))
+    (tmp_path / "data.tab").write_text("a,b\n")
+    c = load_corpus(str(tmp_path / "data.tab"))
     assert (c.domain, [d.text for d in c.documents]) == ("data", ["a b\n"])
-    (tmp_path / "m.yaml").write_text("name: m\ndomain: nl\nsource: local\npath: data.csv\n")  # a local manifest reads it too
+    (tmp_path / "m.yaml").write_text("name: m\ndomain: nl\nsource: local\npath: data.tab\n")  # a local manifest reads it too
     assert [d.text for d in load_corpus(str(tmp_path / "m.yaml")).documents] == ["a b\n"]
-    assert corpus_help("'synthetic'") == "manifest name, .yaml manifest, folder, .txt, .jsonl, .csv or 'synthetic'"
+    assert corpus_help("'synthetic'") == "manifest name, .yaml manifest, " + ", ".join(kinds) + ", .tab or 'synthetic'"
     (tmp_path / "x.tsv").write_text("a\tb\n")
-    with pytest.raises(CorpusError, match="x.tsv is neither .txt, .jsonl, .csv nor a .yaml manifest; "
-                                          "pass a folder, a .txt, a .jsonl, a .csv or a manifest"):
+    suffixes = ", ".join(k for k in kinds if k.startswith("."))
+    with pytest.raises(CorpusError, match=f"x.tsv is neither {suffixes}, .tab nor a .yaml manifest; "
+                                          f"pass {', '.join('a ' + k for k in kinds)}, a .tab or a manifest"):
         load_corpus(str(tmp_path / "x.tsv"))
 
 
@@ -405,8 +409,9 @@ def test_a_manifest_source_added_to_the_records_is_read(tmp_path, monkeypatch):
     with pytest.raises(CorpusError, match="has source 'echo' but lacks the key 'text'"):
         read_manifest(tmp_path / "bad.yaml")
     (tmp_path / "ftp.yaml").write_text("name: e\ndomain: nl\nsource: ftp\n")
-    with pytest.raises(CorpusError, match=r"source must be one of \('builtin', 'local', 'hf', 'echo'\), got 'ftp' "
-                                          r"\(.*echo: the text at key text\)"):
+    names = tuple(s.name for s in manifest.SOURCE_RECORDS)
+    assert names[:3] + names[-1:] == ("builtin", "local", "hf", "echo")
+    with pytest.raises(CorpusError, match=re.escape(f"source must be one of {names}, got 'ftp' (") + ".*echo: the text at key text\\)"):
         read_manifest(tmp_path / "ftp.yaml")
 
 
