@@ -73,7 +73,7 @@ STEPS = [
     Step("fit", "truncsens fit results/reference-code-2048.nc results/reference-nl-2048.nc --out results/reference.fit.json "
                 "--plot", ("results/reference.fit.json", "results/reference.fit.png", "results/reference.fit.pdf"),
          needs=("measure-code-max", "measure-nl-max")),
-    Step("recommend", "truncsens recommend-window results/reference.fit.json --eps 0.01 --eps 0.05", needs=("fit",),
+    Step("recommend", "truncsens recommend-window results/reference.fit.json --eps 0.05 --eps 0.1", needs=("fit",),
          merge_stderr=True),
     Step("api-example", "", kind="python-block"),
     Step("plan", "truncsens plan --reference-context 1024 --average-window 64,256 --out results/plan.json "
