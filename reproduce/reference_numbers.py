@@ -13,7 +13,7 @@ With ``--update-docs``, every fenced block in README.md and docs/*.md that follo
 ``<!-- numbers: STEP -->`` is replaced by that step's printed output (a first line ``$ command``
 inside the block is kept), and figures the steps wrote are copied to the paths the pages show
 (:data:`FIGURES`). A fenced ``python`` block after ``<!-- numbers-source: STEP -->`` is the source a
-``python-block`` step runs, so the README's code is the code that ran. Tables and sentences that
+``python-block`` step runs, so the page's code is the code that ran. Tables and sentences that
 quote numbers from a JSON file are edited by hand from the kept output; the pages say which.
 
 Usage::
