@@ -1,4 +1,4 @@
-"""Per-layer window allocation (issue 21, item 2): the closed form against brute force on small cases."""
+"""Per-layer window allocation: the closed form against brute force on small cases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One contract for every path that computes attention (issue 22, fault 1).
+"""One contract for every path that computes attention (a path that disagreed with the model's own attention went unnoticed).
 
 For tiny random models of every architecture family the tests can build from a config: with
 nothing evicted (k = N) every semantics and every policy path gives the model's own output (KL below

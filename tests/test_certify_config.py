@@ -45,8 +45,8 @@ def test_the_resume_fingerprint_keeps_its_keys():
                     "max_docs", "model", "n_sink", "obs_window", "reference_context", "score", "seed", "split",
                     "targets_per_doc", "temper", "text_field", "top_fraction"]
     # and its values, pinned: a change of them makes every interrupted run unresumable. (The sampling
-    # design joined them with per-head designs, issue 19: shards of the shared design must not be
-    # resumed as per-head ones; runs from before also lack the model's content hash, issue 22; the
+    # design joined them with per-head designs: shards of the shared design must not be
+    # resumed as per-head ones; runs from before also lack the model's content hash; the
     # default γ became 0.5 when benchmarks/certify_designs.py chose it, so earlier default runs are
     # not resumed under the new default either.)
     from truncsens.engine.run.shards import fingerprint_hash

@@ -1,4 +1,4 @@
-"""Per-head certificate designs (issue 19): each (layer, key/value head) draws its own kept set with
+"""Per-head certificate designs: each (layer, key/value head) draws its own kept set with
 π from its own prefill score; the probed run equals an independent per-layer masked decode; the
 coverage certify reports for layer 0 agrees with a float64 Monte Carlo of the same design written
 here from scratch; honest counting leaves records at the floor out of coverage."""

@@ -95,7 +95,7 @@ def test_fit_bad_input(files):
     assert_user_error(invoke("fit", files / "missing.nc"), "not found")
     assert_user_error(invoke("fit", files / "one.nc"), "only one window")
     # D = 0 everywhere: the measurement is the answer, but no law is fitted: exit 2 saying why, no file
-    # (issue 22: it exited 0 with every family "skipped")
+    # (a fit that skipped every family used to exit 0)
     zero = invoke("fit", files / "zero.nc", "--metric", "tv", "--out", files / "zero-fit.json")
     assert_user_error(zero, "nothing was fitted")
     assert "reaches exactly 0 at window 1" in zero.output and not (files / "zero-fit.json").exists()
@@ -146,7 +146,7 @@ def test_plot_command(files, tmp_path):
 
 
 def test_fit_warns_on_stderr_about_excluded_windows_and_refuses_when_nothing_fits(tmp_path):
-    """Issue 22: excluded windows were listed only in the summary (now also a warning on stderr); a
+    """Excluded windows were listed only in the summary (now also a warning on stderr); a
     curve below the noise floor at every window (another curve with no usable window) exits 2."""
     from truncsens import results
     from truncsens.results.constructed import curve_results

@@ -1,8 +1,8 @@
 """Before/after check of the command line: small runs of every command, printed output pinned.
 
 The files in ``tests/golden/`` were first written by the code as it stood before the layout's redesign
-(commit e80e457, before issue 18) and rewritten, values only, when the 2,048-context reference model
-was installed (issue 20); a change that alters what a command prints fails here. Volatile
+(commit e80e457, before the layout's redesign) and rewritten, values only, when the 2,048-context
+reference model was installed; a change that alters what a command prints fails here. Volatile
 parts (ISO timestamps, the package version, elapsed seconds) are masked before comparing, and
 progress bars (stderr lines with ``it/s`` or ``%|``) are dropped.
 

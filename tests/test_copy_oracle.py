@@ -1,4 +1,4 @@
-"""The copy rules of benchmarks/copy_oracle.py on hand-made contexts (issue 20's copy-accuracy diagnosis)."""
+"""The copy rules of benchmarks/copy_oracle.py on hand-made contexts (why the reference model misses copy targets)."""
 from __future__ import annotations
 
 import importlib.util

@@ -369,3 +369,53 @@ def test_join_articles_wikitext_style():
     assert [d.id for d in docs] == ["w/0", "w/1"]
     assert docs[0].text == " = A = \n text a \n = = Sub = = \n more a \n"
     assert docs[1].text == " = B = \n text b \n"
+
+
+# ---------------------------------------------------------------- sources as records
+
+
+def test_a_path_kind_added_to_the_records_is_read_and_named(tmp_path, monkeypatch):
+    from truncsens.corpora import corpus_help, local
+
+    assert corpus_help() == "manifest name, .yaml manifest, folder, .txt or .jsonl"
+    csv = local.PathKind(".csv", ".csv", lambda path, o, skipped: [Document(id=path.name, text=path.read_text().replace(",", " "))])
+    monkeypatch.setattr(local, "PATH_KINDS", local.PATH_KINDS + (csv,))
+    (tmp_path / "data.csv").write_text("a,b\n")
+    c = load_corpus(str(tmp_path / "data.csv"))
+    assert (c.domain, [d.text for d in c.documents]) == ("data", ["a b\n"])
+    (tmp_path / "m.yaml").write_text("name: m\ndomain: nl\nsource: local\npath: data.csv\n")  # a local manifest reads it too
+    assert [d.text for d in load_corpus(str(tmp_path / "m.yaml")).documents] == ["a b\n"]
+    assert corpus_help("'synthetic'") == "manifest name, .yaml manifest, folder, .txt, .jsonl, .csv or 'synthetic'"
+    (tmp_path / "x.tsv").write_text("a\tb\n")
+    with pytest.raises(CorpusError, match="x.tsv is neither .txt, .jsonl, .csv nor a .yaml manifest; "
+                                          "pass a folder, a .txt, a .jsonl, a .csv or a manifest"):
+        load_corpus(str(tmp_path / "x.tsv"))
+
+
+def test_a_manifest_source_added_to_the_records_is_read(tmp_path, monkeypatch):
+    from truncsens.corpora import manifest
+
+    echo = manifest.Source("echo", ("text",), lambda m, defaults, skipped: [Document(id="echo/0", text=m.options["text"])],
+                           "all", "the text at key text")
+    monkeypatch.setattr(manifest, "SOURCE_RECORDS", manifest.SOURCE_RECORDS + (echo,))
+    (tmp_path / "e.yaml").write_text("name: e\ndomain: nl\nsource: echo\ntext: hello there\n")
+    c = load_corpus(str(tmp_path / "e.yaml"))
+    assert (c.name, c.domain, c.split, [d.text for d in c.documents]) == ("e", "nl", "all", ["hello there"])
+    (tmp_path / "bad.yaml").write_text("name: e\ndomain: nl\nsource: echo\n")
+    with pytest.raises(CorpusError, match="has source 'echo' but lacks the key 'text'"):
+        read_manifest(tmp_path / "bad.yaml")
+    (tmp_path / "ftp.yaml").write_text("name: e\ndomain: nl\nsource: ftp\n")
+    with pytest.raises(CorpusError, match=r"source must be one of \('builtin', 'local', 'hf', 'echo'\), got 'ftp' "
+                                          r"\(.*echo: the text at key text\)"):
+        read_manifest(tmp_path / "ftp.yaml")
+
+
+@pytest.mark.parametrize("command", ["measure", "plan", "certify", "certify-attribution"])
+def test_corpus_help_names_every_path_kind(command):
+    from typer.testing import CliRunner
+
+    from truncsens.cli.main import app
+    from truncsens.corpora import corpus_help
+
+    out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "300"}).output
+    assert corpus_help() in out or corpus_help("'synthetic'") in out

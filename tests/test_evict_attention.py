@@ -1,4 +1,4 @@
-"""Streaming attention from eviction steps without a T x T mask (issue 9, item 3).
+"""Streaming attention from eviction steps without a T x T mask (so that long contexts fit in memory).
 
 The chunked (SDPA) and flex backends equal scaled dot-product attention under the dense additive mask
 built by hand from the eviction steps (0 where ``j <= q < evict_j`` and within the window, the offset

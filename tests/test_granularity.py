@@ -1,4 +1,4 @@
-"""Head granularity (issue 9, item 4): one kept set per key/value head, shared by all layers.
+"""Head granularity: one kept set per key/value head, shared by all layers.
 
 The engine (policies on folded (sequence, KV head) rows, [B, H, Tq, Tk] masks, per-KV-head
 statistics) equals caches that evict per head, written independently in ``oracles`` (explicit
@@ -77,7 +77,7 @@ def test_kept_attention_mask_with_a_heads_dim():
     offset = torch.tensor([[[[0.5, 0.0, 0.0]], [[0.0, 0.25, 0.0]]]])
     mask = kept_attention_mask(LayerWindows((None,), ("full_attention",)), keep, offset,
                                torch.tensor([[2]]), torch.tensor([[0, 1, 2]]), torch.float32, groups=2)
-    inf = torch.finfo(torch.float32).min  # the masked value (issue 22: not -inf)
+    inf = torch.finfo(torch.float32).min  # the masked value (not -inf: a row of -inf gives NaN)
     assert mask.shape == (1, 4, 1, 3)
     assert mask[0, :, 0].tolist() == [[0.5, inf, 0.0], [0.5, inf, 0.0], [inf, 0.25, 0.0], [inf, 0.25, 0.0]]
     # a sliding window of 2 on positions is applied per head too: key 0 is out of query 2's window

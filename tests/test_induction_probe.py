@@ -1,4 +1,4 @@
-"""The probes of benchmarks/induction_probe.py on a stream of distinct tokens (issue 20's copy diagnosis)."""
+"""The probes of benchmarks/induction_probe.py on a stream of distinct tokens (why the reference model misses copy targets)."""
 
 import importlib.util
 from pathlib import Path

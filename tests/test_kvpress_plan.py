@@ -1,4 +1,4 @@
-"""The kvpress ratios of a ``truncsens plan`` reproduce its measured distortion (issue 21).
+"""The kvpress ratios of a ``truncsens plan`` reproduce its measured distortion.
 
 A plan's JSON gives, per budget, ``kvpress_compression_ratios`` for kvpress's
 ``PerLayerCompressionPress`` wrapping ``StreamingLLMPress(n_sink=sinks)``. kvpress runs that

@@ -1,4 +1,4 @@
-"""Prefill-evict with a window per layer (issue 21, item 1): the per-layer masks equal a decode over a
+"""Prefill-evict with a window per layer: the per-layer masks equal a decode over a
 cache pruned layer by layer (a naive per-layer evicting loop written here), to 1e-5; nothing windowed
 is the model's own output; a sweep measures each layer alone."""
 
@@ -78,6 +78,39 @@ def test_sweep_layer_by_layer_and_errors():
         decode_layer_windows(model, ids, reference_pass(model, ids, keep_cache=True).cache, [1, 2, 3], 1)
     with pytest.raises(LayerMaskError, match="at least 1 token"):
         decode_layer_windows(model, ids, reference_pass(model, ids, keep_cache=True).cache, [0, 2], 1)
+
+
+def test_per_layer_support_and_path_are_the_semantics_attributes():
+    from truncsens.engine.config import DEFAULT_PER_LAYER_SEMANTICS, PER_LAYER_SEMANTICS
+    from truncsens.engine.semantics import SEMANTICS, PrefillEvict, Streaming
+
+    assert PER_LAYER_SEMANTICS[0] == DEFAULT_PER_LAYER_SEMANTICS
+    assert set(PER_LAYER_SEMANTICS) == {n for n, s in SEMANTICS.items() if s.per_layer} == {"prefill_evict", "streaming"}
+
+    class Renamed(PrefillEvict):  # the same object under another name: only attributes decide
+        name = "prefill_evict_copy"
+
+    class StreamingRenamed(Streaming):
+        name = "streaming_copy"
+
+    model = sharp_tiny_llama(layers=2)
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(5))
+    targets = TargetSet(["a", "b"], np.arange(2) + 16, ids, torch.zeros(2, dtype=torch.long))
+    configs = layer_sweep_configurations(2, [2, 6])
+    for base, renamed in (("prefill_evict", Renamed()), ("streaming", StreamingRenamed())):
+        tokens_base, tokens_renamed = [], []
+        want, _ = measure_layer_windows(model, targets, configs, 1, "cpu", 10_000, tokens_base.append, semantics=base)
+        got, _ = measure_layer_windows(model, targets, configs, 1, "cpu", 10_000, tokens_renamed.append, semantics=renamed)
+        np.testing.assert_array_equal(got["kl"], want["kl"])
+        # forward tokens: the reference pass (2 x 16), then 4 configurations of one decoded token or 16 streamed per row
+        assert tokens_renamed == tokens_base == [2 * 16 + 4 * 2 * (1 if base == "prefill_evict" else 16)]
+
+    class NoPerLayer(Streaming):
+        name = "streaming_without"
+        per_layer = False
+
+    with pytest.raises(LayerMaskError, match="per-layer windows run under streaming or prefill_evict, not 'streaming_without'"):
+        measure_layer_windows(model, targets, configs, 1, "cpu", 10_000, semantics=NoPerLayer(SEMANTICS))
 
 
 def streaming_loop(model, ids, windows, n_sink):

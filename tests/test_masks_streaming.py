@@ -46,7 +46,7 @@ def test_additive_mask_values_and_errors():
     offset = torch.tensor([[[0.0, 5.0, 0.7]]])
     m = additive_mask(keep, offset, torch.float32)
     assert m.shape == (1, 1, 1, 3)
-    lowest = torch.finfo(torch.float32).min  # transformers' masked value, not -inf (issue 22)
+    lowest = torch.finfo(torch.float32).min  # transformers' masked value, not -inf (a row of -inf gives NaN)
     assert m[0, 0, 0, 0] == 0 and m[0, 0, 0, 1] == lowest and m[0, 0, 0, 2] == pytest.approx(0.7)
     assert additive_mask(keep, None, torch.bfloat16)[0, 0, 0, 1] == torch.finfo(torch.bfloat16).min
     with pytest.raises(ValueError, match="keeps no key"):

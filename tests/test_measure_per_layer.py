@@ -1,4 +1,4 @@
-"""``truncsens measure --per-layer`` (issue 21, item 1): a results file with a ``layer`` dim whose
+"""``truncsens measure --per-layer``: a results file with a ``layer`` dim whose
 values are, layer by layer, the naive per-layer pruned-cache decode of tests/test_layer_windows.py;
 it round-trips, resumes, is shown and fitted per layer, and bad option combinations are refused."""
 

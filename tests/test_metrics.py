@@ -84,6 +84,31 @@ def test_lookups():
     assert M.divergences_in(["nll_kept", "js", "tv", "top1_agree"]) == ("tv", "js")
 
 
+def test_check_eps_reads_the_bounds_of_the_records(monkeypatch):
+    from truncsens.budget.windows import check_eps
+
+    assert M.bounded_divergences() == {"tv": 1.0, "js": math.log(2.0)}
+    # a bounded divergence added to the records alone (no second list): Hellinger distance in [0, 1]
+    hellinger = M.Metric("hellinger", "Hellinger distance", "probability", np.dtype(np.float32), 0.0, 1.0,
+                         M.LOWER_IS_BETTER, True, None, dv.tv, "hellinger(p_ref, p_kept)")
+    monkeypatch.setattr(M, "METRICS", M.METRICS + (hellinger,))
+    with pytest.raises(ValueError, match=r"--eps for hellinger must lie in \(0, 1\] since hellinger never exceeds 1; got 5"):
+        check_eps(5, "hellinger")
+    assert check_eps(1.0, "hellinger") == 1.0
+    assert check_eps(5, "kl") == 5.0  # unbounded above
+    assert check_eps(5, "top1_agree") == 5.0  # bounded, but no divergence: no distortion target to cap
+
+
+def test_default_metrics_are_one_constant():
+    from truncsens.api import compare
+    from truncsens.cli.compare_policies import compare_policies as cli_compare
+
+    assert M.DEFAULT_METRICS == ("kl", "tv") and set(M.DEFAULT_METRICS) <= set(M.DIVERGENCES)
+    assert CompareConfig().metrics == compare.DEFAULT_METRICS == M.DEFAULT_METRICS
+    out = " ".join(runner.invoke(app, ["compare-policies", "--help"], env={"COLUMNS": "300"}).output.split())
+    assert f"(default: {', '.join(M.DEFAULT_METRICS)})" in out
+
+
 def test_record_checks_itself():
     with pytest.raises(ValueError, match="direction must be one of"):
         M.Metric("x", "", "", np.dtype(np.float32), 0.0, 1.0, "up", False, None, dv.tv, "")

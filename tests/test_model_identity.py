@@ -1,4 +1,4 @@
-"""Model identity by content (issue 22, fault 2): a checkpoint replaced at the same path is noticed
+"""Model identity by content (a path names no fixed weights): a checkpoint replaced at the same path is noticed
 by --resume (weights replaced; config edited) and by every join (compare-policies, --truncation);
 the hashes are stable and change with one byte."""
 

@@ -138,7 +138,7 @@ def test_max_context_of():
 def test_a_model_without_a_context_limit_runs_with_an_explicit_n():
     """A BLOOM config states no position limit (ALiBi). Loading it said "pass --reference-context
     explicitly", and passing it did not help: the limit was demanded at load. Now the model loads, a run
-    without N is refused with that advice, and a run with N measures (issue 22 follow-up)."""
+    without N is refused with that advice, and a run with N measures."""
     import numpy as np
     from transformers import BloomConfig, BloomForCausalLM
 

@@ -1,4 +1,4 @@
-"""truncsens plan (issue 21): end to end on a tiny model, the JSON round-trips, errors are named."""
+"""truncsens plan: end to end on a tiny model, the JSON round-trips, errors are named."""
 
 from __future__ import annotations
 

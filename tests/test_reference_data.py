@@ -1,4 +1,4 @@
-"""The reference model's training data (issue 20): batches are a pure function of (seed, step); the
+"""The reference model's training data: batches are a pure function of (seed, step); the
 synthetic retrieval sequences do what they claim; no evaluation document occurs in training."""
 
 from __future__ import annotations

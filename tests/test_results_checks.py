@@ -1,4 +1,4 @@
-"""Results files are validated on load from the metric records (issue 22, fault 3): an impossible
+"""Results files are validated on load from the metric records (an impossible file must not be fitted silently): an impossible
 value, a missing dim, a window or budget of 0, an attr of the wrong type are refused by every command
 that reads a results file, with one error line naming the file, the variable, the rule and the
 first offending value; nothing is echoed or fitted."""

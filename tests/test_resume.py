@@ -55,7 +55,7 @@ def test_resume_refuses_shards_of_another_configuration(tiny_llama_dir, corpus_d
 
 
 def test_a_multi_process_resume_reports_every_reused_shard(tiny_llama_dir, corpus_dir, tmp_path, monkeypatch):
-    """Issue 22: rank 0 counted only the shards it owns. Shards 0 (an interrupted run) and 1, 3, 5
+    """Rank 0 once counted only the shards it owns. Shards 0 (an interrupted run) and 1, 3, 5
     (rank 1 of 2) exist; rank 0 of 2 resumes, computes 2 and 4 and merges: 4 shards reused."""
     import truncsens.engine.measure as measure_module
     from truncsens.engine.run.distributed import Ranks

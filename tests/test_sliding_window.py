@@ -1,4 +1,4 @@
-"""Sliding-window and hybrid models (issue #8 item 6): every semantics keeps, in each layer, the
+"""Sliding-window and hybrid models: every semantics keeps, in each layer, the
 policy's kept set within that layer's window; equal to naive token-by-token oracles that apply the
 windows themselves (1e-5), and, with nothing evicted, to the model's own output."""
 

@@ -1,4 +1,4 @@
-"""Realizable streaming with online scores (issue 9, items 1 and 2).
+"""Realizable streaming with online scores (decisions a server could take, from what it has seen).
 
 The engine (offline decisions + one masked forward, or a sequential run with online scores) equals a
 real cache that evicts as it goes (``oracles.evicting_loop``: physical eviction, statistics computed

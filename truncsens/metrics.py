@@ -119,6 +119,9 @@ METRICS: tuple[Metric, ...] = (
 )
 NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
 DIVERGENCES: tuple[str, ...] = tuple(m.name for m in METRICS if m.divergence)  # fitted as D(w) by default
+# what a policy comparison, its figure and measure's table show when no metric is named (the figure draws
+# the first); a fit fits every divergence (DIVERGENCES)
+DEFAULT_METRICS: tuple[str, ...] = ("kl", "tv")
 _BY_NAME = {m.name: m for m in METRICS}
 
 
@@ -137,6 +140,13 @@ def metric(name: str) -> Metric:
         return _BY_NAME[name]
     except KeyError:
         raise KeyError(f"unknown metric {name!r}; the metrics are {', '.join(NAMES)}") from None
+
+
+def bounded_divergences() -> dict[str, float]:
+    """Divergence -> its finite upper bound, for the divergences of :data:`METRICS` bounded above
+    (``{"tv": 1.0, "js": log 2}``): a distortion target above it can never be crossed. Read at call time,
+    so a record added to :data:`METRICS` counts without a second list."""
+    return {m.name: m.upper for m in METRICS if m.divergence and m.bounded_above}
 
 
 def present(names: Iterable[str]) -> tuple[str, ...]:

@@ -16,9 +16,8 @@ from truncsens.fits.fitting import curve_labels, parse_range
 from truncsens.report.plots import figure_paths, plot_comparison
 from truncsens.report.policy_comparison import CompareConfig, PolicyComparison
 from truncsens.report.policy_comparison import compare_policies as compare_dataset
+from truncsens.metrics import DEFAULT_METRICS
 from truncsens.results.join import join_policy_runs
-
-DEFAULT_METRICS = ("kl", "tv")
 
 
 def compare_policies(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | None = None,
@@ -31,7 +30,7 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
     Args:
         results: a results file or Dataset of a budget sweep, or several of other policies on the
             same targets and settings (:func:`truncsens.results.join.join_policy_runs`).
-        metrics: metrics to summarize and fit (default: kl, tv; the figure draws the first).
+        metrics: metrics to summarize and fit (default: :data:`truncsens.metrics.DEFAULT_METRICS`; the figure draws the first).
         numerator, denominator: policies of the ratio of means (default random / sink_recent).
         bootstrap: resamples over documents (0: no intervals); seed: their seed.
         fit_range: budgets ``(lo, hi)`` or ``"LO:HI"`` of the power-law fits (default: as :func:`truncsens.fit`).

@@ -97,7 +97,7 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
         results: a results file or Dataset, or a list of them (files are labelled by their stem,
             Datasets ``results`` / ``results-<i>``).
         metrics: metrics to fit (default: the divergences tv, kl, kl_reverse, js that every results holds).
-        families: law families (default: power, exponential, power_floor).
+        families: law families (default: every family of :data:`truncsens.fits.laws.FAMILIES`).
         fit_range, holdout_range: ``(lo, hi)`` or ``"LO:HI"`` in tokens, inclusive (default: see
             :func:`truncsens.fits.fitting.default_ranges`).
         bootstrap: resamples over documents (0: no intervals); seed: their seed; level: interval level.

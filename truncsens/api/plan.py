@@ -1,7 +1,7 @@
 """``truncsens plan`` as a function: per-layer KV windows from each layer's measured truncation
 sensitivity, validated against the uniform window and a PyramidKV-style schedule at equal KV bytes.
 
-Steps (issue 21; method in docs/plan.md):
+Steps (method in docs/plan.md):
 
 1. The documents are split in two: the first half (by run order) is the fit set, the rest held out.
 2. On the fit set, each layer alone keeps its sinks and last w keys while every other layer keeps its
@@ -33,8 +33,6 @@ from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.report.plots import figure_paths
 from truncsens.fits.per_layer import floor_window, layer_power_laws
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
-
-SEMANTICS = ("prefill_evict", "streaming")
 
 
 class PlanError(ValueError):
@@ -234,6 +232,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     from truncsens.api.measure import measure_config, model_argument
     from truncsens.budget.allocation import AllocationError
     from truncsens.engine.attention_windows import layer_windows
+    from truncsens.engine.config import PER_LAYER_SEMANTICS
     from truncsens.engine.documents import prepare_documents
     from truncsens.engine.layer_windows_pass import layer_sweep_configurations, measure_layer_windows
     from truncsens.engine.measure import resolve_reference_context
@@ -242,8 +241,8 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     from truncsens.targets import select_targets
 
     metric_record(metric)  # an unknown metric fails here, before any pass
-    if semantics not in SEMANTICS:
-        raise PlanError(f"--semantics must be one of {', '.join(SEMANTICS)}, got {semantics!r}")
+    if semantics not in PER_LAYER_SEMANTICS:
+        raise PlanError(f"--semantics must be one of {', '.join(PER_LAYER_SEMANTICS)}, got {semantics!r}")
     defaulted = average_windows is None and kv_bytes is None and eps is None
     if defaulted:
         average_windows = (64, 256)

@@ -1,4 +1,4 @@
-"""Per-layer windows from per-layer decay laws: the allocation of ``truncsens plan`` (issue 21).
+"""Per-layer windows from per-layer decay laws: the allocation of ``truncsens plan``.
 Pure numpy math.
 
 Given per-layer laws ``D_l(w) = C_l · w^-α_l`` (fitted on each layer's own truncation curve, all

@@ -28,14 +28,15 @@ from typing import Sequence
 
 import numpy as np
 
-BOUNDED_METRICS = {"tv": 1.0, "js": math.log(2.0)}
+from truncsens import metrics as _metrics
 
 
 def check_eps(eps: float, metric: str = "tv") -> float:
     """Validate a distortion target.
 
     Raises:
-        ValueError: eps not finite, eps <= 0, or above the metric's maximum (1 for tv, log 2 for js).
+        ValueError: eps not finite, eps <= 0, or above the maximum of a divergence bounded above
+            (:func:`truncsens.metrics.bounded_divergences`: 1 for tv, log 2 for js).
     """
     try:
         eps = float(eps)
@@ -45,7 +46,7 @@ def check_eps(eps: float, metric: str = "tv") -> float:
         raise ValueError(f"--eps must be finite, got {eps}")
     if eps <= 0:
         raise ValueError(f"--eps must be > 0 (a distortion target), got {eps}")
-    top = BOUNDED_METRICS.get(metric)
+    top = _metrics.bounded_divergences().get(metric)
     if top is not None and eps > top:
         raise ValueError(f"--eps for {metric} must lie in (0, {top:.6g}] since {metric} never exceeds {top:.6g}; got {eps}")
     return eps

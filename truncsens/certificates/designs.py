@@ -1,6 +1,6 @@
 """Which sampling design certify draws, and from which score: one design per layer and key/value
 head (the default), or one shared by every layer and head (the token-level ablation, the design of
-truncsens before issue 19).
+truncsens before per-head designs).
 
 A per-head design gives each (layer l, key/value head h) its own kept set and inclusion
 probabilities π from that head's own score, one a server has at eviction time (after the prefill of
@@ -19,7 +19,7 @@ received summed over layers, heads and every query row including the target's (t
 ``attention`` score of :mod:`truncsens.certificates.passes` before per-head designs), and one kept set
 serves every layer and head.
 
-Why per head: an independent float64 Monte Carlo (issue 19; docs/certify.md) found the shared
+Why per head: an independent float64 Monte Carlo (docs/certify.md) found the shared
 design's coverage far below nominal at small budgets because a head whose query leans on a key the
 shared score ranks low gives that key a tiny π; π from the head's own observation-window attention
 closed most of the gap.

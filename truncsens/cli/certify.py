@@ -12,6 +12,7 @@ import typer
 
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
 from truncsens.cli.errors import user_errors
+from truncsens.corpora import corpus_help
 from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, Temper, TopFraction, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Resume, Split
 
 
@@ -19,7 +20,7 @@ from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, Tem
 def certify(
     model: CertifyModel = "reference",
     domain: Domain = "code",
-    corpus: Optional[str] = typer.Option(None, help="Override the corpus: manifest name, .yaml manifest, folder, .txt or .jsonl."),
+    corpus: Optional[str] = typer.Option(None, help=f"Override the corpus: {corpus_help()}."),
     split: Split = "auto",
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context (default: model maximum)."),
     budgets: CertifyBudgets = "12.5%,25%,50%",

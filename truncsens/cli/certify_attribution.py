@@ -13,13 +13,14 @@ import typer
 
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
 from truncsens.cli.errors import user_errors
+from truncsens.corpora import corpus_help
 from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, Temper, TopFraction, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Split
 
 
 def certify_attribution(
     model: CertifyModel = "reference",
     domain: Domain = "code",
-    corpus: Optional[str] = typer.Option(None, help="Override the corpus searched for copy targets: manifest name, .yaml manifest, folder, .txt or .jsonl."),
+    corpus: Optional[str] = typer.Option(None, help=f"Override the corpus searched for copy targets: {corpus_help()}."),
     split: Split = "auto",
     reference_context: int = typer.Option(512, help="N: tokens of context of every target."),
     budgets: CertifyBudgets = "12.5%,25%,50%",

@@ -10,11 +10,12 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.metrics import DEFAULT_METRICS
 
 
 def compare_policies(
     results_file: List[Path] = typer.Argument(..., help="Results file of `truncsens measure --policy ...` (a budget sweep); several files: runs of other policies on the same targets and settings, compared side by side."),
-    metrics: Optional[List[str]] = typer.Option(None, "--metrics", "--metric", "-m", help="Metrics to summarize and fit, repeated or comma-separated (default: kl, tv)."),
+    metrics: Optional[List[str]] = typer.Option(None, "--metrics", "--metric", "-m", help=f"Metrics to summarize and fit, repeated or comma-separated (default: {', '.join(DEFAULT_METRICS)})."),
     numerator: Optional[str] = typer.Option(None, help="Policy on top of the ratio of means (default random)."),
     denominator: Optional[str] = typer.Option(None, help="Policy at the bottom of the ratio of means (default sink_recent)."),
     bootstrap: int = typer.Option(1000, help="Bootstrap resamples over documents (0: no intervals)."),

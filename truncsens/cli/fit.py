@@ -9,12 +9,13 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.fits.laws import FAMILIES, families_in_words
 
 
 def fit(
     results_files: List[Path] = typer.Argument(..., metavar="RESULTS...", help="Results file(s) from `truncsens measure`; several are fitted side by side."),
     metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric(s) to fit, repeated or comma-separated (default: tv, kl, kl_reverse, js)."),
-    family: Optional[List[str]] = typer.Option(None, "--family", "--families", help="Law families, repeated or comma-separated (default: power, exponential, power_floor)."),
+    family: Optional[List[str]] = typer.Option(None, "--family", "--families", help=f"Law families, repeated or comma-separated (default: {', '.join(FAMILIES)})."),
     fit_range: Optional[str] = typer.Option(None, "--fit-range", help="Windows LO:HI to fit, inclusive (default: smallest window >= 4 up to N/8, widened to 4 windows when it holds fewer)."),
     holdout_range: Optional[str] = typer.Option(None, "--holdout-range", help="Held-out windows LO:HI for the extrapolation test (default: above the fit range up to N/2)."),
     bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples over documents (0: no intervals)."),
@@ -26,7 +27,8 @@ def fit(
     plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Figure prefix: PREFIX.png and PREFIX.pdf (implies --plot; a .png or .pdf suffix is dropped)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing fit file or figure."),
 ) -> None:
-    """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""
+    """Fit the decay laws of :data:`truncsens.fits.laws.FAMILY_RECORDS` to D(w); compare them by held-out
+    extrapolation (``--help`` names them: :data:`HELP`)."""
     from truncsens.api.fit import fit as fit_results
     from truncsens.cli.options import split_list
     from truncsens.fits.fit_file import default_fit_path, plot_prefix
@@ -49,5 +51,8 @@ def fit(
             typer.echo(wrote)
 
 
+HELP = f"Fit {families_in_words()} to D(w); compare them by held-out extrapolation."
+
+
 def register(app: typer.Typer) -> None:
-    app.command("fit")(fit)
+    app.command("fit", help=HELP)(fit)

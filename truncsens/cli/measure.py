@@ -9,13 +9,14 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.corpora import corpus_help
 from truncsens.cli.options import Domain, Overwrite, Resume, Split
 
 
 def measure(
     model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id, a local checkpoint folder, or synthetic:ALPHA."),
     domain: Domain = "code",
-    corpus: Optional[str] = typer.Option(None, help="Override the corpus: shipped manifest name, .yaml manifest, folder, .txt, .jsonl, or 'synthetic'."),
+    corpus: Optional[str] = typer.Option(None, help="Override the corpus: " + corpus_help("'synthetic'") + "."),
     split: Split = "auto",
     text_field: str = typer.Option("text", help="Text field of a .jsonl corpus."),
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context of the reference distribution (default: model maximum)."),
@@ -76,6 +77,7 @@ def _run_and_report(run, cfg) -> None:
     from truncsens.api.load import load
     from truncsens.engine.run.shards import kept_shards, shard_dir_for
     from truncsens.report.summary import format_table, summarize
+    from truncsens.metrics import DEFAULT_METRICS, present
 
     try:
         summary = run(cfg)
@@ -102,7 +104,8 @@ def _run_and_report(run, cfg) -> None:
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
         f"{what} {points}"
         + (f", {summary.shards_reused} shard{'s' if summary.shards_reused > 1 else ''} reused" if summary.shards_reused else ""))
-    typer.echo(format_table(summarize(load(summary.path), ["tv", "kl"]), summary.sweep_dim))
+    shown = list(present(DEFAULT_METRICS))  # in results-file order: tv, kl
+    typer.echo(format_table(summarize(load(summary.path), shown), summary.sweep_dim))
 
 
 def register(app: typer.Typer) -> None:

@@ -10,12 +10,13 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.corpora import corpus_help
 
 
 def plan(
     model: str = typer.Option("reference", help="'reference' (bundled), a Hugging Face id or a local checkpoint folder."),
     domain: str = typer.Option("code", help="Builtin domain: code or nl."),
-    corpus: Optional[str] = typer.Option(None, help="Override the corpus: manifest name, .yaml manifest, folder, .txt or .jsonl."),
+    corpus: Optional[str] = typer.Option(None, help=f"Override the corpus: {corpus_help()}."),
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context (default: model maximum)."),
     average_window: Optional[List[str]] = typer.Option(None, "--average-window", help="Budget as the average window per layer (recent keys; sinks on top), repeated or comma-separated (default 64,256)."),
     kv_bytes: Optional[List[str]] = typer.Option(None, "--kv-bytes", help="Budget in KV bytes per sequence (sinks included), instead of --average-window."),

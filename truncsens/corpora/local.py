@@ -1,4 +1,6 @@
-"""Local corpora: a folder of text files, one ``.txt`` file, or a ``.jsonl`` file.
+"""Local corpora: a folder of text files, one ``.txt`` file, or a ``.jsonl`` file, one :class:`PathKind`
+record each (:data:`PATH_KINDS`: how it is recognized, its reader, its word in ``--help``); the corpus
+given as a path (``--corpus PATH``) and a ``local`` manifest's ``path`` are read through them.
 
 Nothing is dropped silently. Every document is yielded, the empty ones too (the engine counts
 them as checked and too short). What is not a document is counted by reason in a ``skipped``
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Mapping
 
 from truncsens.corpora.document import Document
 
@@ -152,3 +156,42 @@ def jsonl_documents(path: Path, text_field: str = "text", id_field: str | None =
     if not docs:
         raise CorpusError(f"corpus file {path} holds no {text_field!r} texts (skipped: {describe_skipped(skipped)})")
     return docs
+
+
+@dataclass(frozen=True)
+class PathKind:
+    """One kind of corpus given as a path: ``--corpus PATH``, or the ``path`` of a ``local`` manifest.
+
+    Attributes:
+        name: its word in ``--help`` and in messages ("folder", ".txt", ".jsonl").
+        suffix: the suffix of a file of this kind; None: a folder.
+        read: ``(path, options, skipped) -> documents``; ``options`` may hold ``glob`` (files of a
+            folder), ``text_field`` and ``id_field`` (fields of a record); ``skipped`` counts what is
+            not a document by reason (:data:`SKIP_REASONS`).
+    """
+
+    name: str
+    suffix: str | None
+    read: Callable[[Path, Mapping, Counter], list[Document]]
+
+    def matches(self, path: Path) -> bool:
+        """Whether ``path`` is an existing corpus of this kind."""
+        return path.is_dir() if self.suffix is None else (path.suffix == self.suffix and path.is_file())
+
+
+PATH_KINDS: tuple[PathKind, ...] = (
+    PathKind("folder", None, lambda path, o, skipped: folder_documents(path, o.get("glob", "**/*"), skipped)),
+    PathKind(".txt", ".txt", lambda path, o, skipped: text_file_documents(path)),
+    PathKind(".jsonl", ".jsonl",
+             lambda path, o, skipped: jsonl_documents(path, o.get("text_field", "text"), o.get("id_field"), skipped)),
+)
+
+
+def file_suffixes() -> tuple[str, ...]:
+    """The suffixes of the file kinds of :data:`PATH_KINDS`: (".txt", ".jsonl")."""
+    return tuple(k.suffix for k in PATH_KINDS if k.suffix)
+
+
+def path_kind(path: Path) -> PathKind | None:
+    """The kind of the existing corpus at ``path`` (:data:`PATH_KINDS`), or None."""
+    return next((k for k in PATH_KINDS if k.matches(path)), None)

@@ -5,6 +5,10 @@ Keys: ``name``, ``domain`` (the label recorded in results, e.g. code | nl | lega
 ``local``: ``path`` (relative to the manifest), optional ``glob``, ``text_field``, ``id_field``; for
 ``hf``: ``dataset``, optional ``config``, ``data_dir``, ``split``, ``text_field``, ``id_field``,
 ``max_docs``, ``join_lines``. The format is documented in ``truncsens/corpora/manifests/README.md``.
+
+Each ``source`` is one :class:`Source` record of :data:`SOURCE_RECORDS` (the key it requires, its
+reader, the split ``auto`` reads, its help line); :func:`read_manifest` and
+:func:`truncsens.corpora.load_corpus` read them.
 """
 
 from __future__ import annotations
@@ -13,14 +17,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import yaml
 
+from truncsens.corpora.builtin import BUILTIN
 from truncsens.corpora.document import Document
-from truncsens.corpora.local import CorpusError
-
-SOURCES = ("builtin", "local", "hf")
+from truncsens.corpora import local as _local
+from truncsens.corpora.local import CorpusError, path_kind, text_file_documents
 
 
 @dataclass
@@ -66,16 +70,16 @@ def read_manifest(path_or_name: str | Path) -> Manifest:
     if not isinstance(data["domain"], str) or not data["domain"].strip():
         raise CorpusError(f"manifest {path}: domain must be a non-empty string (the label recorded in results), "
                           f"got {data['domain']!r}")
-    if data["source"] not in SOURCES:
-        raise CorpusError(f"manifest {path}: source must be one of {SOURCES}, got {data['source']!r}")
-    required = {"builtin": "builtin", "local": "path", "hf": "dataset"}[data["source"]]
-    if required not in data:
-        raise CorpusError(f"manifest {path} has source {data['source']!r} but lacks the key {required!r}")
-    from truncsens.corpora.builtin import BUILTIN
-
-    if data["source"] == "builtin" and data["builtin"] not in BUILTIN:
-        names = [repr(n) for n in BUILTIN]
-        raise CorpusError(f"manifest {path}: builtin must be {', '.join(names[:-1])} or {names[-1]}, got {data['builtin']!r}")
+    names = tuple(s.name for s in SOURCE_RECORDS)
+    if data["source"] not in names:
+        kinds = "; ".join(f"{s.name}: {s.help}" for s in SOURCE_RECORDS)
+        raise CorpusError(f"manifest {path}: source must be one of {names}, got {data['source']!r} ({kinds})")
+    source = source_record(data["source"])
+    for required in source.required:
+        if required not in data:
+            raise CorpusError(f"manifest {path} has source {data['source']!r} but lacks the key {required!r}")
+    if source.check is not None:
+        source.check(path, data)
     options = {k: v for k, v in data.items() if k not in ("name", "domain", "source")}
     return Manifest(name=data["name"], domain=data["domain"], source=data["source"], options=options, path=path)
 
@@ -139,3 +143,69 @@ def _join_articles(lines: list[str], name: str) -> list[Document]:
     if current:
         docs.append(Document(id=f"{name}/{len(docs)}", text="".join(current)))
     return docs
+
+
+def _check_builtin(path: Path, data: Mapping) -> None:
+    if data["builtin"] not in BUILTIN:
+        names = [repr(n) for n in BUILTIN]
+        raise CorpusError(f"manifest {path}: builtin must be {', '.join(names[:-1])} or {names[-1]}, got {data['builtin']!r}")
+
+
+def _local_documents(m: Manifest, defaults: Mapping, skipped: Counter) -> list[Document]:
+    """The documents at a ``local`` manifest's ``path`` (relative to the manifest), read as its
+    :data:`~truncsens.corpora.local.PATH_KINDS` kind; any other file is one text document, as a ``.txt``."""
+    base = m.path.parent if m.path else Path(".")
+    local = (base / m.options["path"]).resolve()
+    if not local.exists():
+        raise CorpusError(f"manifest {m.path}: local corpus path {local} does not exist")
+    options = {"glob": m.options.get("glob", defaults.get("glob", "**/*")),
+               "text_field": m.options.get("text_field", defaults.get("text_field", "text")),
+               "id_field": m.options.get("id_field")}
+    kind = path_kind(local)
+    return kind.read(local, options, skipped) if kind is not None else text_file_documents(local)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One ``source`` of a manifest.
+
+    Attributes:
+        name: the value of the manifest's ``source`` key.
+        required: the keys it needs besides ``name``, ``domain`` and ``source``.
+        read: ``(manifest, defaults, skipped) -> documents``; ``defaults``: ``glob`` and ``text_field``
+            as given to :func:`truncsens.corpora.load_corpus` (a manifest's own keys win); ``skipped``
+            counts what is not a document by reason.
+        auto_split: the split ``--split auto`` reads ("heldout" where the train split trained the
+            reference model, else "all").
+        help: one line saying what it reads, for messages.
+        check: ``(manifest path, data) -> None``, raising :class:`CorpusError` for a bad value of its keys.
+    """
+
+    name: str
+    required: tuple[str, ...]
+    read: Callable[[Manifest, Mapping, Counter], list[Document]]
+    auto_split: str
+    help: str
+    check: Callable[[Path, Mapping], None] | None = None
+
+
+SOURCE_RECORDS: tuple[Source, ...] = (
+    Source("builtin", ("builtin",), lambda m, defaults, skipped: BUILTIN[m.options["builtin"]](skipped=skipped),
+           "heldout", f"a corpus of the running Python installation (key builtin: {', '.join(BUILTIN)})", _check_builtin),
+    Source("local", ("path",), _local_documents, "all",
+           f"a {', '.join(k.name for k in _local.PATH_KINDS)} at key path, relative to the manifest"),
+    Source("hf", ("dataset",), lambda m, defaults, skipped: hf_documents(m, skipped), "all",
+           "a Hugging Face dataset at key dataset (pip install 'truncsens[hf]')"),
+)
+
+
+def source_record(name: str) -> Source:
+    """The record of manifest source ``name``.
+
+    Raises:
+        CorpusError: unknown source.
+    """
+    for s in SOURCE_RECORDS:
+        if s.name == name:
+            return s
+    raise CorpusError(f"unknown manifest source {name!r}; choose one of {', '.join(s.name for s in SOURCE_RECORDS)}")

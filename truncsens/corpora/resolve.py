@@ -9,13 +9,20 @@ from typing import Sequence
 
 from truncsens.corpora.builtin import BUILTIN
 from truncsens.corpora.document import Document, corpus_sha256, select_split
-from truncsens.corpora.local import (
-    CorpusError, _has_surrogate, describe_skipped, folder_documents, jsonl_documents, text_file_documents,
-)
-from truncsens.corpora.manifest import hf_documents, read_manifest
+from truncsens.corpora import local as _local
+from truncsens.corpora.local import CorpusError, _has_surrogate, describe_skipped, file_suffixes, path_kind
+from truncsens.corpora.manifest import read_manifest, source_record
 
 DOMAINS = ("code", "nl")
 TEXTS_NAME = "texts"  # name and domain label of a corpus given as Python strings (texts_corpus)
+MANIFEST_SUFFIXES = (".yaml", ".yml")
+
+
+def corpus_help(*more: str) -> str:
+    """What ``--corpus`` takes, for ``--help``: "manifest name, .yaml manifest, folder, .txt or .jsonl"
+    (the path kinds from :data:`truncsens.corpora.local.PATH_KINDS`), then ``more``."""
+    words = ["manifest name", ".yaml manifest", *(k.name for k in _local.PATH_KINDS), *more]
+    return ", ".join(words[:-1]) + " or " + words[-1]
 
 
 @dataclass
@@ -98,41 +105,25 @@ def load_corpus(corpus: str | Corpus | None = None, domain: str = "code", split:
         raise CorpusError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")
     spec = corpus or domain
     path = Path(spec).expanduser()
-    builtin = False
+    auto_split = "all"
     skipped: Counter = Counter()
     # corpus=None means the domain's default manifest, even where the cwd holds a file or folder of that name
     given = corpus is not None
     label = (path.resolve().name if path.is_dir() else path.stem) if given else ""
-    if given and path.is_dir():
-        docs, name, domain = folder_documents(path, glob, skipped), str(path), label
-    elif given and path.suffix == ".jsonl" and path.is_file():
-        docs, name, domain = jsonl_documents(path, text_field, skipped=skipped), str(path), label
-    elif given and path.suffix == ".txt" and path.is_file():
-        docs, name, domain = text_file_documents(path), str(path), label
-    elif given and path.is_file() and path.suffix not in (".yaml", ".yml"):
-        raise CorpusError(
-            f"corpus file {spec} is neither .txt, .jsonl nor a .yaml manifest; pass a folder, a .txt, a .jsonl or a manifest")
-    elif given and (path.suffix in (".txt", ".jsonl") or (("/" in spec or path.suffix) and not path.suffix in (".yaml", ".yml"))):
+    kind = path_kind(path) if given else None
+    if kind is not None:
+        docs, name, domain = kind.read(path, {"glob": glob, "text_field": text_field}, skipped), str(path), label
+    elif given and path.is_file() and path.suffix not in MANIFEST_SUFFIXES:
+        raise CorpusError(f"corpus file {spec} is neither {', '.join(file_suffixes())} nor a .yaml manifest; pass "
+                          + ", ".join(f"a {k.name}" for k in _local.PATH_KINDS) + " or a manifest")
+    elif given and (path.suffix in file_suffixes() or (("/" in spec or path.suffix) and not path.suffix in MANIFEST_SUFFIXES)):
         raise CorpusError(f"corpus path {spec} does not exist")
     else:
         m = read_manifest(spec)
-        name, domain = m.name, m.domain
-        if m.source == "builtin":
-            docs, builtin = BUILTIN[m.options["builtin"]](skipped=skipped), True
-        elif m.source == "local":
-            base = m.path.parent if m.path else Path(".")
-            local = (base / m.options["path"]).resolve()
-            if not local.exists():
-                raise CorpusError(f"manifest {m.path}: local corpus path {local} does not exist")
-            if local.is_dir():
-                docs = folder_documents(local, m.options.get("glob", glob), skipped)
-            elif local.suffix == ".jsonl":
-                docs = jsonl_documents(local, m.options.get("text_field", text_field), m.options.get("id_field"), skipped)
-            else:
-                docs = text_file_documents(local)
-        else:
-            docs = hf_documents(m, skipped)
-    return _split_corpus(name, domain, docs, ("heldout" if builtin else "all") if split == "auto" else split, skipped)
+        source = source_record(m.source)
+        name, domain, auto_split = m.name, m.domain, source.auto_split
+        docs = source.read(m, {"glob": glob, "text_field": text_field}, skipped)
+    return _split_corpus(name, domain, docs, auto_split if split == "auto" else split, skipped)
 
 
 def _split_corpus(name: str, domain: str, docs: list[Document], split: str, skipped: Counter) -> Corpus:

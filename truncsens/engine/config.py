@@ -20,7 +20,7 @@ from truncsens.corpora import Corpus
 from truncsens.corpora.document import SPLITS
 from truncsens.engine.block.plan import check_policy_blocks
 from truncsens.engine.errors import MeasureError  # (defined there, imported from here too)
-from truncsens.engine.semantics import Semantics, SemanticsError, semantics_for
+from truncsens.engine.semantics import SEMANTICS, Semantics, SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import check_policy_args
 from truncsens.results.schema import LATER_OPTIONS, LATER_OPTIONS_DEPENDENTS
@@ -29,8 +29,10 @@ DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block.plan)
 DEFAULT_BLOCK_FRACTION = 0.125
 DEFAULT_BLOCK_SIZE = 64
-BLOCK_POLICIES = ("suffix", "sink_recent")
-PER_LAYER_SEMANTICS = ("prefill_evict", "streaming")  # per-layer window sweeps (truncsens.engine.layer_windows_pass)  # the policies whose kept set is a window (block protocol)
+BLOCK_POLICIES = ("suffix", "sink_recent")  # the policies whose kept set is a window (block protocol)
+DEFAULT_PER_LAYER_SEMANTICS = "prefill_evict"  # one prefill per batch serves every layer's windows
+# the semantics that run per-layer window sweeps (their per_layer attribute), the default first
+PER_LAYER_SEMANTICS = tuple(sorted((n for n, s in SEMANTICS.items() if s.per_layer), key=lambda n: n != DEFAULT_PER_LAYER_SEMANTICS))
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
@@ -72,7 +74,7 @@ class MeasureConfig:
         granularity: "token" (one kept set per target, shared by all layers and heads) or "head"
             (one per key/value head, shared by all layers; ``streaming`` and ``prefill_evict`` only;
             :mod:`truncsens.engine.granularity`).
-        per_layer: a per-layer window sweep (issue 21): for each layer l alone, D_l(w), layer l keeping
+        per_layer: a per-layer window sweep (the measurement behind ``truncsens plan``): for each layer l alone, D_l(w), layer l keeping
             its ``n_sink`` first and last w keys (the query's own among them) while every other layer
             keeps its full cache, under ``prefill_evict`` (default) or ``streaming``
             (:mod:`truncsens.engine.layer_windows_pass`); ``n_sink`` defaults to 4; results gain a
@@ -190,7 +192,8 @@ class MeasureConfig:
                                "decides once per target (leave --chunk at 1)")
         self._check_protocol(semantics)
         if self.granularity == "head" and self.policies is None:
-            raise MeasureError("--granularity head needs --policy NAME with --semantics streaming or prefill_evict "
+            per_head = " or ".join(semantics.names_where(lambda s: s.needs_transformers))  # those with per-head caches
+            raise MeasureError(f"--granularity head needs --policy NAME with --semantics {per_head} "
                                "(a window sweep re-encodes one sequence, which has a single kept set)")
         try:  # one check of the name and of what the semantics supports
             semantics.check_granularity(self.granularity)
@@ -222,7 +225,7 @@ class MeasureConfig:
         """
         if self.policies is not None or self.budgets is not None:
             raise MeasureError("--per-layer sweeps windows layer by layer; it takes --windows, not --policy or --budgets")
-        self.semantics = self.semantics or PER_LAYER_SEMANTICS[0]
+        self.semantics = self.semantics or DEFAULT_PER_LAYER_SEMANTICS
         if self.semantics not in PER_LAYER_SEMANTICS:
             raise MeasureError(f"--per-layer runs under --semantics {' or '.join(PER_LAYER_SEMANTICS)} (the cache a "
                                f"server keeps per layer), not {self.semantics}")

@@ -1,4 +1,4 @@
-"""A window per layer, the measurement behind ``truncsens plan`` (issue 21): under prefill-evict, the
+"""A window per layer, the measurement behind ``truncsens plan``: under prefill-evict, the
 decode step of the target's query in which layer l reads only its sinks and its last w_l keys
 (every layer its own w_l, or the full cache); under streaming, one parallel pass in which every
 token was processed that way (:func:`stream_layer_windows`).
@@ -169,7 +169,7 @@ def decode_layer_windows(model, input_ids: torch.Tensor, cache, windows: Sequenc
 
 
 def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int | None]], n_sink: int, device,
-                          max_batch_tokens: int, on_tokens=None, semantics: str = "prefill_evict") -> tuple[dict, int]:
+                          max_batch_tokens: int, on_tokens=None, semantics="prefill_evict") -> tuple[dict, int]:
     """Every metric of every target under each per-layer window configuration.
 
     Args:
@@ -178,21 +178,27 @@ def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int 
             length L; one prefill per batch serves all of them.
         n_sink: S, the first keys every windowed layer keeps.
         on_tokens: called with the forward tokens of each batch (progress).
-        semantics: "prefill_evict" (:func:`decode_layer_windows`, one prefill per batch) or
-            "streaming" (:func:`stream_layer_windows`, one full pass per configuration).
+        semantics: a :class:`~truncsens.engine.semantics.Semantics` with ``per_layer`` (or its name): one
+            that keeps the prefill's cache decodes each configuration on it (:func:`decode_layer_windows`,
+            ``prefill_evict``), another streams the whole context per configuration
+            (:func:`stream_layer_windows`, ``streaming``).
 
     Returns:
         (metric name -> [C, n] array in its record's dtype, values clamped for rounding).
 
     Raises:
-        LayerMaskError: as :func:`decode_layer_windows`.
+        LayerMaskError: as :func:`decode_layer_windows`, or a semantics without per-layer sweeps.
+        truncsens.engine.semantics.SemanticsError: an unknown semantics name.
     """
     from truncsens.engine.batching import run_in_batches
     from truncsens.engine.kernel import metric_arrays, store_metrics
     from truncsens.engine.reference_pass import reference_pass
+    from truncsens.engine.semantics import semantics_for
 
-    if semantics not in ("prefill_evict", "streaming"):
-        raise LayerMaskError(f"per-layer windows run under prefill_evict or streaming, not {semantics!r}")
+    semantics = semantics_for(semantics) if isinstance(semantics, str) else semantics
+    if not semantics.per_layer:
+        able = " or ".join(semantics.names_where(lambda s: s.per_layer))
+        raise LayerMaskError(f"per-layer windows run under {able}, not {semantics.name!r}")
     n, N = targets.context.shape
     configurations = [list(c) for c in configurations]
     metrics = metric_arrays((len(configurations), n))
@@ -201,15 +207,15 @@ def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int 
 
     def step(sl: slice) -> None:
         ids = context[sl]  # [b, N]
-        ref = reference_pass(model, ids, keep_cache=semantics == "prefill_evict")
+        ref = reference_pass(model, ids, keep_cache=semantics.keeps_cache)
         for c, windows in enumerate(configurations):
-            if semantics == "prefill_evict":
+            if semantics.keeps_cache:
                 lp = decode_layer_windows(model, ids, ref.cache, windows, n_sink)  # [b, V]
             else:
                 lp = stream_layer_windows(model, ids, windows, n_sink)  # [b, V]
             clamped[0] += store_metrics(metrics, (c, sl), ref.logprobs, lp, token_id[sl])
         if on_tokens:
-            per_config = ids.shape[0] if semantics == "prefill_evict" else ids.numel()
+            per_config = ids.shape[0] * semantics.cost(ids.shape[1], 0)  # forward tokens of one configuration
             on_tokens(ids.numel() + per_config * len(configurations))
 
     run_in_batches(step, n, N, max_batch_tokens)

@@ -1,4 +1,4 @@
-"""The shards of a per-layer window sweep (``truncsens measure --per-layer``, issue 21).
+"""The shards of a per-layer window sweep (``truncsens measure --per-layer``).
 
 For each layer l alone and each window w, the target's next-token distribution when layer l keeps
 only its ``n_sink`` first keys and its last w keys (the query's own among them) while every other
@@ -47,17 +47,16 @@ def per_layer_work(cfg: MeasureConfig, loaded: LoadedModel, N: int, sweep: Sweep
     n_layers = int(attrs["n_layers"])
     configs = layer_sweep_configurations(n_layers, sweep.values)  # layer-major: index l * W + j
     batch_tokens = cfg.batch_tokens(loaded.device)
-    streaming = sweep.semantics.name == "streaming"
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         with torch.no_grad():
             metrics, clamped = measure_layer_windows(loaded.model, plan, configs, cfg.n_sink, loaded.device, batch_tokens,
-                                                     on_tokens, semantics=sweep.semantics.name)
+                                                     on_tokens, semantics=sweep.semantics)
         L, W, n = n_layers, len(sweep.values), len(plan)
         arrays = {m: v.reshape(L, W, n).transpose(0, 2, 1) for m, v in metrics.items()}  # [L*W, n] -> [L, n, W]
         ds = results.make_results(arrays, "window", sweep.values, plan.doc, plan.position, plan.token_id.numpy(),
                                   {**attrs, "n_clamped": clamped}, layers=list(range(L)))
         return with_bos_first(ds, plan, docs.bos_id)
 
-    per_target = N + len(configs) * (N if streaming else 1)
+    per_target = N + len(configs) * sweep.semantics.cost(N, 0)  # the reference pass, then each configuration
     return ShardWork(compute_shard, per_target, f"measure per layer {sweep.semantics.name}")

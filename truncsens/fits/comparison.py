@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from truncsens.fits.laws import N_LAW_PARAMS
+from truncsens.fits.laws import FAMILY_RECORDS
+
+_N_PARAMS = {f.name: f.n_params for f in FAMILY_RECORDS}
 from truncsens.stats import interval_or_none
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ def rank_by_error(errors: dict[str, float]) -> list[str]:
     def key(f: str):
         tied_to = min((g for g in errors if abs(errors[g] - errors[f]) <= TIE_RTOL * max(abs(errors[f]), 1e-300)),
                       key=lambda g: errors[g])
-        return (errors[tied_to], N_LAW_PARAMS.get(f, 99), f)
+        return (errors[tied_to], _N_PARAMS.get(f, 99), f)
     return sorted(errors, key=key)
 
 

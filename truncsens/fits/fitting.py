@@ -34,8 +34,8 @@ from truncsens.fits.points import PointClasses, classify_points, usable_mask
 from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.comparison import compare_families
 from truncsens.fits.fit_file import fit_document
-from truncsens.fits.laws import (FAMILIES, PARAM_NAMES, FitError, extrapolation_mae, fit_family, fit_family_batch,
-                            log_weights)
+from truncsens.fits.laws import (FAMILIES, FitError, extrapolation_mae, family_record, fit_family, fit_family_batch,
+                                 log_weights)
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
 from truncsens.metrics import DIVERGENCES as DEFAULT_METRICS  # tv, kl, kl_reverse, js: fitted as D(w) by default
@@ -258,6 +258,7 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFit
         fam_mae: dict[str, np.ndarray] = {}
         fam_point: dict[str, dict] = {}
         for family in cfg.families:
+            names = family_record(family).params
             base = {
                 "curve": None, "results_file": curve.results_file, "label": curve.label, "policy": curve.policy,
                 "metric": metric, "family": family, "fit_range": list(fit_range),
@@ -278,20 +279,20 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFit
                 continue
             if not point["converged"]:  # marked, kept for inspection, never compared or used for a recommendation
                 fits.append({**base, "status": "not_converged", "reason": f"the optimizer did not converge ({point['optimizer']})",
-                             "params": {n: {"value": point[n], "ci": None} for n in PARAM_NAMES[family]},
+                             "params": {n: {"value": point[n], "ci": None} for n in names},
                              "aic": point["aic"], "wrss": point["wrss"], "extrapolation_mae": None, "n_boot_failed": 0,
                              "converged": False, "optimizer": point["optimizer"]})
                 continue
             boot = fit_family_batch(family, x[fw], y_all[1:, fw], np.where(usable_all[1:, fw], w_all[1:, fw], 0.0), start=point) if B else None
             params = {name: {"value": point[name], "ci": interval_or_none(boot[name] if boot else None, cfg.level)}
-                      for name in PARAM_NAMES[family]}
+                      for name in names}
             mae_point = mae_boot = None
             if hw.any():
-                mae_point = float(extrapolation_mae(family, {k: point[k] for k in PARAM_NAMES[family]}, x[hw], y_all[0, hw], np.ones(hw.sum(), bool)))
+                mae_point = float(extrapolation_mae(family, {k: point[k] for k in names}, x[hw], y_all[0, hw], np.ones(hw.sum(), bool)))
                 if boot:
                     mae_boot = extrapolation_mae(family, boot, x[hw], y_all[1:, hw], usable_all[1:, hw])  # [B]
                 fam_mae[family] = np.concatenate([[mae_point], mae_boot if mae_boot is not None else []])
-            n_failed = int(np.sum(~np.isfinite(boot[PARAM_NAMES[family][1]]))) if boot else 0
+            n_failed = int(np.sum(~np.isfinite(boot[names[1]]))) if boot else 0
             entry = {**base, "status": "ok", "reason": None, "params": params, "aic": point["aic"], "wrss": point["wrss"],
                      "extrapolation_mae": None if mae_point is None else {"value": mae_point, "ci": interval_or_none(mae_boot, cfg.level)},
                      "n_boot_failed": n_failed, "converged": True, "optimizer": point["optimizer"]}

@@ -1,6 +1,7 @@
 """Decay laws of D(w) and their weighted least-squares fits in log space (pure numpy/scipy).
 
-Families (power law and exponent ratio from arXiv 2605.25085):
+Families (power law and exponent ratio from arXiv 2605.25085), one :class:`Family` record each in
+:data:`FAMILY_RECORDS` (name, parameters, law, point and batch fits, plot style and label, help words):
 
 - ``power``       D = C w^-alpha          log D = log C - alpha log w   (statsmodels WLS)
 - ``exponential`` D = C exp(-w / tau)     log D = log C - w / tau       (statsmodels WLS)
@@ -17,64 +18,16 @@ points. No file or model access here.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-FAMILIES = ("power", "exponential", "power_floor")
-FLOOR_AT_BOUND = 1e-12  # a power_floor D_inf below this share of the smallest fitted D is its bound, 0
-PARAM_NAMES = {"power": ("C", "alpha"), "exponential": ("C", "tau", "rate"), "power_floor": ("C", "alpha", "D_inf")}
-N_LAW_PARAMS = {"power": 2, "exponential": 2, "power_floor": 3}
+from truncsens.fits.least_squares import (FitError, lm_power_floor, log_weights, power_floor_point, weighted_line,
+                                         wls_aic, wls_line)
 
-
-class FitError(ValueError):
-    """A curve cannot be fitted as asked; the message says why."""
-
-
-def log_weights(mean: np.ndarray, se: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Log of the mean curve and WLS weights 1/var(log mean) = (mean/se)^2 (delta method).
-
-    Windows with a zero, negative or non-finite mean get weight 0 (and log value 0 as a
-    placeholder). Relative errors that are 0 or NaN are replaced by the smallest positive one of
-    the same row, or 1 if there is none (equal weights).
-
-    Args:
-        mean, se: [..., S].
-
-    Returns:
-        (log mean [..., S], weights [..., S]).
-    """
-    mean = np.asarray(mean, dtype=np.float64)
-    se = np.asarray(se, dtype=np.float64)
-    valid = np.isfinite(mean) & (mean > 0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rel = np.where(valid, se / np.where(valid, mean, 1.0), np.nan)
-    good = np.isfinite(rel) & (rel > 0)
-    fill = np.min(np.where(good, rel, np.inf), axis=-1, keepdims=True)
-    fill = np.where(np.isfinite(fill), fill, 1.0)
-    rel = np.where(good, rel, fill)
-    y = np.where(valid, np.log(np.where(valid, mean, 1.0)), 0.0)
-    return y, np.where(valid, 1.0 / rel**2, 0.0)
-
-
-def weighted_line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted least-squares line ``y ~ b0 + b1 x``, vectorized over leading axes.
-
-    Args:
-        x: [S]; y, w: [..., S] (weight 0 drops a point).
-
-    Returns:
-        (b0, b1), each [...]; NaN where fewer than two points have weight, or all x are equal.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    sw = w.sum(-1)
-    sx, sy = (w * x).sum(-1), (w * y).sum(-1)
-    sxx, sxy = (w * x * x).sum(-1), (w * x * y).sum(-1)
-    det = sw * sxx - sx * sx
-    enough = ((w > 0).sum(-1) >= 2) & (det > 1e-12 * np.maximum(sw * sxx, 1e-300))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        b1 = np.where(enough, (sw * sxy - sx * sy) / det, np.nan)
-        b0 = np.where(enough, (sy - b1 * sx) / sw, np.nan)
-    return b0, b1
+__all__ = ["FAMILIES", "FAMILY_RECORDS", "Family", "FitError", "extrapolation_mae", "family_record", "fit_family",
+           "fit_family_batch", "law_log", "law_value", "log_weights", "weighted_line", "wls_aic"]
 
 
 def law_log(family: str, params: dict[str, np.ndarray | float], w: np.ndarray) -> np.ndarray:
@@ -83,15 +36,9 @@ def law_log(family: str, params: dict[str, np.ndarray | float], w: np.ndarray) -
     Raises:
         ValueError: unknown family.
     """
-    w = np.asarray(w, dtype=np.float64)
+    law = family_record(family).log_law
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        if family == "power":
-            return np.log(params["C"]) - params["alpha"] * np.log(w)
-        if family == "exponential":
-            return np.log(params["C"]) - params["rate"] * w
-        if family == "power_floor":
-            return np.log(params["C"] * w ** (-np.asarray(params["alpha"])) + params["D_inf"])
-    raise ValueError(f"unknown law family {family!r}; choose from {', '.join(FAMILIES)}")
+        return law(params, np.asarray(w, dtype=np.float64))
 
 
 def law_value(family: str, params: dict[str, float], w: np.ndarray | float) -> np.ndarray:
@@ -99,102 +46,44 @@ def law_value(family: str, params: dict[str, float], w: np.ndarray | float) -> n
     return np.exp(law_log(family, params, np.asarray(w, dtype=np.float64)))
 
 
-def wls_aic(wrss: float, weights: np.ndarray, n_params: int) -> float:
-    """AIC of a Gaussian WLS fit: ``-2 llf + 2 p``, llf as statsmodels' WLS.
-
-    ``llf = -n/2 (log(2 pi wrss / n) + 1) + 1/2 sum log weights`` (n = number of weighted points).
-    Returns -inf for a perfect fit (wrss = 0).
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    w = w[w > 0]
-    n = w.size
-    if wrss <= 0:
-        return -math.inf
-    llf = -n / 2 * (math.log(2 * math.pi * wrss / n) + 1) + 0.5 * float(np.log(w).sum())
-    return -2 * llf + 2 * n_params
-
-
 def fit_family(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> dict[str, float]:
     """Point fit of one family to one curve (statsmodels WLS or scipy least_squares).
 
     Args:
-        family: one of :data:`FAMILIES`.
+        family: a name of :data:`FAMILIES`.
         x: [S] windows in tokens.
         y, w: [S] log mean and weights (from :func:`log_weights`); weight 0 drops a window.
 
     Returns:
-        dict of the family's parameters (:data:`PARAM_NAMES`) plus ``wrss`` (weighted residual
+        dict of the family's parameters (its record's ``params``) plus ``wrss`` (weighted residual
         sum of squares in log space), ``aic`` (NaN when there are no more windows than
         parameters), ``converged`` (bool, from the optimizer's own status) and ``optimizer`` (its
         method and message). WLS (power, exponential) is a closed-form solve: it converged when
         the design has full rank and the estimates are finite. ``power_floor``: scipy's
         ``least_squares`` status > 0 (a tolerance met; 0 = evaluation limit reached); a floor the
-        optimizer leaves at its bound (``active_mask``, or below :data:`FLOOR_AT_BOUND` of the
+        optimizer leaves at its bound (``active_mask``, or below
+        :data:`truncsens.fits.least_squares.FLOOR_AT_BOUND` of the
         smallest fitted D) is reported as exactly 0.
 
     Raises:
         FitError: fewer usable windows than parameters, or the optimizer found no finite solution.
+        ValueError: unknown family.
     """
+    record = family_record(family)
     x = np.asarray(x, dtype=np.float64)
     keep = w > 0
-    need = N_LAW_PARAMS[family] + 1  # more windows than parameters: an exact fit says nothing about the law
+    need = record.n_params + 1  # more windows than parameters: an exact fit says nothing about the law
     if keep.sum() < need:
         raise FitError(f"{family} needs at least {need} windows with a positive mean in the fit range, got {int(keep.sum())}")
     xs, ys, ws = x[keep], y[keep], w[keep]
-    if family in ("power", "exponential"):
-        import statsmodels.api as sm
-
-        design = sm.add_constant(np.log(xs) if family == "power" else xs, has_constant="add")
-        res = sm.WLS(ys, design, weights=ws).fit()
-        b0, b1 = (float(v) for v in res.params)
-        rank = int(np.linalg.matrix_rank(design * np.sqrt(ws)[:, None]))
-        converged = rank == 2 and math.isfinite(b0) and math.isfinite(b1)
-        optimizer = f"statsmodels WLS (closed form): design rank {rank} of 2"
-        if family == "power":
-            params = {"C": math.exp(b0), "alpha": -b1}
-        else:
-            params = {"C": math.exp(b0), "rate": -b1, "tau": (-1.0 / b1) if b1 != 0 else math.inf}
-    else:
-        params, converged, optimizer = _fit_power_floor_point(xs, ys, ws)
+    params, converged, optimizer = record.point_fit(xs, ys, ws)
     wrss = float((ws * (ys - law_log(family, params, xs)) ** 2).sum())
     params["wrss"] = wrss
     # with no residual degrees of freedom the fit is exact and AIC compares nothing
-    params["aic"] = wls_aic(wrss, ws, N_LAW_PARAMS[family]) if xs.size > N_LAW_PARAMS[family] else math.nan
+    params["aic"] = wls_aic(wrss, ws, record.n_params) if xs.size > record.n_params else math.nan
     params["converged"] = bool(converged)
     params["optimizer"] = optimizer
     return params
-
-
-def _fit_power_floor_point(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[dict[str, float], bool, str]:
-    """Point fit of ``power_floor`` from two starts; the lower cost wins. Returns (params, converged, optimizer message)."""
-    from scipy.optimize import least_squares
-
-    lx, sw = np.log(x), np.sqrt(w)
-    b0, b1 = weighted_line(lx, y, w)
-    starts = [np.array([b0, -b1, 0.0]), np.array([b0, max(-b1, 0.1) * 1.5, 0.5 * float(np.exp(y.min()))])]
-
-    def resid(p: np.ndarray) -> np.ndarray:
-        return sw * (y - np.log(np.exp(p[0] - p[1] * lx) + p[2]))
-
-    best = None
-    for p0 in starts:
-        if not np.all(np.isfinite(p0)):
-            continue
-        try:
-            r = least_squares(resid, p0, bounds=([-np.inf, -np.inf, 0.0], [np.inf, np.inf, np.inf]),
-                              x_scale="jac", ftol=1e-14, xtol=1e-14, gtol=1e-14, max_nfev=2000)
-        except ValueError:
-            continue
-        if best is None or r.cost < best.cost:
-            best = r
-    if best is None or not np.all(np.isfinite(best.x)):
-        raise FitError("power_floor: the optimizer found no finite solution")
-    with np.errstate(over="ignore"):
-        params = {"C": float(np.exp(best.x[0])), "alpha": float(best.x[1]), "D_inf": float(best.x[2])}
-    if best.active_mask[2] != 0 or params["D_inf"] < FLOOR_AT_BOUND * float(np.exp(y.min())):
-        params["D_inf"] = 0.0  # trf keeps iterates inside the bounds: a floor at its bound ends near 1e-20, not 0
-    converged = bool(best.status > 0) and all(math.isfinite(v) for v in params.values())
-    return params, converged, f"scipy least_squares (trf): status {best.status}, {best.message}"
 
 
 def fit_family_batch(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[str, float] | None = None) -> dict[str, np.ndarray]:
@@ -211,87 +100,11 @@ def fit_family_batch(family: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, s
 
     Returns:
         family parameters, each [B] (NaN where a resample cannot be fitted).
+
+    Raises:
+        ValueError: unknown family.
     """
-    x = np.asarray(x, dtype=np.float64)
-    if family == "power":
-        b0, b1 = weighted_line(np.log(x), y, w)
-        return {"C": np.exp(b0), "alpha": -b1}
-    if family == "exponential":
-        b0, b1 = weighted_line(x, y, w)
-        with np.errstate(divide="ignore"):
-            return {"C": np.exp(b0), "rate": -b1, "tau": -1.0 / b1}
-    if family == "power_floor":
-        return _lm_power_floor(np.log(x), y, w, start)
-    raise ValueError(f"unknown law family {family!r}")
-
-
-LM_FTOL = 1e-12  # batched Levenberg-Marquardt stops once a step lowers the cost by at most this share of it ...
-LM_XTOL = 1e-10  # ... or moves the parameters by at most this share of their norm (MINPACK's ftol / xtol tests)
-LM_ITERS = 1000  # a resample still moving after this many iterations gets NaN parameters
-
-
-def _lm_power_floor(lx: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[str, float] | None,
-                    iters: int = LM_ITERS) -> dict[str, np.ndarray]:
-    """Batched LM of ``power_floor`` (:func:`fit_family_batch`). It stops per resample on MINPACK's
-    relative tests (:data:`LM_FTOL`, :data:`LM_XTOL`; Moré 1978) or when the damping grows past 1e12
-    (no step improves). Large-residual fits with an interior floor converge linearly, in a few hundred
-    iterations: with a cost test at machine precision alone, such a resample needed 189 of a 200
-    iteration limit on one machine and more on another, so whether it counted (and the interval's end)
-    depended on the machine's rounding."""
-    B = y.shape[0]
-    if start is None:
-        b0, b1 = weighted_line(lx, y, w)
-        p = np.stack([b0, -b1, np.zeros(B)], axis=1)
-    else:
-        p = np.tile([math.log(start["C"]), start["alpha"], start["D_inf"]], (B, 1)).astype(np.float64)
-    enough = (w > 0).sum(1) >= 4
-
-    def model(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        P = np.exp(np.clip(p[:, :1] - p[:, 1:2] * lx, -700, 700))  # [B, S]
-        m = P + p[:, 2:3]
-        return P, m
-
-    def cost(p: np.ndarray) -> np.ndarray:
-        _, m = model(p)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = y - np.log(m)
-        return np.where(np.isfinite(r), w * r * r, np.inf).sum(1)
-
-    c = cost(p)
-    mu = np.full(B, 1e-3)
-    converged = np.zeros(B, dtype=bool)  # a step met the relative cost tolerance, or no step improves any more
-    for _ in range(iters):
-        P, m = model(p)
-        J = np.stack([P / m, -lx * P / m, 1.0 / m], axis=2)  # [B, S, 3] d log m / d p
-        r = y - np.log(m)
-        A = np.einsum("bsi,bs,bsj->bij", J, w, J)
-        g = np.einsum("bsi,bs,bs->bi", J, w, r)
-        active = (p[:, 2] <= 0) & (g[:, 2] <= 0)  # D_inf at its bound and pushed below it: freeze
-        A[active, 2, :] = 0.0
-        A[active, :, 2] = 0.0
-        A[active, 2, 2] = 1.0
-        g[active, 2] = 0.0
-        diag = np.einsum("bii->bi", A)
-        damped = A + mu[:, None, None] * np.einsum("bi,ij->bij", np.maximum(diag, 1e-300), np.eye(3))
-        try:
-            step = np.linalg.solve(damped, g[:, :, None])[:, :, 0]
-        except np.linalg.LinAlgError:
-            step = np.stack([np.linalg.lstsq(d, gg, rcond=None)[0] for d, gg in zip(damped, g)])
-        trial = p + step
-        trial[:, 2] = np.maximum(trial[:, 2], 0.0)
-        ct = cost(trial)
-        better = np.isfinite(ct) & (ct < c)
-        small_step = np.linalg.norm(step, axis=1) <= LM_XTOL * (np.linalg.norm(p, axis=1) + LM_XTOL)
-        done = better & ((c - ct <= LM_FTOL * np.maximum(c, 1e-300)) | small_step)
-        p = np.where(better[:, None], trial, p)
-        c = np.where(better, ct, c)
-        mu = np.where(better, mu / 3, mu * 4)
-        converged |= done | (mu > 1e12)
-        if np.all(converged):
-            break
-    ok = enough & converged & np.all(np.isfinite(p), axis=1)  # a resample that hit the iteration limit counts as failed
-    return {"C": np.where(ok, np.exp(p[:, 0]), np.nan), "alpha": np.where(ok, p[:, 1], np.nan),
-            "D_inf": np.where(ok, p[:, 2], np.nan)}
+    return family_record(family).batch_fit(np.asarray(x, dtype=np.float64), y, w, start)
 
 
 def extrapolation_mae(family: str, params: dict, x: np.ndarray, y: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -310,3 +123,91 @@ def extrapolation_mae(family: str, params: dict, x: np.ndarray, y: np.ndarray, v
     n = valid.sum(-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, err.sum(-1) / n, np.nan)
+
+
+# --- the families: each law's own routines, then one record per family --------------------------------
+
+
+def _power_point(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[dict[str, float], bool, str]:
+    b0, b1, converged, optimizer = wls_line(np.log(x), y, w)
+    return {"C": math.exp(b0), "alpha": -b1}, converged, optimizer
+
+
+def _power_batch(x: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict | None) -> dict[str, np.ndarray]:
+    b0, b1 = weighted_line(np.log(x), y, w)
+    return {"C": np.exp(b0), "alpha": -b1}
+
+
+def _exponential_point(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[dict[str, float], bool, str]:
+    b0, b1, converged, optimizer = wls_line(x, y, w)
+    return {"C": math.exp(b0), "rate": -b1, "tau": (-1.0 / b1) if b1 != 0 else math.inf}, converged, optimizer
+
+
+def _exponential_batch(x: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict | None) -> dict[str, np.ndarray]:
+    b0, b1 = weighted_line(x, y, w)
+    with np.errstate(divide="ignore"):
+        return {"C": np.exp(b0), "rate": -b1, "tau": -1.0 / b1}
+
+
+def _power_floor_batch(x: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict | None) -> dict[str, np.ndarray]:
+    return lm_power_floor(np.log(x), y, w, start)
+
+
+@dataclass(frozen=True)
+class Family:
+    """The facts of one decay law; :data:`FAMILY_RECORDS` holds them, everything else reads them.
+
+    Attributes:
+        name: ``--family NAME`` and the fit file's ``family``.
+        params: the parameters a fit file stores, in order; the second is the one whose non-finite
+            bootstrap value counts a failed resample (``n_boot_failed``).
+        n_params: free parameters of the law (AIC's p; a fit needs more windows than this).
+        log_law: ``(params, w) -> log D`` (params floats or [..., 1] arrays, w [S]; broadcasting).
+        point_fit: ``(x [S], y [S], w [S]) -> (params, converged, optimizer message)``: the fit of one
+            curve (y log means, w weights > 0).
+        batch_fit: ``(x [S], y [B, S], w [B, S], start) -> params, each [B]``: the fits of bootstrap
+            resamples (start: the point fit), NaN where a resample cannot be fitted.
+        style: matplotlib line style of its curve in figures.
+        label: its formula in a figure's legend.
+        help: its name in words, as ``--help`` and the docs say it (e.g. "power law").
+    """
+
+    name: str
+    params: tuple[str, ...]
+    n_params: int
+    log_law: Callable[[dict, np.ndarray], np.ndarray]
+    point_fit: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[dict[str, float], bool, str]]
+    batch_fit: Callable[[np.ndarray, np.ndarray, np.ndarray, dict | None], dict[str, np.ndarray]]
+    style: str
+    label: str
+    help: str
+
+
+FAMILY_RECORDS: tuple[Family, ...] = (
+    Family("power", ("C", "alpha"), 2, lambda p, w: np.log(p["C"]) - p["alpha"] * np.log(w),
+           _power_point, _power_batch, "-", "C w^-α", "power law"),
+    Family("exponential", ("C", "tau", "rate"), 2, lambda p, w: np.log(p["C"]) - p["rate"] * w,
+           _exponential_point, _exponential_batch, "--", "C exp(-w/τ)", "exponential"),
+    Family("power_floor", ("C", "alpha", "D_inf"), 3,
+           lambda p, w: np.log(p["C"] * w ** (-np.asarray(p["alpha"])) + p["D_inf"]),
+           power_floor_point, _power_floor_batch, ":", "C w^-α + D∞", "power law + floor"),
+)
+FAMILIES: tuple[str, ...] = tuple(f.name for f in FAMILY_RECORDS)
+
+
+def family_record(name: str) -> Family:
+    """The record of family ``name``.
+
+    Raises:
+        ValueError: unknown family (the message lists the known ones).
+    """
+    for record in FAMILY_RECORDS:
+        if record.name == name:
+            return record
+    raise ValueError(f"unknown law family {name!r}; choose from {', '.join(FAMILIES)}")
+
+
+def families_in_words() -> str:
+    """The families' ``help`` words joined for a sentence: "power law, exponential and power law + floor"."""
+    words = [f.help for f in FAMILY_RECORDS]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]

@@ -1,4 +1,4 @@
-"""Per-layer decay laws for ``truncsens plan`` (issue 21): for each layer l, the power law
+"""Per-layer decay laws for ``truncsens plan``: for each layer l, the power law
 ``D_l(w) = C_l · w^-α_l`` fitted to that layer's own truncation curve (layer l keeps its sinks and last
 w keys, every other layer its full cache), with a percentile bootstrap over documents. Pure numpy.
 

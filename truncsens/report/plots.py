@@ -15,15 +15,14 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from truncsens.fits.laws import law_value
+from truncsens.fits.laws import FAMILY_RECORDS, law_value
 from truncsens.metrics import find
 from truncsens.report.tables import fmt_level
 
 if TYPE_CHECKING:  # type hints only
     from truncsens.report.policy_comparison import PolicyComparison
 
-FAMILY_STYLE = {"power": "-", "exponential": "--", "power_floor": ":"}
-FAMILY_LABEL = {"power": "C w^-α", "exponential": "C exp(-w/τ)", "power_floor": "C w^-α + D∞"}
+_FAMILIES = {f.name: f for f in FAMILY_RECORDS}  # line style and legend formula of each family
 
 
 def axis_label(metric: str) -> str:
@@ -104,8 +103,9 @@ def build_figure(doc: dict, metrics: Sequence[str] | None = None, families: Sequ
                 with np.errstate(all="ignore"):
                     yv = law_value(fit["family"], params, grid)
                 good = np.isfinite(yv) & (yv > 0)
-                ax.plot(grid[good], yv[good], FAMILY_STYLE.get(fit["family"], "-"), color=color, lw=1.2,
-                        label=f"{curve['label']} {fit['family']}: {FAMILY_LABEL.get(fit['family'], '')}")
+                record = _FAMILIES.get(fit["family"])
+                ax.plot(grid[good], yv[good], record.style if record else "-", color=color, lw=1.2,
+                        label=f"{curve['label']} {fit['family']}: {record.label if record else ''}")
             fr = curve.get("fit_range")
             if fr:
                 for x in fr:

@@ -34,6 +34,7 @@ from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.fit_file import sanitize
 from truncsens.fits.fitting import FitConfig, fit_curve
 from truncsens.fits.laws import FitError
+from truncsens.metrics import DEFAULT_METRICS
 from truncsens.results import ResultsError, is_per_layer, load, sweep_dim
 from truncsens.results.join import SAME_SOURCE, attr_differences, check_same_weights, policy_names, target_difference
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
@@ -58,7 +59,7 @@ class CompareConfig:
         ValueError: no metric, n_boot < 0 or level outside (0, 1).
     """
 
-    metrics: tuple[str, ...] = ("kl", "tv")
+    metrics: tuple[str, ...] = DEFAULT_METRICS
     numerator: str | None = None
     denominator: str | None = None
     n_boot: int = 1000

@@ -59,6 +59,10 @@ class Semantics:
         score_source: where policies that read scores take them from (the results attr ``score_source``).
         block_passes: what one block's passes are under the block protocol of a policy sweep (``show``'s
             protocol note, :func:`truncsens.report.printed.protocol_note`); None without ``policy_blocks``.
+        per_layer: whether it runs per-layer window sweeps (``measure --per-layer``, ``truncsens plan``;
+            :mod:`truncsens.engine.layer_windows_pass`): with ``keeps_cache`` each configuration decodes the
+            target's query on the one prefilled cache, without it each configuration processes the whole
+            context under its layers' windows (the forward tokens of one configuration: :meth:`cost`).
     """
 
     name: ClassVar[str] = ""
@@ -71,6 +75,7 @@ class Semantics:
     policy_blocks: ClassVar[bool] = False
     score_source: ClassVar[str] = ""
     block_passes: ClassVar[str | None] = None
+    per_layer: ClassVar[bool] = False
 
     def __init__(self, registry: Mapping[str, "Semantics"] | None = None) -> None:
         """``registry``: every registered semantics by name, this one included (the alternatives its

@@ -39,6 +39,7 @@ class PrefillEvict(Semantics):
 
     name = "prefill_evict"
     keeps_cache = True
+    per_layer = True
     positions = ("original", "reindexed")
     provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
                           PREFILL_LAYERS})

@@ -36,6 +36,7 @@ class Streaming(Semantics):
     provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
     streams = True
     policy_blocks = True
+    per_layer = True
     score_source = "online: attention and key norms computed by the evicted streaming run itself"
     block_passes = "one stream per block and budget, shared by its targets (and, for random policies, its draws)"
 
