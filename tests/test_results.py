@@ -63,9 +63,9 @@ def test_make_results_schema():
 
 
 def test_make_results_keeps_attrs_as_given():
-    ds = make(note=None, flag=True, extra_path=__import__("pathlib").Path("/x/y"))
-    assert ds.attrs["note"] is None
-    assert ds.attrs["flag"] is True
+    ds = make(model_revision=None, n_sink=True, extra_path=__import__("pathlib").Path("/x/y"))
+    assert ds.attrs["model_revision"] is None
+    assert ds.attrs["n_sink"] is True
     assert ds.attrs["extra_path"] == __import__("pathlib").Path("/x/y")
     assert ds["doc"].dtype == object  # variable-length strings, not a fixed width
 
@@ -425,7 +425,7 @@ def test_a_datetime_created_is_refused_and_its_iso_text_round_trips(tmp_path):
     """``created`` is ISO 8601 text (required, typed); a datetime in any free attr comes back a datetime."""
     when = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
     with pytest.raises(ResultsError, match=r"attr 'created'.*ISO 8601 text .*\.isoformat\(\)\), got datetime"):
-        make(created=when)
+        results.save(make(created=when), tmp_path / "d.nc")
     back = results.load(results.save(make(created=when.isoformat(), started=when), tmp_path / "t.nc"))
     assert back.attrs["created"] == "2025-01-02T03:04:05+00:00"
     assert dt.datetime.fromisoformat(back.attrs["created"]) == when
@@ -466,9 +466,11 @@ def test_duplicates_across_policies_and_draws_are_one_rule(tmp_path):
     """Targets are shared by the policy and draw dims: a repeated (doc, position) is refused in a
     [policy, draw, target, budget] file as in a window file."""
     m = {k: np.repeat(v[:, None], 2, axis=1) for k, v in metrics_for(3, W=2, policies=2).items()}  # [P, R, n, K]
+    ds = results.make_results(m, "budget", [8, 32], ["a", "b", "a"], [9, 10, 9], [1, 2, 3], attrs(),
+                              policies=["suffix", "random"], draws=2)
+    assert ds["tv"].dims == ("policy", "draw", "target", "budget")
     with pytest.raises(ResultsError, match=r"doc 'a' position 9 \(2 times, at target=0,2\)"):
-        results.make_results(m, "budget", [8, 32], ["a", "b", "a"], [9, 10, 9], [1, 2, 3], attrs(),
-                             policies=["suffix", "random"], draws=2)
+        results.save(ds, tmp_path / "pd.nc")
 
 
 def test_merge_refuses_a_target_in_two_shards(tmp_path):

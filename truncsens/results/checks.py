@@ -1,8 +1,8 @@
 """Checks of a results dataset's values against the metric records (:mod:`truncsens.metrics`): what
-:func:`truncsens.results.schema.validate` runs on every dataset it is given, so every command that
-reads a results file (``show``, ``fit``, ``plot``, ``compare-policies``, ``recommend-window``, the
-notebooks) refuses an impossible one with one line naming the variable, the rule and the first
-offending value.
+:func:`truncsens.results.schema.validate` runs on every dataset it is given (every save and every
+load), so every command that reads a results file (``show``, ``fit``, ``plot``,
+``compare-policies``, ``recommend-window``, the notebooks) refuses an impossible one with one line
+naming the variable, the rule and the first offending value, and none is ever written.
 
 Rules:
 
@@ -16,7 +16,8 @@ Rules:
   layer, policy and draw: those dims share the targets); a repeated row would count one target twice
   in every mean.
 - ``attrs``: :data:`ATTR_RULES` (``reference_context`` a whole number >= 1, ``n_sink`` >= 0, text
-  where text belongs, ``positions`` one of :data:`~truncsens.results.schema.POSITIONS`, ...).
+  where text belongs, ``created`` ISO 8601 text, ``positions`` one of
+  :data:`~truncsens.results.schema.POSITIONS`, ...).
 """
 
 from __future__ import annotations

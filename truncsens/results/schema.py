@@ -26,7 +26,12 @@ Schema (docs/results.md):
 - attrs: :data:`REQUIRED_ATTRS` plus any provenance. Strings and numbers are plain NetCDF attrs;
   ``None``, ``bool``, lists, tuples, dicts, datetimes and paths are stored as JSON text named in
   the reserved attr ``truncsens_json_attrs`` and restored by :func:`load` as they went in
-  (:mod:`truncsens.results.codec`). Log base e (attr ``log_base``).
+  (:mod:`truncsens.results.codec`); the required attrs have the types of
+  :data:`truncsens.results.checks.ATTR_RULES` (``created``: ISO 8601 text, never a datetime). Log
+  base e (attr ``log_base``).
+- targets: a (``doc``, ``position``) pair at most once along ``target``. :func:`validate` is the one
+  check of all of this, run by ``save``, ``load`` and ``merge``; :func:`make_results` checks the
+  schema part (:func:`check_schema`) of what it builds in memory.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ def make_results(
             window]), or None.
 
     Raises:
-        ResultsError: a shape, name or attr does not fit the schema, or an attr value cannot be stored.
+        ResultsError: a shape, name or attr does not fit the schema, or an attr value cannot be stored
+            (:func:`check_schema`; the values are checked by :func:`validate` when saved).
     """
     if sweep not in SWEEP_DIMS:
         raise ResultsError(f"sweep dim must be one of {SWEEP_DIMS}, got {sweep!r}")
@@ -130,7 +136,7 @@ def make_results(
     ds.attrs.setdefault("log_base", "e")
     if (layers is not None) != ("per_layer" in ds.attrs):
         raise ResultsError("a layer dim and the per_layer attr (what a layer kept) go together")
-    validate(ds)
+    check_schema(ds)
     return ds
 
 
@@ -179,11 +185,29 @@ def metrics_of(ds: xr.Dataset) -> tuple[str, ...]:
 
 
 def validate(ds: xr.Dataset) -> None:
-    """The one check of a results dataset: its schema, then its values against the metric records
-    (:func:`truncsens.results.checks.check_values`: attrs, coords, unique targets, dims and ranges).
-    :func:`make_results` and :func:`merge` run it on what they build, :func:`truncsens.results.save`
-    on what it is about to write (as :func:`truncsens.results.load` will read it back) and
-    :func:`truncsens.results.load` on what it read, so a file truncsens writes is one it reads.
+    """The one check of a results file: its schema (:func:`check_schema`), then its values against the
+    metric records (:func:`truncsens.results.checks.check_values`: attrs, coords, unique targets, dims
+    and ranges). :func:`truncsens.results.save` runs it on what it is about to write (as
+    :func:`truncsens.results.load` will read it back), :func:`truncsens.results.load` on what it read
+    and :func:`merge` on what it joined, so a file truncsens writes is one it reads.
+
+    Raises:
+        ResultsError: naming the first thing that does not fit.
+    """
+    held = check_schema(ds)
+    try:
+        checks.check_values(ds, sweep_dim(ds), held)
+    except checks.ValueCheckError as exc:
+        raise ResultsError(str(exc)) from None
+
+
+def check_schema(ds: xr.Dataset) -> tuple[str, ...]:
+    """The schema part of :func:`validate` (dims, metrics present and numeric, coords, attrs storable and
+    present): what :func:`make_results` checks of a dataset in memory, whose values are checked when
+    it is saved.
+
+    Returns:
+        The metrics ``ds`` holds (:func:`metrics_of`).
 
     Raises:
         ResultsError: naming the first thing that does not fit.
@@ -220,10 +244,7 @@ def validate(ds: xr.Dataset) -> None:
             raise ResultsError("the layer coord must hold unique layer indices >= 0")
     if "draw" in ds.dims and ("draw" not in ds.coords or ds["draw"].values.tolist() != list(range(ds.sizes["draw"]))):
         raise ResultsError("the draw coord must be 0..R-1")
-    try:
-        checks.check_values(ds, sweep, held)
-    except checks.ValueCheckError as exc:
-        raise ResultsError(str(exc)) from None
+    return held
 
 
 def is_per_layer(ds: xr.Dataset) -> bool:
