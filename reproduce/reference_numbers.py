@@ -13,7 +13,7 @@ With ``--update-docs``, every fenced block in README.md and docs/*.md that follo
 ``<!-- numbers: STEP -->`` is replaced by that step's printed output (a first line ``$ command``
 inside the block is kept), and figures the steps wrote are copied to the paths the pages show
 (:data:`FIGURES`). A fenced ``python`` block after ``<!-- numbers-source: STEP -->`` is the source a
-``python-block`` step runs, so the README's code is the code that ran. Tables and sentences that
+``python-block`` step runs, so the page's code is the code that ran. Tables and sentences that
 quote numbers from a JSON file are edited by hand from the kept output; the pages say which.
 
 Usage::
@@ -73,7 +73,7 @@ STEPS = [
     Step("fit", "truncsens fit results/reference-code-2048.nc results/reference-nl-2048.nc --out results/reference.fit.json "
                 "--plot", ("results/reference.fit.json", "results/reference.fit.png", "results/reference.fit.pdf"),
          needs=("measure-code-max", "measure-nl-max")),
-    Step("recommend", "truncsens recommend-window results/reference.fit.json --eps 0.01 --eps 0.05", needs=("fit",),
+    Step("recommend", "truncsens recommend-window results/reference.fit.json --eps 0.05 --eps 0.1", needs=("fit",),
          merge_stderr=True),
     Step("api-example", "", kind="python-block"),
     Step("plan", "truncsens plan --reference-context 1024 --average-window 64,256 --out results/plan.json "

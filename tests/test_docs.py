@@ -1,5 +1,5 @@
 """The README and docs/ pages: CI runs exactly the README's test command, and every relative link,
-anchor and repository path the pages name exists (a moved module or page leaves no dangling reference)."""
+anchor and repository path the pages name exists (a module or page that moves must take its links along)."""
 
 from __future__ import annotations
 
@@ -73,3 +73,17 @@ def test_architecture_names_the_files_each_folder_holds():
             if not (folder / name).exists() and not (ROOT / "truncsens" / name).exists():
                 missing.append(f"{row.group(1)}/{name}")
     assert missing == []
+
+
+def test_readme_names_every_registered_policy():
+    """A user reads the policies off the README: every registered name appears there in backticks."""
+    from truncsens.policies import POLICIES
+
+    readme = (ROOT / "README.md").read_text()
+    assert sorted(n for n in POLICIES if f"`{n}`" not in readme) == []
+
+
+def test_readme_is_a_short_page():
+    """The README is a page for users, not the project's record (that is CHANGELOG.md)."""
+    assert len((ROOT / "README.md").read_text()) <= 12_000
+    assert (ROOT / "CHANGELOG.md").read_text().startswith("# Changelog")

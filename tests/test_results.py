@@ -356,3 +356,155 @@ def test_unstorable_attrs_are_refused_by_name(tmp_path):
     with pytest.raises(ResultsError, match="attr 'later' holds a object"):
         results.save(ds, tmp_path / "x.nc")
     assert not (tmp_path / "x.nc").exists() and not (tmp_path / "x.nc.tmp").exists()
+
+
+# ---------------------------------------------------------------- one validator: what save writes, load reads
+
+
+def _written_raw(ds: xr.Dataset, path: Path) -> Path:
+    """``ds`` written with the file encoding but no check (as an older truncsens or a hand edit could)."""
+    from truncsens.results import files
+
+    files._encode(ds).to_netcdf(path, engine="h5netcdf")
+    return path
+
+
+def _with_duplicates(ds: xr.Dataset) -> xr.Dataset:
+    """The reported file: target 0 appended three more times (4 targets become 7)."""
+    return xr.concat([ds, ds.isel(target=[0, 0, 0])], "target")
+
+
+def _late_datetime(ds):
+    ds.attrs["created"] = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    return ds
+
+
+def _js_above_ln2(ds):
+    ds["js"].values[1, 2] = 0.7  # ln 2 = 0.6931...
+    return ds
+
+
+def _nan_kl(ds):
+    ds["kl"].values[2, 0] = np.nan
+    return ds
+
+
+def _short_reference(ds):
+    ds.attrs["reference_context"] = 8  # window 16 > N
+    return ds
+
+
+BAD_FILES = {
+    "created datetime": (_late_datetime, "attr 'created': rule attrs: it must be ISO 8601 text"),
+    "js above ln 2": (_js_above_ln2, "variable 'js': rule range: values must lie in [0, 0.693147]"),
+    "NaN kl": (_nan_kl, "variable 'kl': rule range: NaN"),
+    "window above N": (_short_reference, "coord 'window': rule coords: windows must lie in [1, reference_context = 8]"),
+    "duplicate rows": (_with_duplicates, "rule targets"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_save_refuses_what_load_refuses_with_the_same_message(tmp_path, case):
+    """save accepted a datetime ``created`` and a js above ln 2, and load then refused the file it had
+    just written: both now run one validator, and save's message is load's plus ``(nothing written)``."""
+    edit, fragment = BAD_FILES[case]
+    bad = edit(make().copy(deep=True))
+    path = _written_raw(bad, tmp_path / "bad.nc")
+    with pytest.raises(ResultsError) as on_load:
+        results.load(path)
+    load_message = str(on_load.value)
+    assert load_message.startswith(f"{path}: ") and fragment in load_message
+    path.unlink()
+    with pytest.raises(ResultsError) as on_save:
+        results.save(bad, path)
+    assert str(on_save.value) == f"{load_message} (nothing written)"
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_datetime_created_is_refused_and_its_iso_text_round_trips(tmp_path):
+    """``created`` is ISO 8601 text (required, typed); a datetime in any free attr comes back a datetime."""
+    when = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    with pytest.raises(ResultsError, match=r"attr 'created'.*ISO 8601 text .*\.isoformat\(\)\), got datetime"):
+        results.save(make(created=when), tmp_path / "d.nc")
+    back = results.load(results.save(make(created=when.isoformat(), started=when), tmp_path / "t.nc"))
+    assert back.attrs["created"] == "2025-01-02T03:04:05+00:00"
+    assert dt.datetime.fromisoformat(back.attrs["created"]) == when
+    assert back.attrs["started"] == when and type(back.attrs["started"]) is dt.datetime
+    assert back.attrs["started"].tzinfo == dt.timezone.utc
+
+
+def test_duplicate_rows_are_refused_on_save_and_load(tmp_path):
+    """The reported file: 4 targets + target 0 three more times. Its mean would count doc d0 position 64
+    four times; it is refused, naming the pair, its count and its rows."""
+    dup = _with_duplicates(make())
+    assert dup.sizes["target"] == 7
+    want = ("rule targets: a (doc, position) pair may appear only once per layer, policy and draw; 1 (doc, position) "
+            "pair appears more than once (4 rows in all): doc 'd0' position 64 (4 times, at target=0,4,5,6)")
+    with pytest.raises(ResultsError) as exc:
+        results.save(dup, tmp_path / "dup.nc")
+    assert str(exc.value) == f"{tmp_path / 'dup.nc'}: {want} (nothing written)"
+    assert not (tmp_path / "dup.nc").exists()
+    path = _written_raw(dup, tmp_path / "dup.nc")
+    with pytest.raises(ResultsError) as exc:
+        results.load(path)
+    assert str(exc.value) == f"{path}: {want}"
+
+
+def test_many_duplicate_pairs_are_named_three_and_counted(tmp_path):
+    ds = make(n=4, docs=["a", "b", "c", "d"])
+    twice = xr.concat([ds, ds, ds.isel(target=[3])], "target")  # every pair twice, d three times
+    with pytest.raises(ResultsError) as exc:
+        results.validate(twice)
+    assert str(exc.value).endswith(
+        "4 (doc, position) pairs appear more than once (9 rows in all): doc 'a' position 64 (2 times, at target=0,4); "
+        "doc 'b' position 65 (2 times, at target=1,5); doc 'c' position 66 (2 times, at target=2,6); and 1 more")
+    # one document at two positions, or two documents at one position, are distinct targets
+    results.validate(make(n=3, docs=["a", "a", "b"], positions=[64, 65, 64]))
+
+
+def test_duplicates_across_policies_and_draws_are_one_rule(tmp_path):
+    """Targets are shared by the policy and draw dims: a repeated (doc, position) is refused in a
+    [policy, draw, target, budget] file as in a window file."""
+    m = {k: np.repeat(v[:, None], 2, axis=1) for k, v in metrics_for(3, W=2, policies=2).items()}  # [P, R, n, K]
+    ds = results.make_results(m, "budget", [8, 32], ["a", "b", "a"], [9, 10, 9], [1, 2, 3], attrs(),
+                              policies=["suffix", "random"], draws=2)
+    assert ds["tv"].dims == ("policy", "draw", "target", "budget")
+    with pytest.raises(ResultsError, match=r"doc 'a' position 9 \(2 times, at target=0,2\)"):
+        results.save(ds, tmp_path / "pd.nc")
+
+
+def test_merge_refuses_a_target_in_two_shards(tmp_path):
+    a = make(n=4, docs=["a", "a", "b", "b"])  # b at 66, 67
+    b = make(n=2, docs=["b", "c"], positions=[66, 70])
+    with pytest.raises(ResultsError) as exc:
+        results.merge([a, b], ["s0.nc", "s1.nc"])
+    assert str(exc.value) == ("refusing to merge: 1 (doc, position) pair appears more than once (2 rows in all): "
+                              "doc 'b' position 66 (2 times, in s0.nc, s1.nc); a target belongs to one shard of one run")
+    with pytest.raises(ResultsError, match=r"doc 'a' position 64 \(2 times, in shard 1\)"):  # twice in one shard
+        results.merge([b, xr.concat([a.isel(target=[0]), a.isel(target=[0])], "target")])
+
+
+def test_merge_refuses_shards_of_different_runs(tmp_path):
+    a = make(n=2, docs=["a", "a"])
+    b = make(n=2, docs=["b", "b"], seed=1)
+    with pytest.raises(ResultsError, match=r"^refusing to merge shard 1 with shard 0: they are shards of different "
+                                           r"runs \(attr 'seed' is 1 there, 0 here\)$"):
+        results.merge([a, b])
+    with pytest.raises(ResultsError, match=r"attr 'split' is in shard 1 only"):
+        results.merge([a, make(n=2, docs=["b", "b"], split="test")])
+    fa, fb = a.copy(), make(n=2, docs=["b", "b"])
+    fa.attrs["run_fingerprint"], fb.attrs["run_fingerprint"] = "0" * 64, "1" * 64
+    with pytest.raises(ResultsError, match=r"different runs \(run_fingerprint '1{64}' there, '0{64}' here\)"):
+        results.merge([fa, fb])
+    # shards of one run may differ in when, where and by which command they were written
+    later = make(n=2, docs=["b", "b"], created="later", command="truncsens measure --resume", device="cuda:0",
+                 truncsens_version="0.2.0", n_clamped=3, shard_index=1)
+    assert results.merge([a, later]).sizes["target"] == 4
+    fb.attrs.update(run_fingerprint="0" * 64, seed=5)  # the same configuration hash: one run, its attrs not compared
+    assert results.merge([fa, fb]).attrs["seed"] == 0
+    p1 = results.make_results(metrics_for(2, W=2, policies=2), "budget", [8, 32], ["a", "a"], [9, 10], [1, 2], attrs(),
+                              policies=["suffix", "random"])
+    p2 = results.make_results(metrics_for(2, W=2, policies=2), "budget", [8, 32], ["b", "b"], [9, 10], [1, 2], attrs(),
+                              policies=["suffix", "h2o"])
+    with pytest.raises(ResultsError, match="refusing to merge shard 1 with shard 0: their policy coords differ"):
+        results.merge([p1, p2])

@@ -139,3 +139,23 @@ def test_fit_files_are_checked_on_read_by_recommend_window(tmp_path):
     doc["curves"][0]["metrics"]["tv"]["points"][0] = 0
     bad.write_text(json.dumps(doc))
     refused(["recommend-window", str(bad), "--eps", "0.05"], "curves[0] (tv)", "rule points", "first bad value 0")
+
+
+def test_a_file_with_duplicate_rows_is_refused_by_show_fit_and_compare(tmp_path):
+    """A file of 8 targets with target 0 appended three more times: show and fit read "11 targets" and
+    moved the mean; every reader now refuses it with one line naming the pair and its rows."""
+    path = window_file(tmp_path)
+    ok = results.load(path)
+    assert (str(ok["doc"].values[0]), int(ok["position"].values[0])) == ("doc0000", 64)
+    dup = edited(path, "dup", lambda ds: xr.concat([ds, ds.isel(target=[0, 0, 0])], "target"))
+    assert xr.load_dataset(dup, engine="h5netcdf").sizes["target"] == 11
+    want = ("rule targets", "1 (doc, position) pair appears more than once (4 rows in all)",
+            "doc 'doc0000' position 64 (4 times, at target=0,8,9,10)")
+    for command in (["show", dup], ["fit", dup, "--out", str(tmp_path / "f.json"), "--bootstrap", "0"],
+                    ["plot", dup, "--out", str(tmp_path / "p.png")]):
+        line = refused(command, dup, *want)
+        assert line == f"error: {dup}: " + want[0] + (": a (doc, position) pair may appear only once per layer, policy "
+                                                      "and draw; ") + want[1] + ": " + want[2]
+    assert not (tmp_path / "f.json").exists() and not (tmp_path / "p.png").exists()
+    bud = edited(budget_file(tmp_path), "dup", lambda ds: xr.concat([ds, ds.isel(target=[2])], "target"))
+    refused(["compare-policies", bud], "doc 'doc0001' position 66 (2 times, at target=2,8)")

@@ -1,8 +1,8 @@
 """Checks of a results dataset's values against the metric records (:mod:`truncsens.metrics`): what
-:func:`truncsens.results.schema.validate` runs on every dataset it is given, so every command that
-reads a results file (``show``, ``fit``, ``plot``, ``compare-policies``, ``recommend-window``, the
-notebooks) refuses an impossible one with one line naming the variable, the rule and the first
-offending value.
+:func:`truncsens.results.schema.validate` runs on every dataset it is given (every save and every
+load), so every command that reads a results file (``show``, ``fit``, ``plot``,
+``compare-policies``, ``recommend-window``, the notebooks) refuses an impossible one with one line
+naming the variable, the rule and the first offending value, and none is ever written.
 
 Rules:
 
@@ -12,14 +12,19 @@ Rules:
   engine never stores one: it stops on non-finite logits); ``top1_agree`` holds 0 or 1.
 - ``coords``: windows and budgets are integers of at least 1 token and at most ``reference_context``;
   ``position`` and ``token_id`` are integers >= 0; ``doc`` and ``policy`` hold strings.
+- ``targets``: a (``doc``, ``position``) pair appears at most once along ``target`` (so once per
+  layer, policy and draw: those dims share the targets); a repeated row would count one target twice
+  in every mean.
 - ``attrs``: :data:`ATTR_RULES` (``reference_context`` a whole number >= 1, ``n_sink`` >= 0, text
-  where text belongs, ``positions`` one of :data:`~truncsens.results.schema.POSITIONS`, ...).
+  where text belongs, ``created`` ISO 8601 text, ``positions`` one of
+  :data:`~truncsens.results.schema.POSITIONS`, ...).
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Callable
+from collections import Counter
+from typing import Callable, Sequence
 
 import numpy as np
 import xarray as xr
@@ -29,7 +34,8 @@ from truncsens import metrics as _metrics
 POSITIONS = ("original", "reindexed")  # the ``positions`` attr's values (re-exported by the schema)
 TOLERANCE = 1e-6  # float32 rounding of values clamped into range in float64
 TEXT_ATTRS = ("truncsens_version", "model", "model_revision", "tokenizer", "dtype", "device", "corpus",
-              "corpus_sha256", "domain", "created", "command")
+              "corpus_sha256", "domain", "command")
+SHOWN_DUPLICATES = 3  # duplicated (doc, position) pairs named in a message; the rest are counted
 
 
 def _whole(value, least: int) -> bool:
@@ -43,6 +49,8 @@ ATTR_RULES: dict[str, tuple[str, Callable[[object], bool]]] = {
     "targets_per_doc": ("a whole number >= 0", lambda v: _whole(v, 0)),
     "max_context": ("a whole number of tokens >= 0 (0: the config states no limit)", lambda v: _whole(v, 0)),
     **{name: ("text", lambda v: isinstance(v, str)) for name in TEXT_ATTRS},
+    # a datetime object is refused rather than turned into text, so what load returns is what was saved
+    "created": ("ISO 8601 text (results.utc_now(), or a datetime's .isoformat())", lambda v: isinstance(v, str)),
 }
 
 
@@ -106,6 +114,49 @@ def check_coords(ds: xr.Dataset, sweep: str) -> None:
             raise ValueCheckError(f"coord {name!r}: rule coords: must be whole numbers >= 0; first bad value {shown}")
 
 
+def duplicated_targets(doc: Sequence[str], position: Sequence[int]) -> list[tuple[str, int, list[int]]]:
+    """Every (doc, position) pair that occurs more than once, as ``(doc, position, rows)`` with the
+    target indices holding it (increasing), in the order of first occurrence; empty when all are distinct.
+
+    Args:
+        doc: [n] document ids; position: [n] positions in tokens.
+    """
+    pairs = [(str(d), int(p)) for d, p in zip(doc, position)]
+    counts = Counter(pairs)
+    if len(counts) == len(pairs):
+        return []
+    rows: dict[tuple[str, int], list[int]] = {}
+    for i, pair in enumerate(pairs):
+        if counts[pair] > 1:
+            rows.setdefault(pair, []).append(i)
+    return [(d, p, r) for (d, p), r in rows.items()]
+
+
+def describe_duplicates(dups: list[tuple[str, int, list[int]]], where: Callable[[list[int]], str]) -> str:
+    """``"2 (doc, position) pairs appear more than once (5 rows in all): doc 'a' position 64 (<where>), ..."``:
+    the first :data:`SHOWN_DUPLICATES` pairs of :func:`duplicated_targets` named, the others counted;
+    ``where(rows)`` says where one pair's rows are. One line (ids are shown with ``repr``)."""
+    shown = "; ".join(f"doc {d!r} position {p} ({where(rows)})" for d, p, rows in dups[:SHOWN_DUPLICATES])
+    more = f"; and {len(dups) - SHOWN_DUPLICATES} more" if len(dups) > SHOWN_DUPLICATES else ""
+    n_rows = sum(len(rows) for _, _, rows in dups)
+    pairs = "1 (doc, position) pair appears" if len(dups) == 1 else f"{len(dups)} (doc, position) pairs appear"
+    return f"{pairs} more than once ({n_rows} rows in all): {shown}{more}"
+
+
+def check_targets(ds: xr.Dataset) -> None:
+    """Each (doc, position) pair once along ``target`` (module docstring). Raises :class:`ValueCheckError`."""
+    dups = duplicated_targets(ds["doc"].values, ds["position"].values)
+    if dups:
+        raise ValueCheckError("rule targets: a (doc, position) pair may appear only once per layer, policy and draw; "
+                              + describe_duplicates(dups, lambda rows: f"{len(rows)} times, at target="
+                                                    + _indices(rows)))
+
+
+def _indices(rows: list[int], shown: int = 5) -> str:
+    """``"0,48,49"``; past ``shown`` indices, ``"0,1,2,3,4,..."``."""
+    return ",".join(map(str, rows[:shown])) + (",..." if len(rows) > shown else "")
+
+
 def check_attrs(ds: xr.Dataset) -> None:
     """:data:`ATTR_RULES` on the attrs present. Raises :class:`ValueCheckError`."""
     for name, (rule, ok) in ATTR_RULES.items():
@@ -116,12 +167,13 @@ def check_attrs(ds: xr.Dataset) -> None:
 
 
 def check_values(ds: xr.Dataset, sweep: str, metrics: tuple[str, ...]) -> None:
-    """Every rule of the module docstring, in the order attrs, coords, metrics.
+    """Every rule of the module docstring, in the order attrs, coords, targets, metrics.
 
     Raises:
         ValueCheckError: the first rule broken.
     """
     check_attrs(ds)
     check_coords(ds, sweep)
+    check_targets(ds)
     for name in metrics:
         check_metric(ds, name, sweep)

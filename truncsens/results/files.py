@@ -19,13 +19,20 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
     (``.<name>.<pid>.tmp`` beside it, so concurrent writers never share one), then a rename; the
     temporary file is removed if writing fails.
 
+    What is checked is what :func:`load` will check: ``ds`` encoded for the file and decoded again,
+    through the same :func:`~truncsens.results.schema.validate`, so ``save`` refuses exactly the
+    files ``load`` would refuse, with load's message and `` (nothing written)`` after it.
+
     Raises:
-        ResultsError: ``ds`` does not fit the schema (nothing is written).
+        ResultsError: ``ds`` does not fit the schema or an attr cannot be stored (nothing is written).
         OSError: the path cannot be written.
     """
-    validate(ds)
-    encoded = _encode(ds)
     path = Path(path)
+    encoded = _encode(ds)
+    try:
+        validate(_decode(encoded))  # as load will see it
+    except ResultsError as exc:
+        raise ResultsError(f"{_named(path, exc)} (nothing written)") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -113,8 +120,13 @@ def load(path: str | Path) -> xr.Dataset:
     except ValueError as exc:  # bad JSON or escape: a damaged or foreign file
         raise ResultsError(f"{path}: cannot decode its strings or attrs ({exc})") from exc
     try:
-        validate(ds, strict=True)
+        validate(ds)
     except ResultsError as exc:
-        raise ResultsError(f"{path}: {exc}") from None
+        raise ResultsError(_named(path, exc)) from None
     return ds
+
+
+def _named(path: Path, exc: ResultsError) -> str:
+    """The message of a refused file, the same from :func:`save` and :func:`load`: ``<path>: <what>``."""
+    return f"{path}: {exc}"
 

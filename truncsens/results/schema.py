@@ -26,7 +26,12 @@ Schema (docs/results.md):
 - attrs: :data:`REQUIRED_ATTRS` plus any provenance. Strings and numbers are plain NetCDF attrs;
   ``None``, ``bool``, lists, tuples, dicts, datetimes and paths are stored as JSON text named in
   the reserved attr ``truncsens_json_attrs`` and restored by :func:`load` as they went in
-  (:mod:`truncsens.results.codec`). Log base e (attr ``log_base``).
+  (:mod:`truncsens.results.codec`); the required attrs have the types of
+  :data:`truncsens.results.checks.ATTR_RULES` (``created``: ISO 8601 text, never a datetime). Log
+  base e (attr ``log_base``).
+- targets: a (``doc``, ``position``) pair at most once along ``target``. :func:`validate` is the one
+  check of all of this, run by ``save``, ``load`` and ``merge``; :func:`make_results` checks the
+  schema part (:func:`check_schema`) of what it builds in memory.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ def make_results(
             window]), or None.
 
     Raises:
-        ResultsError: a shape, name or attr does not fit the schema, or an attr value cannot be stored.
+        ResultsError: a shape, name or attr does not fit the schema, or an attr value cannot be stored
+            (:func:`check_schema`; the values are checked by :func:`validate` when saved).
     """
     if sweep not in SWEEP_DIMS:
         raise ResultsError(f"sweep dim must be one of {SWEEP_DIMS}, got {sweep!r}")
@@ -130,7 +136,7 @@ def make_results(
     ds.attrs.setdefault("log_base", "e")
     if (layers is not None) != ("per_layer" in ds.attrs):
         raise ResultsError("a layer dim and the per_layer attr (what a layer kept) go together")
-    validate(ds)
+    check_schema(ds)
     return ds
 
 
@@ -178,10 +184,30 @@ def metrics_of(ds: xr.Dataset) -> tuple[str, ...]:
     return _metrics.present(ds.data_vars)
 
 
-def validate(ds: xr.Dataset, strict: bool = False) -> None:
-    """Check a dataset against the schema; with ``strict`` (every file read, :func:`truncsens.results.load`)
-    also its values against the metric records (:func:`truncsens.results.checks.check_values`: dims,
-    ranges, coords, attr types).
+def validate(ds: xr.Dataset) -> None:
+    """The one check of a results file: its schema (:func:`check_schema`), then its values against the
+    metric records (:func:`truncsens.results.checks.check_values`: attrs, coords, unique targets, dims
+    and ranges). :func:`truncsens.results.save` runs it on what it is about to write (as
+    :func:`truncsens.results.load` will read it back), :func:`truncsens.results.load` on what it read
+    and :func:`merge` on what it joined, so a file truncsens writes is one it reads.
+
+    Raises:
+        ResultsError: naming the first thing that does not fit.
+    """
+    held = check_schema(ds)
+    try:
+        checks.check_values(ds, sweep_dim(ds), held)
+    except checks.ValueCheckError as exc:
+        raise ResultsError(str(exc)) from None
+
+
+def check_schema(ds: xr.Dataset) -> tuple[str, ...]:
+    """The schema part of :func:`validate` (dims, metrics present and numeric, coords, attrs storable and
+    present): what :func:`make_results` checks of a dataset in memory, whose values are checked when
+    it is saved.
+
+    Returns:
+        The metrics ``ds`` holds (:func:`metrics_of`).
 
     Raises:
         ResultsError: naming the first thing that does not fit.
@@ -218,11 +244,7 @@ def validate(ds: xr.Dataset, strict: bool = False) -> None:
             raise ResultsError("the layer coord must hold unique layer indices >= 0")
     if "draw" in ds.dims and ("draw" not in ds.coords or ds["draw"].values.tolist() != list(range(ds.sizes["draw"]))):
         raise ResultsError("the draw coord must be 0..R-1")
-    if strict:
-        try:
-            checks.check_values(ds, sweep, held)
-        except checks.ValueCheckError as exc:
-            raise ResultsError(str(exc)) from None
+    return held
 
 
 def is_per_layer(ds: xr.Dataset) -> bool:
@@ -274,22 +296,39 @@ def rebuild_variables(ds: xr.Dataset, fn, attrs: dict) -> xr.Dataset:
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
 
-def merge(parts: Sequence[xr.Dataset]) -> xr.Dataset:
+# What may differ between the shards of one run: when, where, by which command (``--resume`` added) and
+# truncsens version each was written, its place and its own count of clamped values. Every other attr is
+# the run's; shards the engine wrote are compared on their configuration hash ``run_fingerprint`` alone.
+PER_SHARD_ATTRS = ("shard_index", "n_clamped", "created", "command", "device", "truncsens_version")
+RUN_FINGERPRINT = "run_fingerprint"
+
+
+def merge(parts: Sequence[xr.Dataset], sources: Sequence[str] | None = None) -> xr.Dataset:
     """Concatenate shards of one run along ``target`` (attrs of the first shard are kept).
 
     String coords are concatenated as variable-length strings: a long id of a later shard is
     never cut to the width of the first shard's ids.
 
+    Args:
+        parts: the shards, in order.
+        sources: their names for messages (default ``shard 0``, ``shard 1``, ...).
+
     Raises:
-        ResultsError: no parts, or parts with different sweeps.
+        ResultsError: no parts; parts of different runs (another ``run_fingerprint``, or without
+            one, another attr outside :data:`PER_SHARD_ATTRS`); different sweeps or other coords of
+            the policy, draw or layer dims; or a (doc, position) pair in more than one row, naming
+            the pairs and the shards holding them.
     """
     if not parts:
         raise ResultsError("nothing to merge: no shards")
+    names = list(sources) if sources is not None else [f"shard {i}" for i in range(len(parts))]
     sweep = sweep_dim(parts[0])
     first = parts[0][sweep].values
-    for p in parts[1:]:
+    for p, name in zip(parts[1:], names[1:]):
         if sweep_dim(p) != sweep or not np.array_equal(p[sweep].values, first):
             raise ResultsError("shards have different windows/budgets and cannot be merged")
+        _check_one_run(parts[0], p, names[0], name)
+    _check_distinct_targets(parts, names)
     out = xr.concat(list(parts), dim="target", combine_attrs="override")
 
     def plain(name: str, var: xr.Variable) -> xr.Variable:
@@ -301,3 +340,50 @@ def merge(parts: Sequence[xr.Dataset]) -> xr.Dataset:
     out = rebuild_variables(out, plain, dict(out.attrs))
     validate(out)
     return out
+
+
+def _check_one_run(a: xr.Dataset, b: xr.Dataset, name_a: str, name_b: str) -> None:
+    """Raise :class:`ResultsError` unless ``b`` is a shard of the run of ``a`` (see :func:`merge`)."""
+    refuse = f"refusing to merge {name_b} with {name_a}: they are shards of different runs"
+    fa, fb = a.attrs.get(RUN_FINGERPRINT), b.attrs.get(RUN_FINGERPRINT)
+    if fa is not None or fb is not None:
+        if fa != fb:
+            raise ResultsError(f"{refuse} (run_fingerprint {fb!r} there, {fa!r} here)")
+        return
+    for key in sorted((set(a.attrs) | set(b.attrs)) - set(PER_SHARD_ATTRS)):
+        if key not in a.attrs or key not in b.attrs:
+            raise ResultsError(f"{refuse} (attr {key!r} is in {name_a if key in a.attrs else name_b} only)")
+        if not _same_value(a.attrs[key], b.attrs[key]):
+            raise ResultsError(f"{refuse} (attr {key!r} is {b.attrs[key]!r} there, {a.attrs[key]!r} here)")
+    for dim in ("layer", "policy", "draw"):
+        if (dim in a.dims) != (dim in b.dims) or (
+                dim in a.dims and not np.array_equal(np.asarray(a[dim].values), np.asarray(b[dim].values))):
+            raise ResultsError(f"refusing to merge {name_b} with {name_a}: their {dim} coords differ")
+
+
+def _same_value(x: object, y: object) -> bool:
+    """Attr equality for :func:`_check_one_run`: arrays element-wise, NaN equal to NaN, else ``==``."""
+    if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+        return np.shape(x) == np.shape(y) and bool(np.array_equal(x, y, equal_nan=np.asarray(x).dtype.kind == "f"))
+    if isinstance(x, float) and isinstance(y, float) and np.isnan(x) and np.isnan(y):
+        return True
+    try:
+        return bool(x == y)
+    except (TypeError, ValueError):  # a container holding arrays
+        return repr(x) == repr(y)
+
+
+def _check_distinct_targets(parts: Sequence[xr.Dataset], names: Sequence[str]) -> None:
+    """Raise :class:`ResultsError` naming the pairs when a (doc, position) pair is in two rows of the
+    concatenated ``parts`` (in one shard or in several)."""
+    sizes = [int(p.sizes["target"]) for p in parts]
+    starts = np.cumsum([0] + sizes)  # [len(parts) + 1] first row of each part in the concatenation
+    doc = [d for p in parts for d in p["doc"].values]
+    position = np.concatenate([np.asarray(p["position"].values) for p in parts])
+    dups = checks.duplicated_targets(doc, position)
+    if dups:
+        def where(rows: list[int]) -> str:
+            held = [names[int(np.searchsorted(starts, r, side="right")) - 1] for r in rows]
+            return f"{len(rows)} times, in " + ", ".join(dict.fromkeys(held))
+        raise ResultsError("refusing to merge: " + checks.describe_duplicates(dups, where)
+                           + "; a target belongs to one shard of one run")

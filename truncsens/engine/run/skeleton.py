@@ -176,9 +176,10 @@ def _run_locked(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shard
     reused_all = sum(f"shard-{i:05d}.nc" in before for i in range(len(plans)))
     if not ranks.is_main:
         return RunOutcome(run.out, reused_all, -1)
-    parts = [results.load(shard_dir / f"shard-{i:05d}.nc") for i in range(len(plans))]
+    paths = [shard_dir / f"shard-{i:05d}.nc" for i in range(len(plans))]
+    parts = [results.load(p) for p in paths]
     check_shards(parts, plans, run_hash, shard_dir)
-    merged = results.merge(parts)
+    merged = results.merge(parts, [str(p) for p in paths])
     for name in SHARD_ONLY_ATTRS:
         merged.attrs.pop(name, None)
     merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
