@@ -137,6 +137,7 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
     Raises:
         ValueError: a tokenizer with a spec, a model object without one, a device or dtype other than
             a model object's, ``resume`` without ``out``, both ``texts`` and ``corpus``.
+        truncsens.models.ModelLoadError: a model object with weights on the ``meta`` device (no values).
         as :func:`measure_config` and :func:`truncsens.engine.measure.run_measure`.
     """
     options = {k: v for k, v in locals().items() if k not in ("model", "tokenizer", "command")}  # measure_config's keywords

@@ -31,6 +31,7 @@ from truncsens.budget.allocation import (
 )
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.report.plots import figure_paths
+from truncsens.results.paths import write_atomic
 from truncsens.fits.per_layer import floor_window, layer_power_laws
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 
@@ -88,12 +89,10 @@ class PlanReport:
         return "\n".join(lines)
 
     def write(self, path: str | Path, overwrite: bool = False) -> Path:
-        """Write the JSON to ``path`` (FileExistsError unless ``overwrite`` when it exists)."""
+        """Write the JSON to ``path`` atomically (FileExistsError unless ``overwrite`` when it exists;
+        NoSpaceError, an ``OSError`` naming the path, when the disk is full)."""
         check_new_files([path], overwrite)
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=False))
-        return path
+        return write_atomic(path, json.dumps(self.to_json(), indent=1, allow_nan=False).encode())
 
     def plot(self, out: str | Path, overwrite: bool = False) -> list[Path]:
         """D_l(w) per layer (fit set, log-log) with its law and each plan's windows marked:

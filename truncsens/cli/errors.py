@@ -1,10 +1,14 @@
-"""One place that turns library errors into one clear line on stderr and a non-zero exit."""
+"""One place that turns library errors into one clear line on stderr and a non-zero exit, and keeps
+the notices of the libraries underneath (transformers, huggingface_hub, kernels, torch: log records
+and Python warnings) off a command's output."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
+import warnings
 from typing import Iterator
 
 import typer
@@ -32,12 +36,40 @@ def quiet_broken_pipe() -> None:
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, OSError, RuntimeError, KeyError)
 
 
+# Set to 1 to let the libraries' notices through (debugging a model that fails to load).
+SHOW_LIBRARY_NOTICES = "TRUNCSENS_LIBRARY_NOTICES"
+
+
+@contextlib.contextmanager
+def library_notices_silenced() -> Iterator[None]:
+    """While a command runs, drop log records below ERROR of every logger (truncsens itself logs
+    nothing: its lines are printed) and Python warnings not raised by truncsens, so that notices such
+    as transformers' or kernels' offline-mode messages ("Skipping publisher trust check ...") never
+    come before a command's own lines. Errors are exceptions and still end as the ``error:`` line;
+    log records at ERROR and above still print. Nothing is silenced when the environment variable
+    :data:`SHOW_LIBRARY_NOTICES` is 1."""
+    if os.environ.get(SHOW_LIBRARY_NOTICES, "") == "1":
+        yield
+        return
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # global, whatever level a library sets on its own loggers on import
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            warnings.filterwarnings("default", module=r"truncsens(\.|$)")
+            yield
+    finally:
+        logging.disable(previous)
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Run a command body; a user-facing error becomes ``error: <message>`` and exit code 2; a broken
-    pipe on stdout ends quietly (:func:`quiet_broken_pipe`)."""
+    """Run a command body with the libraries' notices silenced (:func:`library_notices_silenced`); a
+    user-facing error becomes ``error: <message>`` and exit code 2; a broken pipe on stdout ends
+    quietly (:func:`quiet_broken_pipe`)."""
     try:
-        yield
+        with library_notices_silenced():
+            yield
     except typer.Exit:
         raise
     except BrokenPipeError:

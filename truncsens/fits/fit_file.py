@@ -60,7 +60,7 @@ import numpy as np
 import truncsens
 from truncsens.fits.fit_checks import check_fit_doc
 from truncsens.fits.laws import FitError
-from truncsens.results.paths import check_creatable
+from truncsens.results.paths import check_creatable, write_atomic
 from truncsens.results.schema import utc_now
 
 FIT_KIND = "truncsens-fit"
@@ -108,13 +108,13 @@ def check_new_files(paths: Sequence[str | Path | None], overwrite: bool) -> None
 
 
 def write_json(doc: dict, path: str | Path) -> Path:
-    """Write a JSON-safe dict (``indent=1``) atomically (temporary file, then rename); create parent folders."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
-    tmp.replace(path)
-    return path
+    """Write a JSON-safe dict (``indent=1``) atomically (:func:`truncsens.results.paths.write_atomic`:
+    free space checked, temporary file, then rename); create parent folders.
+
+    Raises:
+        NoSpaceError: the disk is full (nothing is written); OSError: the path cannot be written.
+    """
+    return write_atomic(path, json.dumps(doc, indent=1, allow_nan=False).encode())
 
 
 def fit_document(report: Any) -> dict:

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from packaging.version import Version
 
+from safetensors import SafetensorError
+
 from truncsens.models.identity import checkpoint_sha256
 from truncsens.models.loaded import LoadedModel, ModelLoadError, max_context_of
 
@@ -66,7 +68,8 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
         source: the kind recorded in ``LoadedModel.source``.
 
     Raises:
-        ModelLoadError: unreadable config, unreachable hub, not a causal LM, or no ``logits_to_keep``.
+        ModelLoadError: unreadable config, unreachable hub, not a causal LM, damaged weights file, or
+            no ``logits_to_keep``.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -86,6 +89,9 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
         raise ModelLoadError(explain_hub_error(name, exc)) from exc
     except ValueError as exc:
         raise ModelLoadError(f"{name} is not a causal language model that transformers can load: {exc}") from exc
+    except SafetensorError as exc:  # a damaged or truncated weights file
+        raise ModelLoadError(f"cannot read the weights of {name}: the .safetensors file is damaged ({exc}); "
+                             "download or save the checkpoint again") from exc
     check_logits_to_keep(model, name)
     model.to(device).eval()
     commit = getattr(config, "_commit_hash", None) or ""

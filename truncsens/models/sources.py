@@ -157,6 +157,25 @@ def model_source(spec: str) -> ModelSource:
     return next(source for source in SOURCES if source.matches(spec))
 
 
+def check_materialized(model, name: str) -> None:
+    """Refuse a model whose parameters or buffers are on the ``meta`` device: they have shapes but no
+    values, so the model can neither be hashed (:func:`~truncsens.models.identity.state_sha256`) nor run.
+
+    Raises:
+        ModelLoadError: naming how many tensors are on ``meta`` and the first of them.
+    """
+    state = model.state_dict(keep_vars=True)
+    on_meta = [n for n, t in state.items() if getattr(t, "is_meta", False)]
+    if on_meta:
+        total = len(state)
+        raise ModelLoadError(
+            f"model {name!r} has {len(on_meta)} of its {total} weight tensors on the 'meta' device (first: {on_meta[0]}), "
+            "which holds shapes but no values: it was built without weights (init_empty_weights, "
+            "torch.device('meta')) or offloaded by a device_map; load it with its weights "
+            "(AutoModelForCausalLM.from_pretrained(path) without a meta or offloading device_map) or pass the "
+            "checkpoint folder as the model spec")
+
+
 def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     """A :class:`LoadedModel` of a causal LM object already loaded (``AutoModelForCausalLM.from_pretrained``)
     and its tokenizer, measured where it is and in the precision it has: it is put in eval mode
@@ -175,8 +194,8 @@ def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | No
 
     Raises:
         ValueError: no tokenizer; a device or dtype other than the model's (the message says how to move it).
-        ModelLoadError: an object without a transformers ``config`` or a ``forward`` without
-            ``logits_to_keep``.
+        ModelLoadError: an object without a transformers ``config``, with weights on the ``meta``
+            device (:func:`check_materialized`), or a ``forward`` without ``logits_to_keep``.
     """
     import torch
 
@@ -189,6 +208,7 @@ def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | No
     if tokenizer is None:
         raise ValueError(f"a model object ({type(model).__name__}) needs its tokenizer: truncsens.measure(model, tokenizer, ...)")
     name = (getattr(config, "_name_or_path", "") or type(model).__name__) + IN_MEMORY
+    check_materialized(model, name)
     check_logits_to_keep(model, name)
     first = next(iter(model.parameters()), None)
     where = first.device if first is not None else torch.device("cpu")

@@ -5,19 +5,21 @@ is :mod:`truncsens.results.schema`; this module is the only one that touches a r
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from truncsens.results import codec
+from truncsens.results.paths import write_atomic
 from truncsens.results.schema import ResultsError, is_text_variable, rebuild_variables, text_values, validate
 
+
 def save(ds: xr.Dataset, path: str | Path) -> Path:
-    """Validate and write ``ds`` to NetCDF at ``path`` atomically: a temporary file of this process
-    (``.<name>.<pid>.tmp`` beside it, so concurrent writers never share one), then a rename; the
-    temporary file is removed if writing fails.
+    """Validate and write ``ds`` to NetCDF at ``path`` atomically. The file is built in memory
+    (:func:`_netcdf_bytes`), so HDF5 never writes to disk; its bytes are then written by
+    :func:`truncsens.results.paths.write_atomic` (free space checked first, a temporary file of this
+    process, then a rename; the temporary file is removed if writing fails).
 
     What is checked is what :func:`load` will check: ``ds`` encoded for the file and decoded again,
     through the same :func:`~truncsens.results.schema.validate`, so ``save`` refuses exactly the
@@ -25,6 +27,7 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
 
     Raises:
         ResultsError: ``ds`` does not fit the schema or an attr cannot be stored (nothing is written).
+        NoSpaceError: the disk is full (an ``OSError``; the message names the path; nothing is written).
         OSError: the path cannot be written.
     """
     path = Path(path)
@@ -33,15 +36,37 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
         validate(_decode(encoded))  # as load will see it
     except ResultsError as exc:
         raise ResultsError(f"{_named(path, exc)} (nothing written)") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return write_atomic(path, _netcdf_bytes(encoded))
+
+
+def _netcdf_bytes(encoded: xr.Dataset) -> bytes:
+    """The NetCDF-4 file (engine h5netcdf) of an encoded Dataset, built in memory. HDF5 writing to a
+    disk that fills up fails inside its close and leaves a handle whose clean-up at exit crashes the
+    interpreter (SIGSEGV); in memory it never meets the disk, and the bytes are written by plain
+    Python I/O, whose failures are ordinary ``OSError``.
+
+    xarray >= 2025.8 returns the bytes from ``to_netcdf()``; older versions make bytes only through
+    scipy (netCDF3), so the file is written there through xarray's h5netcdf store on an in-memory file.
+    """
     try:
-        encoded.to_netcdf(tmp, engine="h5netcdf")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+        return bytes(encoded.to_netcdf(engine="h5netcdf"))
+    except ValueError as exc:
+        if "invalid engine for creating bytes" not in str(exc):
+            raise
+    return _netcdf_bytes_through_store(encoded)
+
+
+def _netcdf_bytes_through_store(encoded: xr.Dataset) -> bytes:
+    """:func:`_netcdf_bytes` for xarray < 2025.8: ``Dataset.dump_to_store`` into an
+    ``H5NetCDFStore`` of an ``h5netcdf.File`` on a ``BytesIO``."""
+    import io
+
+    import h5netcdf
+
+    buffer = io.BytesIO()
+    with h5netcdf.File(buffer, "w") as f:
+        encoded.dump_to_store(xr.backends.H5NetCDFStore(f))
+    return buffer.getvalue()
 
 
 def _encode(ds: xr.Dataset) -> xr.Dataset:

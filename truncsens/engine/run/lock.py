@@ -14,6 +14,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from truncsens.results.paths import NO_SPACE_ERRNOS, NoSpaceError
+
 
 class OutputLockedError(RuntimeError):
     """Another run holds the lock of this output; the message names it."""
@@ -24,6 +26,7 @@ class OutputLock:
 
     Raises:
         OutputLockedError: another process holds it.
+        NoSpaceError: the disk is full (no lock file is left behind).
     """
 
     def __init__(self, out: str | Path, enabled: bool = True) -> None:
@@ -52,10 +55,17 @@ class OutputLock:
             except FileNotFoundError:
                 pass
             os.close(fd)
-        os.ftruncate(fd, 0)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv),
                 "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        os.write(fd, json.dumps(info).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(info).encode())
+        except OSError as exc:  # a full disk: leave no lock file behind
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+            if exc.errno in NO_SPACE_ERRNOS:
+                raise NoSpaceError(self.path) from exc
+            raise
         self.fd = fd
         return self
 

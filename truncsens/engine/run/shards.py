@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from truncsens.engine.config import MeasureError
-from truncsens.results.paths import check_creatable
+from truncsens.results.paths import check_creatable, write_atomic
 from truncsens.targets import TargetSet
 
 SHARD_ONLY_ATTRS = ("run_fingerprint", "shard_index")
@@ -90,6 +90,7 @@ def prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool, write: b
 
     Raises:
         MeasureError: shards without ``resume``, or shards of another configuration.
+        NoSpaceError: the disk is full (``run.json`` is not written).
     """
     spec = shard_dir / "run.json"
     if shard_dir.exists() and any(shard_dir.glob("shard-*.nc")):
@@ -112,8 +113,7 @@ def prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool, write: b
                 f"cannot resume: the shards in {shard_dir} come from a different configuration ({', '.join(diff)} differ); "
                 "rerun with the same options or delete the folder")
     if write:
-        shard_dir.mkdir(parents=True, exist_ok=True)
-        spec.write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
+        write_atomic(spec, json.dumps(fingerprint, indent=2, sort_keys=True).encode())  # creates the folder
 
 
 class ShardProgress:
