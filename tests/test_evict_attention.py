@@ -16,8 +16,8 @@ import torch
 from conftest import hybrid_qwen2, requires_reference
 from truncsens.divergences import kl
 from truncsens.engine.evict_attention import (
-    NAME, EvictAttentionError, chunked_attention, evict_attention, evict_attention_forward, evict_kwargs, flex_evict_attention,
-    supported,
+    NAME, EvictAttentionError, EvictStepsMissing, chunked_attention, evict_attention, evict_attention_forward, evict_kwargs,
+    flex_evict_attention, supported,
 )
 from truncsens.engine.forward import last_logprobs, next_token_logprobs
 from truncsens.engine.attention_windows import LayerWindows

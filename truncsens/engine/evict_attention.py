@@ -25,7 +25,11 @@ transformers 4.54 and 5.x). transformers passes extra keyword arguments of ``mod
 attention function, so the eviction tensors travel with one forward call (:func:`evict_kwargs`),
 and :func:`evict_attention` switches the model's attention implementation for one block and restores
 it after. An implementation name that no mask function is registered for makes transformers skip
-mask creation (``attention_mask`` is None), so no T x T mask is built by the model either.
+mask creation (``attention_mask`` is None), so no T x T mask is built by the model either. Two
+kinds of model cannot take the steps this way, and the caller falls back to the model's own attention
+with a dense mask for both: decoder layers that call their attention module without passing the
+call's keyword arguments on (StableLM, Falcon: the first such layer raises :class:`EvictStepsMissing`),
+and attention layers that bypass the interface (fewer calls than layers, :func:`attention_calls`).
 
 Sliding-window layers (:mod:`truncsens.engine.attention_windows`): the window ``q - j < W`` of each
 layer (looked up by the attention module's ``layer_idx``) is applied inside the chunk mask and the
@@ -48,9 +52,9 @@ from truncsens.engine.evict_flex import flex_available, flex_evict_attention
 from truncsens.engine.evict_steps import EvictAttentionError, head_rows, check_evictions
 from truncsens.engine.masks import masked_value
 
-__all__ = ["NAME", "EvictAttentionError", "attention_calls", "check_evictions", "chunk_plan", "chunked_attention",
-           "evict_attention", "evict_attention_forward", "evict_kwargs", "flex_available", "flex_evict_attention",
-           "logits_attention", "register", "supported"]
+__all__ = ["NAME", "EvictAttentionError", "EvictStepsMissing", "attention_calls", "check_evictions", "chunk_plan",
+           "chunked_attention", "evict_attention", "evict_attention_forward", "evict_kwargs", "flex_available",
+           "flex_evict_attention", "logits_attention", "register", "supported"]
 
 NAME = "truncsens_evict"
 EVICT, OFFSET, WINDOWS, CHUNK, BACKEND, PLANS = ("truncsens_evict", "truncsens_offset", "truncsens_windows",
@@ -61,6 +65,13 @@ BACKENDS = ("auto", "chunked", "flex")
 REFUSED_FEATURES = {"position_bias": "an additive position bias (position_bias)",
                     "alibi": "ALiBi position biases (alibi)"}
 DEFAULT_QUERY_CHUNK = 256
+
+
+class EvictStepsMissing(EvictAttentionError):
+    """An attention layer ran :func:`evict_attention_forward` without the eviction steps of the forward
+    call: its decoder layer calls the attention module without passing the call's keyword arguments
+    on (StableLM, Falcon in transformers 5.x). The caller can run the model's own attention with a
+    dense mask instead (:meth:`truncsens.engine.semantics.streaming.Streaming.kept_logprobs`)."""
 
 
 def chunk_plan(evict: torch.Tensor, offset: torch.Tensor, n_queries: int, groups: int, window: int | None,
@@ -210,12 +221,13 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
         (output [B, Tq, H, Dv], None): transformers' layout, no attention weights.
 
     Raises:
-        EvictAttentionError: no eviction steps in the call, a mask given, dropout > 0, a windowed
-            layer without ``layer_idx``, or an attention feature it cannot apply.
+        EvictStepsMissing: no eviction steps in the call (the model did not pass them on).
+        EvictAttentionError: a mask given, dropout > 0, a windowed layer without ``layer_idx``, or an
+            attention feature it cannot apply.
     """
     if EVICT not in kwargs:
-        raise EvictAttentionError(f"attention implementation {NAME!r} needs the eviction steps of the forward call "
-                                  "(truncsens.engine.evict_attention.evict_kwargs); this model did not pass them on")
+        raise EvictStepsMissing(f"attention implementation {NAME!r} needs the eviction steps of the forward call "
+                                "(truncsens.engine.evict_attention.evict_kwargs); this model did not pass them on")
     if attention_mask is not None:
         raise EvictAttentionError(f"attention implementation {NAME!r} reads its kept keys from eviction steps; "
                                   "an attention mask cannot be combined with them")
