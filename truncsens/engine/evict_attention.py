@@ -25,7 +25,11 @@ transformers 4.54 and 5.x). transformers passes extra keyword arguments of ``mod
 attention function, so the eviction tensors travel with one forward call (:func:`evict_kwargs`),
 and :func:`evict_attention` switches the model's attention implementation for one block and restores
 it after. An implementation name that no mask function is registered for makes transformers skip
-mask creation (``attention_mask`` is None), so no T x T mask is built by the model either.
+mask creation (``attention_mask`` is None), so no T x T mask is built by the model either. Two
+kinds of model cannot take the steps this way, and the caller falls back to the model's own attention
+with a dense mask for both: decoder layers that call their attention module without passing the
+call's keyword arguments on (StableLM, Falcon: the first such layer raises :class:`EvictStepsMissing`),
+and attention layers that bypass the interface (fewer calls than layers, :func:`attention_calls`).
 
 Sliding-window layers (:mod:`truncsens.engine.attention_windows`): the window ``q - j < W`` of each
 layer (looked up by the attention module's ``layer_idx``) is applied inside the chunk mask and the
@@ -48,9 +52,9 @@ from truncsens.engine.evict_flex import flex_available, flex_evict_attention
 from truncsens.engine.evict_steps import EvictAttentionError, head_rows, check_evictions
 from truncsens.engine.masks import masked_value
 
-__all__ = ["NAME", "EvictAttentionError", "attention_calls", "check_evictions", "chunk_plan", "chunked_attention",
-           "evict_attention", "evict_attention_forward", "evict_kwargs", "flex_available", "flex_evict_attention",
-           "logits_attention", "register", "supported"]
+__all__ = ["NAME", "EvictAttentionError", "EvictStepsMissing", "attention_calls", "check_evictions", "chunk_plan",
+           "chunked_attention", "evict_attention", "evict_attention_forward", "evict_kwargs", "flex_available",
+           "flex_evict_attention", "logits_attention", "register", "supported"]
 
 NAME = "truncsens_evict"
 EVICT, OFFSET, WINDOWS, CHUNK, BACKEND, PLANS = ("truncsens_evict", "truncsens_offset", "truncsens_windows",
@@ -61,6 +65,13 @@ BACKENDS = ("auto", "chunked", "flex")
 REFUSED_FEATURES = {"position_bias": "an additive position bias (position_bias)",
                     "alibi": "ALiBi position biases (alibi)"}
 DEFAULT_QUERY_CHUNK = 256
+
+
+class EvictStepsMissing(EvictAttentionError):
+    """An attention layer ran :func:`evict_attention_forward` without the eviction steps of the forward
+    call: its decoder layer calls the attention module without passing the call's keyword arguments
+    on (StableLM, Falcon in transformers 5.x). The caller can run the model's own attention with a
+    dense mask instead (:meth:`truncsens.engine.semantics.streaming.Streaming.kept_logprobs`)."""
 
 
 def chunk_plan(evict: torch.Tensor, offset: torch.Tensor, n_queries: int, groups: int, window: int | None,
@@ -114,11 +125,11 @@ def logits_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     attention, ``s_aux``).
 
     Args:
-        query: [B, H, c, D]; key, value: [B, H, n, D]; mask: [B, 1|H, c, n] additive.
+        query: [B, H, c, D]; key: [B, H, n, D]; value: [B, H, n, Dv]; mask: [B, 1|H, c, n] additive.
         scaling: the logit scale; softcap: the cap or None; sinks: [H] sink logits or None.
 
     Returns:
-        [B, H, c, D] in the query's dtype (softmax in float32, or float64 for a float64 query).
+        [B, H, c, Dv] in the query's dtype (softmax in float32, or float64 for a float64 query).
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # [B, H, c, n]
     if softcap is not None:
@@ -130,7 +141,7 @@ def logits_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(query.dtype)
     if sinks is not None:
         probs = probs[..., :-1]  # [B, H, c, n]: the sink's share is dropped
-    return torch.matmul(probs, value)  # [B, H, c, D]
+    return torch.matmul(probs, value)  # [B, H, c, Dv]
 
 
 def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, evict: torch.Tensor,
@@ -141,7 +152,8 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
     Args:
         query: [B, H, Tq, D], the queries at positions Tk - Tq .. Tk - 1.
-        key, value: [B, Hkv, Tk, D] (Hkv divides H), keys at positions 0 .. Tk - 1.
+        key: [B, Hkv, Tk, D] (Hkv divides H), keys at positions 0 .. Tk - 1; value: [B, Hkv, Tk, Dv]
+            (Dv may differ from D: multi-head latent attention, DeepSeek-V2/V3).
         evict: [B, Tk] or [B, Hkv, Tk] int64 eviction steps; offset: the same shape, float logit offsets.
         scaling: the logit scale (None: 1/sqrt(D)); window: W (``q - j < W``) or None.
         query_chunk: Cq >= 1 query rows per step (any value; the last chunk may be shorter).
@@ -151,13 +163,13 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             which replaces SDPA when either is given).
 
     Returns:
-        [B, H, Tq, D] attention output, in the query's dtype.
+        [B, H, Tq, Dv] attention output, in the query's dtype.
 
     Raises:
         EvictAttentionError: bad shapes or chunk, or a query row that keeps no key (softmax undefined).
     """
     B, H, Tq, D = query.shape
-    Hkv, Tk = key.shape[1], key.shape[2]
+    Hkv, Tk, Dv = key.shape[1], key.shape[2], value.shape[-1]
     if H % Hkv or Tq > Tk:
         raise EvictAttentionError(f"{H} query heads over {Hkv} key/value heads, {Tq} queries over {Tk} keys")
     if query_chunk < 1:
@@ -174,16 +186,16 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     out = []
     for s, e, index, mask in plan:
         n = index.shape[1]
-        take = index.view(B, 1, n, 1).expand(B, Hkv, n, D)  # [B, Hkv, n, D]
-        k = key.gather(2, take).repeat_interleave(groups, dim=1)  # [B, H, n, D]
-        v = value.gather(2, take).repeat_interleave(groups, dim=1)  # [B, H, n, D]
+        at = index.view(B, 1, n, 1)  # [B, 1, n, 1]
+        k = key.gather(2, at.expand(B, Hkv, n, D)).repeat_interleave(groups, dim=1)  # [B, H, n, D]
+        v = value.gather(2, at.expand(B, Hkv, n, Dv)).repeat_interleave(groups, dim=1)  # [B, H, n, Dv]
         q = query[:, :, s - first: e - first]  # [B, H, c, D]
         if softcap is None and sinks is None:
             out.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0,
-                                                                        scale=scaling))  # [B, H, c, D]
+                                                                        scale=scaling))  # [B, H, c, Dv]
         else:
             out.append(logits_attention(q, k, v, mask, scaling if scaling is not None else D ** -0.5, softcap, sinks))
-    return torch.cat(out, dim=2)  # [B, H, Tq, D]
+    return torch.cat(out, dim=2)  # [B, H, Tq, Dv]
 
 
 def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -201,20 +213,21 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
 
     Args:
         module: the attention module (its ``layer_idx`` selects the layer's window).
-        query: [B, H, Tq, D]; key, value: [B, Hkv, Tk, D].
+        query: [B, H, Tq, D]; key: [B, Hkv, Tk, D]; value: [B, Hkv, Tk, Dv].
         attention_mask: must be None (a mask would be a second, conflicting description of the kept keys).
         scaling: logit scale; dropout: must be 0.
 
     Returns:
-        (output [B, Tq, H, D], None): transformers' layout, no attention weights.
+        (output [B, Tq, H, Dv], None): transformers' layout, no attention weights.
 
     Raises:
-        EvictAttentionError: no eviction steps in the call, a mask given, dropout > 0, a windowed
-            layer without ``layer_idx``, or an attention feature it cannot apply.
+        EvictStepsMissing: no eviction steps in the call (the model did not pass them on).
+        EvictAttentionError: a mask given, dropout > 0, a windowed layer without ``layer_idx``, or an
+            attention feature it cannot apply.
     """
     if EVICT not in kwargs:
-        raise EvictAttentionError(f"attention implementation {NAME!r} needs the eviction steps of the forward call "
-                                  "(truncsens.engine.evict_attention.evict_kwargs); this model did not pass them on")
+        raise EvictStepsMissing(f"attention implementation {NAME!r} needs the eviction steps of the forward call "
+                                "(truncsens.engine.evict_attention.evict_kwargs); this model did not pass them on")
     if attention_mask is not None:
         raise EvictAttentionError(f"attention implementation {NAME!r} reads its kept keys from eviction steps; "
                                   "an attention mask cannot be combined with them")
@@ -244,7 +257,7 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
     else:
         out = chunked_attention(query, key, value, evict, offset, scaling, window, kwargs.get(CHUNK, DEFAULT_QUERY_CHUNK),
                                 plans, softcap=softcap, sinks=sinks)  # the call's plans: layers of one window share theirs
-    return out.transpose(1, 2).contiguous(), None  # [B, Tq, H, D]
+    return out.transpose(1, 2).contiguous(), None  # [B, Tq, H, Dv]
 
 
 def attention_calls(kwargs: dict) -> int:

@@ -46,7 +46,7 @@ def flex_evict_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
             supported here (:func:`evict_attention_forward` takes the chunked backend for them).
 
     Returns:
-        [B, H, Tq, D].
+        [B, H, Tq, Dv] (value [B, Hkv, Tk, Dv] may be narrower or wider than the keys).
 
     Raises:
         EvictAttentionError: bad shapes, or torch without FlexAttention.

@@ -3,7 +3,8 @@
 Works with transformers 4.54 (the declared minimum) to 5.x: ``cache.layers[l].keys`` of shape
 [B, H_kv, T, d] (4.54 on; ``key_cache`` lists before), ``DynamicCache(config=...)`` where the
 constructor takes it; the forward keyword is ``cache`` in 5.x and ``past_key_values`` before.
-Keys are stored after the rotary embedding, so a selected key keeps its original position.
+Keys are stored after the rotary embedding, so a selected key keeps its original position. Values
+may have another width (and head count) than keys: every helper here handles each by its own shape.
 """
 
 from __future__ import annotations
@@ -83,14 +84,20 @@ def new_full_cache(model):
 def gather_slots(cache, index: torch.Tensor) -> None:
     """Keep, per sequence, the cache slots ``index`` [B, L] (int64, in the order given) of every layer, in place.
 
-    Rows may select different slots (each sequence of a batch evicts its own keys); keys and values
-    of shape [B, H_kv, T, d] become [B, H_kv, L, d].
+    Rows may select different slots (each sequence of a batch evicts its own keys). Keys [B, H_k, T, d_k]
+    become [B, H_k, L, d_k] and values [B, H_v, T, d_v] become [B, H_v, L, d_v], each gathered by its
+    own shape: multi-head latent attention (DeepSeek-V2/V3) caches a compressed latent as "keys" and
+    the rotary key part as "values", of different widths (transformers 4.x caches its expanded keys and
+    values, of different head dimensions).
     """
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        B, H, _, d = t.shape
+        return t.gather(2, index.view(B, 1, -1, 1).expand(B, H, index.shape[1], d))  # [B, H, L, d]
+
     for layer in range(n_layers(cache)):
-        k, v = layer_kv(cache, layer)  # [B, H_kv, T, d]
-        B, H, _, d = k.shape
-        at = index.view(B, 1, -1, 1).expand(B, H, index.shape[1], d)  # [B, H_kv, L, d]
+        k, v = layer_kv(cache, layer)  # [B, H_k, T, d_k], [B, H_v, T, d_v]
         if hasattr(cache, "layers"):
-            cache.layers[layer].keys, cache.layers[layer].values = k.gather(2, at), v.gather(2, at)
+            cache.layers[layer].keys, cache.layers[layer].values = take(k), take(v)
         else:  # transformers 4.x
-            cache.key_cache[layer], cache.value_cache[layer] = k.gather(2, at), v.gather(2, at)
+            cache.key_cache[layer], cache.value_cache[layer] = take(k), take(v)

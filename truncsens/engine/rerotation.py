@@ -39,12 +39,18 @@ def rope_inv_freq(model) -> torch.Tensor:
 
     Raises:
         RotaryError: no rotary embedding module with ``inv_freq`` (e.g. GPT-2's learned positions),
-            several different ones (per-layer-type rotaries), or a rotary type whose frequencies
-            change with the sequence length (:data:`DYNAMIC_ROPE`).
+            several different ones (per-layer-type rotaries), a rotary type whose frequencies
+            change with the sequence length (:data:`DYNAMIC_ROPE`), or multi-head latent attention
+            (config ``kv_lora_rank``: DeepSeek-V2/V3 cache a compressed latent and a separate rotary
+            key part, not rotated keys).
     """
+    what = type(model).__name__
+    if getattr(getattr(model, "config", None), "kv_lora_rank", None) is not None:
+        raise RotaryError(f"key re-rotation (--positions reindexed under prefill_evict) rotates cached keys; {what} "
+                          "uses multi-head latent attention (kv_lora_rank) and caches a compressed latent instead; "
+                          "use --positions original")
     found = {id(m): m for name, m in model.named_modules()
              if name.rsplit(".", 1)[-1] == "rotary_emb" and isinstance(getattr(m, "inv_freq", None), torch.Tensor)}
-    what = type(model).__name__
     if not found:
         raise RotaryError(f"key re-rotation (--positions reindexed under prefill_evict) needs a RoPE model; {what} has "
                           "no rotary embedding (rotary_emb.inv_freq); use --positions original")
@@ -143,9 +149,10 @@ def decode_gathered(model, input_ids: torch.Tensor, kept: Kept, cache, reindex: 
     n = index.shape[-1]
     keys, values = [], []
     for layer in range(L):
-        k, v = kvcache.layer_kv(cache, layer)  # [B, H, T-1, d]
-        at = index[layer].unsqueeze(-1).expand(*index[layer].shape, k.shape[-1])  # [B, H, n, d]
-        k_kept, v_kept = k.gather(2, at), v.gather(2, at)
+        k, v = kvcache.layer_kv(cache, layer)  # [B, H, T-1, d_k], [B, H, T-1, d_v]
+        at = index[layer].unsqueeze(-1)  # [B, H, n, 1]
+        k_kept = k.gather(2, at.expand(*index[layer].shape, k.shape[-1]))  # [B, H, n, d_k]
+        v_kept = v.gather(2, at.expand(*index[layer].shape, v.shape[-1]))  # [B, H, n, d_v]: its own width
         if reindex:
             k_kept = rerotate(k_kept, torch.arange(n, device=k.device) - index[layer], inv_freq)
         keys.append(k_kept)

@@ -104,9 +104,12 @@ class Streaming(Semantics):
         [B, Hkv, T]), attention runs from the eviction steps (:mod:`truncsens.engine.evict_attention`:
         query chunks of ``query_chunk`` rows with SDPA on CPU, FlexAttention on CUDA), each layer's
         window applied inside; no T x T mask is built, memory grows linearly in T. Models that apply
-        their windows themselves (GPT-Neo) get the dense mask of ``evictions.kept()`` instead.
-        Given a :class:`Kept` ([B, T, T] per-query kept sets, or [B, Hkv, T, T] per key/value head), a
-        dense [B, 1, T, T] additive mask ([B, H, T, T] per head; or a dict of them per layer type) is built.
+        their windows themselves (GPT-Neo), models whose decoder layers do not pass the forward call's
+        keyword arguments on to attention (StableLM, Falcon: :class:`~truncsens.engine.evict_attention.EvictStepsMissing`)
+        and models whose attention layers bypass transformers' attention interface (fewer calls than
+        layers) get the dense mask of ``evictions.kept()`` instead (:func:`dense_kept_logprobs`).
+        Given a :class:`Kept` ([B, T, T] per-query kept sets, or [B, Hkv, T, T] per key/value head), the
+        dense mask is used too.
 
         Raises:
             ValueError: a kept set that is not causal, or a query that keeps no key.
@@ -117,18 +120,44 @@ class Streaming(Semantics):
         if isinstance(kept, Evictions):
             if evict_attention.supported(model, windows):
                 kwargs = evict_attention.evict_kwargs(kept.evict, kept.offset, windows, query_chunk)
-                with evict_attention.evict_attention(model):
-                    out = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=keep, **kwargs)
-                if evict_attention.attention_calls(kwargs) == len(windows.windows):
+                try:
+                    with evict_attention.evict_attention(model):
+                        out = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=keep,
+                                    **kwargs)
+                except evict_attention.EvictStepsMissing:  # a decoder layer did not pass the steps on
+                    out = None
+                if out is not None and evict_attention.attention_calls(kwargs) == len(windows.windows):
                     return _kept_rows(out.logits, keep)
                 # some attention layer did not call the attention interface (it ran its own full causal
-                # attention): that output is discarded and the dense mask, which every layer reads, is used
+                # attention) or got no eviction steps: that output is discarded and the dense mask,
+                # which every layer reads, is used
             kept = kept.kept()
-        check_causal(kept.keep)
-        mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model),
-                                   groups_of(model, kept.per_head))
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=keep)
-        return _kept_rows(out.logits, keep)
+        return dense_kept_logprobs(model, input_ids, kept, windows, keep)
+
+
+def dense_kept_logprobs(model, input_ids: torch.Tensor, kept: Kept, windows, keep: int = 1) -> torch.Tensor:
+    """One forward over ``input_ids`` [B, T] with the model's own attention and a dense additive mask
+    of the kept sets: builds a [B, 1, T, T] mask ([B, H, T, T] per key/value head; one per layer type
+    for windowed models), memory O(T²) per mask (:func:`~truncsens.engine.attention_windows.kept_attention_mask`).
+
+    Args:
+        kept: :class:`Kept`, kept sets [B, T, T] (or [B, Hkv, T, T]) bool and offsets of the same shape;
+        windows: the model's :class:`~truncsens.engine.attention_windows.LayerWindows`;
+        keep: how many of the last positions get their log-probabilities returned.
+
+    Returns:
+        [B, V] float64 log-probabilities after the last token (``keep`` = 1), else [B, keep, V].
+
+    Raises:
+        ValueError: a kept set that is not causal, or a query that keeps no key.
+    """
+    B, T = input_ids.shape
+    pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+    check_causal(kept.keep)
+    mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model),
+                               groups_of(model, kept.per_head))
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=pos, use_cache=False, logits_to_keep=keep)
+    return _kept_rows(out.logits, keep)
 
 
 def _kept_rows(logits: torch.Tensor, keep: int) -> torch.Tensor:
