@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
+from truncsens import DEFAULT_DEVICE
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER, CertifyDesign, DesignError
 from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig, default_out
 
@@ -109,7 +110,7 @@ class CertifyBase:
     n_sink: int = 4
     max_docs: int | None = 16
     seed: int = 0
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     dtype: str = "float32"
     max_batch_tokens: int | None = None
     out: str | None = None

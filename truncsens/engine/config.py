@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from truncsens import DEFAULT_DEVICE
 from truncsens.corpora import Corpus
 from truncsens.corpora.document import SPLITS
 from truncsens.engine.block.plan import check_policy_blocks
@@ -140,7 +141,7 @@ class MeasureConfig:
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     dtype: str = "float32"
     max_batch_tokens: int | None = None
     docs_per_shard: int = 8
