@@ -37,6 +37,20 @@ DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
 
 
+def resolved_paths(model: str, corpus: str | None) -> tuple[str, str | None]:
+    """``(model, corpus)`` as a resume fingerprint records them: a local checkpoint folder and a corpus
+    file or folder as absolute, resolved paths, so a run resumed from another working directory, with
+    paths relative to it, matches; a hub id, ``reference``, a manifest name or None as given."""
+    from truncsens.models import model_source
+
+    def absolute(spec: str) -> str:
+        path = Path(spec).expanduser()
+        return str(path.resolve()) if path.exists() else spec
+
+    model = absolute(model) if model and model_source(model).kind == "local" else model
+    return model, absolute(corpus) if corpus else corpus
+
+
 def default_out(model: str, corpus: str | None, domain: str, suffix: str = "") -> Path:
     """``results/<model name>-<corpus stem or domain><suffix>.nc`` (``:`` of synthetic specs as ``-``;
     a synthetic source with its own corpus has no domain in the name). Suffixes in use: "" (window
@@ -302,6 +316,7 @@ class MeasureConfig:
         plus ``resolved`` values (N, corpus hash, the sweep)."""
         keep = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RUN_ONLY_FIELDS}
         keep["corpus"] = self.corpus_name  # the documents themselves are in the corpus hash (resolved)
+        keep["model"], keep["corpus"] = resolved_paths(self.model, keep["corpus"])  # from any working directory
         for name, default in LATER_OPTIONS.items():  # at their default, options added later leave the
             if name in keep and keep[name] == default:  # fingerprint as it was, so earlier runs still resume
                 del keep[name]
