@@ -28,3 +28,39 @@ def test_every_command_that_runs_a_model_defaults_to_device_auto(command):
     assert api in ("auto", None)  # None: the default below
     for cls in (MeasureConfig, CertifyConfig):
         assert cls.__dataclass_fields__["device"].default == "auto"
+
+
+def test_resume_from_another_working_directory_with_relative_paths(tiny_llama_dir, corpus_dir, tmp_path, monkeypatch):
+    import os
+
+    from truncsens.engine.config import MeasureConfig
+    from truncsens.engine.measure import run_measure
+    from truncsens.engine.run.shards import MeasureInterrupted
+
+    def config(cwd, resume=False):
+        monkeypatch.chdir(cwd)
+        return MeasureConfig(model=os.path.relpath(tiny_llama_dir), corpus=os.path.relpath(corpus_dir), reference_context=64,
+                             windows=[1, 4, 16], targets_per_doc=3, docs_per_shard=2, out=str(tmp_path / "r.nc"),
+                             resume=resume, progress=False)
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    with pytest.raises(MeasureInterrupted):
+        run_measure(config(tmp_path / "a"), stop_after_shards=1)
+    resumed = run_measure(config(tmp_path / "a" / "b", resume=True))  # other relative paths to the same files
+    assert resumed.shards_reused == 1 and resumed.n_targets == 18
+
+
+def test_a_refused_resume_says_which_values_differ(tmp_path):
+    import json
+
+    from truncsens.engine.config import MeasureError
+    from truncsens.engine.run.shards import prepare_shard_dir
+
+    shards = tmp_path / "r.nc.shards"
+    shards.mkdir()
+    (shards / "shard-00000.nc").write_bytes(b"")
+    (shards / "run.json").write_text(json.dumps({"model": "tiny", "corpus": "docs", "seed": 0}))
+    with pytest.raises(MeasureError) as err:
+        prepare_shard_dir(shards, {"model": "/data/tiny", "corpus": "docs", "seed": 0}, resume=True)
+    assert ("(model differ); the shards have model = 'tiny', this run model = '/data/tiny'; "
+            "rerun with the same options or delete the folder") in str(err.value)
