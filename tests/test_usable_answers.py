@@ -64,3 +64,37 @@ def test_a_refused_resume_says_which_values_differ(tmp_path):
         prepare_shard_dir(shards, {"model": "/data/tiny", "corpus": "docs", "seed": 0}, resume=True)
     assert ("(model differ); the shards have model = 'tiny', this run model = '/data/tiny'; "
             "rerun with the same options or delete the folder") in str(err.value)
+
+
+def _tiny_llama(**extra):
+    """A random 2-layer Llama object (4 heads of 8 dims, 2 key/value heads, 64 positions) and the test tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from conftest import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, **extra))
+    return model.eval(), tok
+
+
+def _texts(n: int = 3, words: int = 120) -> list[str]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice("alpha beta gamma delta def return class import self".split(), size=words)) for _ in range(n)]
+
+
+def test_kv_memory_of_a_model_measured_in_memory_is_read_from_its_config():
+    model, tok = _tiny_llama()
+    ds = truncsens.measure(model, tok, texts=_texts(), reference_context=32, windows=[1, 4, 16], targets_per_doc=4,
+                           progress=False)
+    assert ds.attrs["model_config"]["num_key_value_heads"] == 2  # kept in the file: it is on no disk
+    [rec] = truncsens.recommend_window(ds, 0.9, bootstrap=0)
+    # 2 (K, V) x 2 layers x 2 kv heads x 8 head dims x 4 bytes = 256 bytes per cached token
+    assert rec.window is not None and rec.kv_bytes == 256 * rec.window
+    assert not any("not available" in n for n in rec.notes)
+    assert any(n.startswith("KV bytes = 2 x 2 layers x 2 kv heads x 8 head dim x 4 bytes") for n in rec.notes)

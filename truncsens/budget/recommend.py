@@ -36,7 +36,7 @@ import numpy as np
 from truncsens.fits.points import noise_floor
 from truncsens.fits.fit_file import is_fit_file, read_fit_file, sanitize
 from truncsens.fits.fitting import FitConfig, fit_datasets
-from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model
+from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model, kv_spec_from_config
 from truncsens.fits.laws import FitError
 from truncsens.metrics import find
 from truncsens.results import load
@@ -121,7 +121,8 @@ def recommend(fit_doc: dict, eps_values: Sequence[float], metric: str = "tv", le
         eps_values: distortion targets in the metric's units.
         metric: which metric's curve and power law to use.
         level: level of the percentile intervals.
-        kv_lookup: (model, dtype) -> (KV spec or None, note); default reads the model's config.
+        kv_lookup: (model, dtype) -> (KV spec or None, note); default reads the model's config (a curve
+            whose provenance holds ``model_config``, a model measured in memory, is read from it instead).
 
     Returns:
         one :class:`Recommendation` per (curve, eps).
@@ -179,7 +180,9 @@ def _recommend_curve(fit_doc: dict, f: dict, eps_values: list[float], metric: st
     positive = means[np.isfinite(means) & (means > 0)]
     n_ref = int(curve.get("reference_context", 0) or 0)
     context = int(prov.get("max_context", 0) or 0)
-    kv, kv_note = kv_lookup(str(prov.get("model", "")), str(prov.get("dtype", "")))
+    stored = prov.get("model_config")  # a model passed in memory: its config is in the results file
+    kv, kv_note = (kv_spec_from_config(stored, str(prov.get("dtype", "")), "the results file's model_config")
+                   if isinstance(stored, dict) else kv_lookup(str(prov.get("model", "")), str(prov.get("dtype", ""))))
     comparison = next((c for c in fit_doc.get("comparisons", []) if c["curve"] == f["curve"] and c["metric"] == metric), None)
     floor = noise_floor(metric)
     out = []

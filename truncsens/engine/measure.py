@@ -92,6 +92,18 @@ def vocabulary(loaded: LoadedModel) -> dict:
     return {"model_output_ids": size, "tokenizer_ids": tokenizer, "divergences_over": "all model output ids"}
 
 
+def model_config(model) -> dict | None:
+    """The full transformers config of ``model`` as a JSON-safe dict (``to_json_string(use_diff=False)``),
+    or None for a model without one: the ``model_config`` attr of a model passed in memory."""
+    to_json = getattr(getattr(model, "config", None), "to_json_string", None)
+    if to_json is None:
+        return None
+    try:
+        return json.loads(to_json(use_diff=False))
+    except (TypeError, ValueError):
+        return None
+
+
 def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, docs: RunDocuments, sweep: Sweep) -> dict:
     """The results attrs (``created`` is filled in at merge time; see docs/results.md)."""
     attrs = {
@@ -107,6 +119,10 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "bos_rule": "one BOS at the start of each document when the tokenizer adds one by default, none elsewhere; "
                     "literal special-token text encoded as text (docs/method.md)",
     }
+    if loaded.source == "memory":  # a model object: its config is on no disk, so the file keeps it (KV sizes)
+        config = model_config(loaded.model)
+        if config is not None:
+            attrs["model_config"] = config
     if not sweep.is_window_sweep:
         attrs.update({
             "n_sink": cfg.n_sink if any(hasattr(p, "n_sink") for p in sweep.policies) else 0,
