@@ -98,3 +98,59 @@ def test_kv_memory_of_a_model_measured_in_memory_is_read_from_its_config():
     assert rec.window is not None and rec.kv_bytes == 256 * rec.window
     assert not any("not available" in n for n in rec.notes)
     assert any(n.startswith("KV bytes = 2 x 2 layers x 2 kv heads x 8 head dim x 4 bytes") for n in rec.notes)
+
+
+def _tiny_mistral():
+    """A random 2-layer Mistral object, both layers sliding with window 4, and the test tokenizer."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from conftest import build_tokenizer
+
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                             sliding_window=4, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return model.eval(), tok
+
+
+def test_reencode_with_sinks_on_a_sliding_window_model_records_its_window_rule(tmp_path):
+    import numpy as np
+
+    from truncsens import results
+    from truncsens.report.printed import format_results_header
+
+    model, tok = _tiny_mistral()
+    run = dict(texts=_texts(), reference_context=16, windows=[4, 8], targets_per_doc=2, progress=False)
+    with_sinks = truncsens.measure(model, tok, sinks=2, **run)
+    without = truncsens.measure(model, tok, sinks=0, **run)
+    assert with_sinks.attrs["sliding_window_distance"] == "original_position"
+    # every layer slides with W = 4 <= w: by original-position distance the sinks (positions 0, 1) are out of
+    # every window, so keeping them changes nothing
+    np.testing.assert_array_equal(with_sinks["tv"].values, without["tv"].values)
+    header = format_results_header("r.nc", with_sinks.attrs, with_sinks.sizes["target"])
+    assert header.endswith("; sliding-window layers apply their window W by original-position distance "
+                           "(the 2 sinks are seen only within W of the query)")
+    reindexed = truncsens.measure(model, tok, sinks=2, positions="reindexed", **run)
+    assert reindexed.attrs["sliding_window_distance"] == "reindexed_position"
+    assert float(np.abs(reindexed["tv"].values - without["tv"].values).max()) > 1e-3  # there the sinks are read
+
+    llama, ltok = _tiny_llama()
+    plain = truncsens.measure(llama, ltok, **run)
+    assert "sliding_window_distance" not in plain.attrs  # no sliding layers: no rule, no words in the header
+    assert "sliding" not in format_results_header("r.nc", plain.attrs, plain.sizes["target"])
+
+    old = with_sinks.copy()
+    del old.attrs["sliding_window_distance"]  # a file from before the attr still loads
+    results.save(old, tmp_path / "old.nc")
+    assert "sliding_window_distance" not in results.load(tmp_path / "old.nc").attrs
+    bad = with_sinks.copy()
+    bad.attrs["sliding_window_distance"] = "sequence index"
+    with pytest.raises(results.ResultsError, match="sliding_window_distance.*original_position"):
+        results.save(bad, tmp_path / "bad.nc")  # refused on save, or else on load
+        results.load(tmp_path / "bad.nc")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 import truncsens
+from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.block.runs import block_work
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
@@ -92,6 +93,14 @@ def vocabulary(loaded: LoadedModel) -> dict:
     return {"model_output_ids": size, "tokenizer_ids": tokenizer, "divergences_over": "all model output ids"}
 
 
+def _has_sliding_layers(model) -> bool:
+    """Whether any layer of ``model`` has a sliding attention window (a config the engine cannot read: no)."""
+    try:
+        return layer_windows(model).windowed
+    except WindowError:
+        return False
+
+
 def model_config(model) -> dict | None:
     """The full transformers config of ``model`` as a JSON-safe dict (``to_json_string(use_diff=False)``),
     or None for a model without one: the ``model_config`` attr of a model passed in memory."""
@@ -119,6 +128,9 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "bos_rule": "one BOS at the start of each document when the tokenizer adds one by default, none elsewhere; "
                     "literal special-token text encoded as text (docs/method.md)",
     }
+    distance = sweep.semantics.window_distances.get(cfg.positions) if _has_sliding_layers(loaded.model) else None
+    if distance is not None:  # how each sliding-window layer's window was applied (docs/method.md)
+        attrs["sliding_window_distance"] = distance
     if loaded.source == "memory":  # a model object: its config is on no disk, so the file keeps it (KV sizes)
         config = model_config(loaded.model)
         if config is not None:

@@ -19,13 +19,27 @@ if TYPE_CHECKING:  # type hints only
 
 
 def format_results_header(file: str, attrs: dict, n_targets: int, contexts: tuple[int, int] | None = None) -> str:
-    """The first line of ``show``: model, corpus, semantics, positions, sinks, N, number of targets, and
-    the protocol when it is not the exact one (block: the longest block, K fraction and cap, and the
-    file's ``contexts``, its shortest and longest actual reference context, when given)."""
+    """The first line of ``show``: model, corpus, semantics, positions, sinks, N, number of targets, the
+    protocol when it is not the exact one (block: the longest block, K fraction and cap, and the
+    file's ``contexts``, its shortest and longest actual reference context, when given), and how
+    sliding-window layers applied their windows (:func:`sliding_window_note`) when the model has some."""
     a = attrs
     return (f"{file}: model {a['model']}, corpus {a['corpus']} ({a['domain']}), semantics {a['semantics']}, "
             f"positions {a['positions']}, sinks {a['n_sink']}, reference context {a['reference_context']}, "
-            f"{n_targets} targets" + protocol_note(a, contexts))
+            f"{n_targets} targets" + protocol_note(a, contexts) + sliding_window_note(a))
+
+
+def sliding_window_note(attrs: dict) -> str:
+    """``""`` for a model without sliding-window layers (no ``sliding_window_distance`` attr, also files
+    from before it); else how their windows were applied, and what that means for kept sinks."""
+    distance = attrs.get("sliding_window_distance")
+    if distance is None:
+        return ""
+    sinks = int(attrs.get("n_sink", 0) or 0)
+    if distance == "original_position":
+        return ("; sliding-window layers apply their window W by original-position distance"
+                + (f" (the {sinks} sinks are seen only within W of the query)" if sinks else ""))
+    return "; sliding-window layers apply their window W by reindexed-position distance (as a fresh forward of the kept tokens)"
 
 
 def protocol_note(attrs: dict, contexts: tuple[int, int] | None = None) -> str:

@@ -59,6 +59,10 @@ class Semantics:
         score_source: where policies that read scores take them from (the results attr ``score_source``).
         block_passes: what one block's passes are under the block protocol of a policy sweep (``show``'s
             protocol note, :func:`truncsens.report.printed.protocol_note`); None without ``policy_blocks``.
+        window_distances: per ``--positions`` mode, the distance a sliding-window layer's window is applied
+            on (the results attr ``sliding_window_distance``, one of
+            :data:`truncsens.results.SLIDING_WINDOW_DISTANCES`): keys are cached or re-encoded at
+            their original positions, so sinks farther back than W from the query are not seen.
     """
 
     name: ClassVar[str] = ""
@@ -71,6 +75,7 @@ class Semantics:
     policy_blocks: ClassVar[bool] = False
     score_source: ClassVar[str] = ""
     block_passes: ClassVar[str | None] = None
+    window_distances: ClassVar[Mapping[str, str]] = {"original": "original_position"}
 
     def __init__(self, registry: Mapping[str, "Semantics"] | None = None) -> None:
         """``registry``: every registered semantics by name, this one included (the alternatives its
