@@ -154,3 +154,46 @@ def test_reencode_with_sinks_on_a_sliding_window_model_records_its_window_rule(t
     with pytest.raises(results.ResultsError, match="sliding_window_distance.*original_position"):
         results.save(bad, tmp_path / "bad.nc")  # refused on save, or else on load
         results.load(tmp_path / "bad.nc")
+
+
+POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def test_a_window_beyond_the_reference_context_is_no_recommendation():
+    import json
+    import math
+    import re
+
+    from truncsens.budget.recommend import recommend
+    from truncsens.fits.fitting import FitConfig, fit_datasets
+    from truncsens.report.printed import format_recommendations
+    from truncsens.results.constructed import curve_results
+
+    f = lambda w: 0.01 * (1599.5 / w) ** 0.5  # noqa: E731 - D(w) = 0.01 at w = 1599.5, beyond N = 1024
+    ds = curve_results({"tv": f}, POW2, n_docs=6, seed=2, reference_context=1024, attrs={"max_context": 4096})
+    doc = fit_datasets([ds], FitConfig(metrics=("tv",), families=("power",), n_boot=20), ["x.nc"]).to_json()
+    beyond, inside, tiny = recommend(doc, [0.01, f(100.0) * 1.001, 1e-30], "tv")  # crossing just below 100
+    assert beyond.basis == "law" and beyond.window == 1600 and beyond.context_limit == 1024
+    assert beyond.within_context is False and beyond.to_json()["within_context"] is False
+    assert inside.basis == "measured" and inside.window == 100 and inside.within_context is True
+    assert inside.to_json()["within_context"] is True
+    rows = format_recommendations([beyond, inside, tiny]).splitlines()[2:5]
+    assert "> N = 1024 (law extrapolates 1,600 [" in rows[0] and "measured" not in rows[0]
+    assert "100 [" in rows[1] and " measured " in rows[1]
+    # eps = 1e-30: w = 1599.5 * (0.01 / 1e-30)^2 = 1.5995e59 tokens, a 60-digit integer: printed in scientific notation
+    assert tiny.window == pytest.approx(1.5995e59, rel=1e-3) and tiny.window == math.ceil(tiny.w_law)
+    assert re.search(r"> N = 1024 \(law extrapolates 1\.\d+e\+59 \[\S+e\+\d+, \S+e\+\d+\]\)", rows[2])
+    assert not re.search(r"\d{10}", "\n".join(rows)) and rows[0].rstrip().endswith("-") and rows[2].rstrip().endswith("-")
+    js = json.loads(json.dumps(tiny.to_json()))
+    assert js["within_context"] is False and isinstance(js["window"], float) and js["window"] == pytest.approx(1599.5e56, rel=1e-3)
+
+
+def test_token_counts_are_printed_capped():
+    import math
+
+    from truncsens.budget.windows import format_tokens, format_tokens_short
+
+    assert [format_tokens(n) for n in (949, 66662, 10**9 - 1, 10**9, 55664275880476504863, math.inf, None)] == [
+        "949", "66,662", "999,999,999", "1e+09", "5.566e+19", "inf", "-"]
+    assert [format_tokens_short(x) for x in (743.0, 9999.0, 27900.0, 166800.0, 4.1e6, 2.952e64, math.inf, 948.3)] == [
+        "743", "9999", "27.9k", "167k", "4.1M", "2.95e+64", "inf", "948.3"]
