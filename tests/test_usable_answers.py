@@ -197,3 +197,67 @@ def test_token_counts_are_printed_capped():
         "949", "66,662", "999,999,999", "1e+09", "5.566e+19", "inf", "-"]
     assert [format_tokens_short(x) for x in (743.0, 9999.0, 27900.0, 166800.0, 4.1e6, 2.952e64, math.inf, 948.3)] == [
         "743", "9999", "27.9k", "167k", "4.1M", "2.95e+64", "inf", "948.3"]
+
+
+def _curve_file(path):
+    from truncsens import results
+    from truncsens.results.constructed import curve_results
+
+    ds = curve_results({"tv": lambda w: 0.5 * w**-0.5, "kl": lambda w: 2.0 * w**-0.7}, POW2, n_docs=6, seed=2,
+                       reference_context=1024, doc_noise=0.1)
+    results.save(ds, path)
+    return path
+
+
+def test_fit_and_recommend_window_say_each_stage_in_a_log(tmp_path):
+    from typer.testing import CliRunner
+
+    from truncsens.cli.main import app
+
+    nc = _curve_file(tmp_path / "c.nc")
+    r = CliRunner().invoke(app, ["fit", str(nc), "-m", "tv,kl", "--family", "power", "--bootstrap", "20",
+                                 "--out", str(tmp_path / "c.fit.json")])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines() == ["fit: reading 1 results file",
+                                     "fit: fitting c tv: 1 family, 20 bootstrap resamples (1/2)",
+                                     "fit: fitting c kl: 1 family, 20 bootstrap resamples (2/2)"]
+    quiet = CliRunner().invoke(app, ["fit", str(nc), "-m", "tv,kl", "--family", "power", "--bootstrap", "20",
+                                     "--out", str(tmp_path / "q.fit.json"), "--no-progress"])
+    assert quiet.stderr == "" and quiet.stdout.replace("q.fit.json", "c.fit.json") == r.stdout  # stdout unchanged
+    rec = CliRunner().invoke(app, ["recommend-window", str(nc), "--eps", "0.1", "--bootstrap", "20"])
+    assert rec.exit_code == 0 and rec.stderr.splitlines() == [
+        "recommend-window: fitting c tv: 3 families, 20 bootstrap resamples (1/1)"]
+    from_fit = CliRunner().invoke(app, ["recommend-window", str(tmp_path / "c.fit.json"), "--eps", "0.1"])
+    assert from_fit.exit_code == 0 and from_fit.stderr == ""  # nothing long: nothing said
+
+
+def test_stages_are_a_bar_on_a_terminal(monkeypatch):
+    import io
+
+    from truncsens.engine.run.progress import StageProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr("sys.stderr", err)
+    with StageProgress("fit") as stages:
+        stages("fitting a tv", 1, 2)
+        stages("fitting a kl", 2, 2)
+    text = err.getvalue()
+    assert "\r" in text and "fitting a kl" in text and "2/2" in text and "(1/2)" not in text  # frames, not lines
+
+
+def test_measure_says_what_it_does_before_its_first_shard(tiny_llama_dir, corpus_dir, tmp_path, capsys):
+    from truncsens.engine.config import MeasureConfig
+    from truncsens.engine.measure import run_measure
+
+    run_measure(MeasureConfig(model=tiny_llama_dir, corpus=corpus_dir, reference_context=64, windows=[1, 4], max_docs=2,
+                              targets_per_doc=1, out=str(tmp_path / "r.nc"), progress=True))
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert lines[0] == f"measure: loading model {tiny_llama_dir}"
+    assert lines[1].startswith("measure: tokenizing ") and lines[1].endswith(f" documents of corpus {corpus_dir}")
+    assert int(lines[1].split()[2]) >= 2 and lines[2].startswith("measure: shard 1/1 done")
+    assert "loading" not in captured.out and "tokenizing" not in captured.out  # stdout stays the tables'

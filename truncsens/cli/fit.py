@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.cli.options import Progress
 
 
 def fit(
@@ -25,6 +26,7 @@ def fit(
     plot: bool = typer.Option(False, "--plot/--no-plot", help="Also draw D(w) with the fitted laws (PNG and PDF; default prefix: the fit file without .json)."),
     plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Figure prefix: PREFIX.png and PREFIX.pdf (implies --plot; a .png or .pdf suffix is dropped)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing fit file or figure."),
+    progress: Progress = True,
 ) -> None:
     """Fit power law, exponential and power law + floor to D(w); compare them by held-out extrapolation."""
     from truncsens.api.fit import fit as fit_results
@@ -37,7 +39,7 @@ def fit(
         prefix = (plot_out or plot_prefix(path)) if plot or plot_out is not None else None
         report = fit_results(results_files, metrics=split_list(metric, "--metric"), families=split_list(family, "--family"),
                              fit_range=fit_range or None, holdout_range=holdout_range or None, bootstrap=bootstrap, seed=seed,
-                             level=level, out=path, plot_out=prefix, overwrite=overwrite)
+                             level=level, out=path, plot_out=prefix, overwrite=overwrite, progress=progress)
         for line in report.warnings():
             typer.echo(f"warning: {line}", err=True)
         wrote = f"wrote {path}" + "".join(f", {p}" for p in (figure_paths(prefix) if prefix is not None else []))

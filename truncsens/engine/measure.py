@@ -33,6 +33,7 @@ from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.block.runs import block_work
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
+from truncsens.engine.run.progress import say
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import draws_measured, measure_draws
 from truncsens.engine.per_layer_runs import per_layer_attrs, per_layer_work
@@ -177,11 +178,14 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     """
     check_output(cfg.out, cfg.overwrite, cfg.resume)  # before anything is loaded
     ranks = current_ranks(cfg.device)
-    loaded = loaded or load_model(cfg.model, process_device(cfg.device, ranks), cfg.dtype)
+    speak = cfg.progress and ranks.is_main  # what it does before the first shard ends, on stderr
+    if loaded is None:
+        say("measure", f"loading model {cfg.model}", speak)
+        loaded = load_model(cfg.model, process_device(cfg.device, ranks), cfg.dtype)
     N = resolve_reference_context(cfg, loaded)
     sweep = resolve_sweep(cfg, N)
     sweep.semantics.check_model(loaded.model, loaded.name)
-    docs = prepare_documents(cfg, loaded, N)
+    docs = prepare_documents(cfg, loaded, N, on_stage=lambda text: say("measure", text, speak))
     attrs = provenance(cfg, loaded, N, docs, sweep)
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
