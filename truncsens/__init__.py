@@ -24,6 +24,10 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# --device of every command and API function that runs a model: CUDA when present, else cpu
+# (a model object passed in memory runs where it is). Declared here, light to import, for every layer.
+DEFAULT_DEVICE = "auto"
+
 # name -> module of truncsens.api that defines it
 _API = {
     "measure": "truncsens.api.measure", "fit": "truncsens.api.fit", "FitReport": "truncsens.api.fit",

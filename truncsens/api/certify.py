@@ -17,7 +17,7 @@ from typing import Any
 import xarray as xr
 
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
-from truncsens import results
+from truncsens import DEFAULT_DEVICE, results
 from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.config import CertifyConfig
 from truncsens.certificates.coverage_report import certify_figure_paths, format_summary, save_figures, summarize
@@ -73,7 +73,7 @@ class Certification:
 def certify_config(model: str = "reference", *, domain: str = "code", corpus: str | None = None, split: str = "auto",
                    reference_context: int | None = None, budgets: str = "12.5%,25%,50%", delta: float = 0.05,
                    sinks: int = 4, targets_per_doc: int = 2, max_docs: int | None = 16, seed: int = 0,
-                   device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
+                   device: str = DEFAULT_DEVICE, dtype: str = "float32", batch_tokens: int | None = None,
                    out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
                    granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
                    temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
@@ -129,7 +129,7 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
     Args:
         model: a spec ("reference", a hub id, a checkpoint folder) or a transformers causal LM object
             with its ``tokenizer`` (as :func:`truncsens.measure`).
-        device, dtype: None: cpu and float32 for a spec, the model object's own otherwise.
+        device, dtype: None: auto (CUDA when present, else cpu) and float32 for a spec, the model object's own otherwise.
         budgets: token counts or percentages of N, comma-separated ("12.5%,25%,50%").
         granularity, score, obs_window: the sampling design (:mod:`truncsens.certificates.designs`): one
             per layer and key/value head from its ``score`` ("window" of the last ``obs_window`` prefill
@@ -148,7 +148,7 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
     if command is None:
         command = python_call("truncsens.certify", certify, model, tokenizer, {**options, "plot_out": plot_out})
     model, device, options["dtype"], loaded = model_argument(model, tokenizer, device, dtype)
-    options["device"] = device or "cpu"
+    options["device"] = device or DEFAULT_DEVICE
     if out is not None:
         return run_certification(certify_config(model, command=command, **options), plot_out, loaded)
     if resume:

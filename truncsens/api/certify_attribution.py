@@ -17,7 +17,7 @@ from typing import Any
 import xarray as xr
 
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
-from truncsens import results
+from truncsens import DEFAULT_DEVICE, results
 from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
 from truncsens.certificates.attribution_driver import AttributionConfig, run_attribution
@@ -72,7 +72,7 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
                        reference_context: int = 512, budgets: str = "12.5%,25%,50%", delta: float = 0.05, sinks: int = 4,
                        max_docs: int | None = 16, copy_per_doc: int = 4, copy_rule: str = "induction", kv_docs: int = 8,
                        min_distance: int | None = None, trajectory: int = 0, trajectory_budget: str = "25%", seed: int = 0,
-                       device: str = "cpu", dtype: str = "float32", batch_tokens: int | None = None,
+                       device: str = DEFAULT_DEVICE, dtype: str = "float32", batch_tokens: int | None = None,
                        out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
                        granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
                    temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
@@ -143,7 +143,7 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
         command = python_call("truncsens.certify_attribution", certify_attribution, model, tokenizer,
                               {**options, "plot_out": plot_out})
     model, device, options["dtype"], loaded = model_argument(model, tokenizer, device, dtype)
-    options["device"] = device or "cpu"
+    options["device"] = device or DEFAULT_DEVICE
     if out is not None:
         return run_attribution_report(attribution_config(model, command=command, **options), plot_out, loaded)
     with tempfile.TemporaryDirectory(prefix="truncsens-attribution-") as folder:

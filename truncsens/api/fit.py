@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from truncsens.api.load import Results, datasets_of
+from truncsens.engine.run.progress import StageProgress, say
 from truncsens.fits import fitting
 from truncsens.fits.curves import default_metrics
 from truncsens.fits.fit_file import check_new_files, write_fit_file
@@ -90,7 +91,8 @@ def fit_config(metrics: str | Sequence[str] | None = None, families: str | Seque
 def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | None = None,
         families: str | Sequence[str] | None = None, fit_range: str | tuple[int, int] | None = None,
         holdout_range: str | tuple[int, int] | None = None, bootstrap: int = 1000, seed: int = 0, level: float = 0.95,
-        out: str | Path | None = None, plot_out: str | Path | None = None, overwrite: bool = False) -> FitReport:
+        out: str | Path | None = None, plot_out: str | Path | None = None, overwrite: bool = False,
+        progress: bool = True) -> FitReport:
     """Fit results side by side (one curve per results, per policy of a policy sweep).
 
     Args:
@@ -103,6 +105,8 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
         bootstrap: resamples over documents (0: no intervals); seed: their seed; level: interval level.
         out: write the fit file (JSON) here; plot_out: draw the figure to ``<plot_out>.png`` / ``.pdf``.
         overwrite: replace them; without it an existing one is refused before anything is fitted.
+        progress: say each stage on stderr (reading, then each curve and metric fitted: a bar on a
+            terminal, a line each in a log; :class:`truncsens.engine.run.progress.StageProgress`).
 
     Returns:
         a :class:`FitReport`.
@@ -117,10 +121,14 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
     """
     cfg = fit_config(metrics, families, fit_range, holdout_range, bootstrap, seed, level)
     check_new_files([out, *(figure_paths(plot_out) if plot_out is not None else [])], overwrite)
+    files = [r for r in (results if isinstance(results, (list, tuple)) else [results]) if isinstance(r, (str, Path))]
+    if files:
+        say("fit", f"reading {len(files)} results file{'' if len(files) == 1 else 's'}", progress)
     datasets, sources = datasets_of(results)
     if not metrics:  # the divergences every results holds (all four in a file of today)
         cfg = replace(cfg, metrics=default_metrics(datasets))
-    done = fit_datasets(datasets, cfg, sources)
+    with StageProgress("fit", progress) as stages:
+        done = fit_datasets(datasets, cfg, sources, on_stage=stages)
     report = FitReport(done.config, done.results, utc_now())
     doc = report.to_json()
     if doc["fits"] and not any(f["status"] != "skipped" for f in doc["fits"]):

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import xarray as xr
 
-from truncsens import results
+from truncsens import DEFAULT_DEVICE, results
 from truncsens.corpora import texts_corpus
 from truncsens.engine.config import MeasureConfig
 from truncsens.engine.measure import MeasureSummary, run_measure
@@ -52,7 +52,7 @@ def measure_config(model: str = "reference", *, texts: Sequence[str] | None = No
                    domain: str = "code", split: str = "auto", text_field: str = "text",
                    reference_context: int | None = None, windows: Sequence[int] | None = None,
                    sinks: int | None = None, positions: str = "original", targets_per_doc: int = 8,
-                   max_docs: int | None = None, seed: int = 0, device: str = "auto", dtype: str = "float32",
+                   max_docs: int | None = None, seed: int = 0, device: str = DEFAULT_DEVICE, dtype: str = "float32",
                    batch_tokens: int | None = None, docs_per_shard: int = 8, out: str | Path | None = None,
                    resume: bool = False, overwrite: bool = False, progress: bool = True,
                    policies: str | Sequence[str] | None = None, budgets: Sequence[int] | None = None,
@@ -106,7 +106,7 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
             corpus: str | None = None, domain: str = "code", split: str = "auto", text_field: str = "text",
             reference_context: int | None = None, windows: Sequence[int] | None = None, sinks: int | None = None,
             positions: str = "original", targets_per_doc: int = 8, max_docs: int | None = None, seed: int = 0,
-            device: str = "auto", dtype: str | None = None, batch_tokens: int | None = None,
+            device: str = DEFAULT_DEVICE, dtype: str | None = None, batch_tokens: int | None = None,
             docs_per_shard: int = 8, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
             progress: bool = True, policies: str | Sequence[str] | None = None, budgets: Sequence[int] | None = None,
             semantics: str | None = None, score: str = "attention", per_query: bool = False,

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from truncsens import DEFAULT_DEVICE
 from truncsens.budget.allocation import (
     allocation_with_fixed, budget_for, kvpress_ratios, linear_schedule, predicted_with_fixed, uniform_windows,
 )
@@ -261,7 +262,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     spec, device, dtype_, loaded = model_argument(model, tokenizer, device, dtype)
     cfg = measure_config(spec, corpus=corpus, domain=domain, split=split, reference_context=reference_context,
                          windows=[1], sinks=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
-                         device=device or "cpu", dtype=dtype_ or "float32", batch_tokens=batch_tokens, out="unused.nc",
+                         device=device or DEFAULT_DEVICE, dtype=dtype_ or "float32", batch_tokens=batch_tokens, out="unused.nc",
                          progress=progress)
     loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
     N = resolve_reference_context(cfg, loaded)

@@ -105,6 +105,26 @@ def kv_spec_for_model(model: str, dtype: str) -> tuple[KVSpec | None, str]:
     return _kv_spec(cfg, dtype, str(path / "config.json"))
 
 
+def kv_spec_from_config(config: dict, dtype: str, source: str) -> tuple[KVSpec | None, str]:
+    """KV sizes from a config dict (``config.json``'s content; a results file's ``model_config`` attr),
+    rebuilt as its transformers config class when ``model_type`` is known (sub-configs, per-layer
+    settings), else read as plain attributes.
+
+    Returns:
+        (spec or None, a note saying where the sizes come from or why they are unknown).
+    """
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        cfg = AutoConfig.for_model(str(config.get("model_type", "")), **fields)
+    except (KeyError, ValueError, TypeError):  # an unknown model type (remote code)
+        cfg = SimpleNamespace(**config)
+    return _kv_spec(cfg, dtype, source)
+
+
 def _kv_spec(cfg, dtype: str, source: str) -> tuple[KVSpec | None, str]:
     """:class:`KVSpec` from a transformers config (layers, kv heads, head dim) and a dtype name."""
     layers = getattr(cfg, "num_hidden_layers", None)

@@ -17,6 +17,10 @@ Per curve, metric and eps (windows in tokens):
    law whose optimizer did not converge, or that was not fitted, is never used; a law that does
    not decrease, or whose w(eps) overflows, says "eps not reachable with this law" (w = inf).
 
+A window (+ sinks) beyond the reference context N (the model's context where N is unknown) is no
+recommendation: ``within_context`` is False and the table says ``> N = ...`` with the law's value
+beside it (:func:`truncsens.report.printed.format_recommendations`).
+
 Warnings: w(eps) (law or measured) reaching the reference context N (D(w) is measured against a
 reference of N tokens: a window >= N is not a measurement; left out when N is the model's whole
 context and the window exceeds it, which the next warning says), the model's context, extrapolation
@@ -36,12 +40,13 @@ import numpy as np
 from truncsens.fits.points import noise_floor
 from truncsens.fits.fit_file import is_fit_file, read_fit_file, sanitize
 from truncsens.fits.fitting import FitConfig, fit_datasets
-from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model
+from truncsens.budget.kv_spec import KVSpec, kv_spec_for_model, kv_spec_from_config
 from truncsens.fits.laws import FitError
 from truncsens.metrics import find
 from truncsens.results import load
 from truncsens.stats import percentile_interval
-from truncsens.budget.windows import check_eps, measured_crossings, measured_window, window_for_eps, window_samples
+from truncsens.budget.windows import (
+    check_eps, format_tokens, measured_crossings, measured_window, window_for_eps, window_samples)
 
 LAW_STATUS = ("ok", "not_reachable", "not_converged", "not_fitted")
 
@@ -65,6 +70,11 @@ class Recommendation:
             measured_crossing_ci: its bootstrap interval.
         eps_in_measured_range: whether the measurement answers (crossing found, or D reaches 0).
         n_sink: sinks kept besides the window (0 for a budget sweep, whose k counts them).
+        context_limit: the most tokens a window and its sinks may span and still be measured: the
+            reference context N (the model's context where N is unknown), or None when neither is known.
+        within_context: whether ``window`` (+ ``n_sink``) <= ``context_limit``: only then is the window a
+            recommendation; False for a window beyond it (the law's extrapolation, no measurement
+            supports it) and where no window reaches eps.
         kv_bytes, kv_bytes_ci: KV-cache bytes of ``window`` and of its interval ends.
     """
 
@@ -86,6 +96,8 @@ class Recommendation:
     measured_crossing_ci: tuple[float, float] | None
     eps_in_measured_range: bool
     n_sink: int
+    context_limit: int | None = None
+    within_context: bool = True
     kv_bytes: int | None = None
     kv_bytes_ci: tuple[int | None, int | None] | None = None
     level: float = 0.95
@@ -94,8 +106,21 @@ class Recommendation:
 
     def to_json(self) -> dict:
         """The recommendation as a JSON-safe dict (its fields; non-finite numbers become null, so a
-        w_law of +inf is null with ``law_status`` "not_reachable")."""
-        return sanitize(dict(self.__dict__))
+        w_law of +inf is null with ``law_status`` "not_reachable"; whole numbers beyond 2^53, e.g. the
+        window of a law extrapolated to eps = 1e-30, become floats, which JSON readers hold exactly
+        enough)."""
+        return sanitize(_json_sized(dict(self.__dict__)))
+
+
+def _json_sized(value):
+    """``value`` with every int beyond 2^53 as a float (JSON readers hold numbers as doubles)."""
+    if isinstance(value, dict):
+        return {k: _json_sized(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_json_sized(v) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        return float(value)
+    return value
 
 
 def _int_or_none(x: float) -> int | None:
@@ -121,7 +146,8 @@ def recommend(fit_doc: dict, eps_values: Sequence[float], metric: str = "tv", le
         eps_values: distortion targets in the metric's units.
         metric: which metric's curve and power law to use.
         level: level of the percentile intervals.
-        kv_lookup: (model, dtype) -> (KV spec or None, note); default reads the model's config.
+        kv_lookup: (model, dtype) -> (KV spec or None, note); default reads the model's config (a curve
+            whose provenance holds ``model_config``, a model measured in memory, is read from it instead).
 
     Returns:
         one :class:`Recommendation` per (curve, eps).
@@ -179,7 +205,9 @@ def _recommend_curve(fit_doc: dict, f: dict, eps_values: list[float], metric: st
     positive = means[np.isfinite(means) & (means > 0)]
     n_ref = int(curve.get("reference_context", 0) or 0)
     context = int(prov.get("max_context", 0) or 0)
-    kv, kv_note = kv_lookup(str(prov.get("model", "")), str(prov.get("dtype", "")))
+    stored = prov.get("model_config")  # a model passed in memory: its config is in the results file
+    kv, kv_note = (kv_spec_from_config(stored, str(prov.get("dtype", "")), "the results file's model_config")
+                   if isinstance(stored, dict) else kv_lookup(str(prov.get("model", "")), str(prov.get("dtype", ""))))
     comparison = next((c for c in fit_doc.get("comparisons", []) if c["curve"] == f["curve"] and c["metric"] == metric), None)
     floor = noise_floor(metric)
     out = []
@@ -208,9 +236,11 @@ def _recommend_curve(fit_doc: dict, f: dict, eps_values: list[float], metric: st
             basis, window, window_ci = "law", int(math.ceil(w_law)), _ceil_interval(ci)
         else:
             basis, window, window_ci = ("law" if status == "not_reachable" else "none"), None, None
+        limit = n_ref or context or None
         rec = Recommendation(f["label"], f["results_file"], metric, eps, None if math.isnan(C) else C,
                              None if math.isnan(alpha) else alpha, w_law, ci, status, reason, window, window_ci, basis,
-                             mw, cross, cross_ci, in_range, sinks, level=level)
+                             mw, cross, cross_ci, in_range, sinks, limit,
+                             window is not None and (limit is None or window + sinks <= limit), level=level)
         _warn(rec, finite_w, positive, n_ref, context, sinks, floor, comparison)
         if kv is not None and window is not None:
             rec.kv_bytes = kv.bytes_for(window, sinks)
@@ -251,7 +281,7 @@ def _warn(rec: Recommendation, finite_w: list[int], positive: np.ndarray, n_ref:
             rec.warnings.append(f"{name} = {value:.4g} (+{sinks} sinks) reaches the reference context N = {n_ref}: D(w) is "
                                 "measured against a reference of N tokens, so no measurement supports a window that long")
     if beyond_context:
-        rec.warnings.append(f"w(eps) = {window} (+{sinks} sinks) exceeds the model's context of {context} tokens: "
+        rec.warnings.append(f"w(eps) = {format_tokens(window).replace(',', '')} (+{sinks} sinks) exceeds the model's context of {context} tokens: "
                             "eps is not reachable with this model's context")
     if rec.eps <= floor:
         rec.warnings.append(f"eps = {rec.eps:g} is at or below the float32 noise floor of {rec.metric} ({floor:g}, "
@@ -264,8 +294,10 @@ def _warn(rec: Recommendation, finite_w: list[int], positive: np.ndarray, n_ref:
                             "w(eps) from the power law may be off")
 
 
-def load_or_fit(path: str | Path, metrics: Sequence[str], cfg: FitConfig | None = None) -> dict:
-    """A fit file dict from a fit JSON, or from a results file fitted on the fly (``cfg`` with ``metrics``).
+def load_or_fit(path: str | Path, metrics: Sequence[str], cfg: FitConfig | None = None,
+                on_stage: Callable[[str, int, int], None] | None = None) -> dict:
+    """A fit file dict from a fit JSON, or from a results file fitted on the fly (``cfg`` with ``metrics``;
+    ``on_stage``: progress of the fit, as :func:`truncsens.fits.fitting.fit_datasets`).
 
     Raises:
         FileNotFoundError: no such file.
@@ -276,13 +308,15 @@ def load_or_fit(path: str | Path, metrics: Sequence[str], cfg: FitConfig | None 
     cfg = cfg or FitConfig()
     cfg = FitConfig(metrics=tuple(metrics), families=cfg.families, fit_range=cfg.fit_range,
                     holdout_range=cfg.holdout_range, n_boot=cfg.n_boot, seed=cfg.seed, level=cfg.level)
-    return fit_datasets([load(path)], cfg, [path]).to_json()
+    return fit_datasets([load(path)], cfg, [path], on_stage=on_stage).to_json()
 
 
 def recommend_windows(source: str | Path, eps_values: Sequence[float], metrics: Sequence[str] = ("tv",),
-                      cfg: FitConfig | None = None, level: float = 0.95) -> list[Recommendation]:
-    """``recommend-window``: check every eps, read the fit file (or fit the results file with ``cfg``),
-    and recommend w(eps) for each metric and eps (:func:`recommend`, intervals of level ``level``).
+                      cfg: FitConfig | None = None, level: float = 0.95,
+                      on_stage: Callable[[str, int, int], None] | None = None) -> list[Recommendation]:
+    """``recommend-window``: check every eps, read the fit file (or fit the results file with ``cfg``,
+    ``on_stage`` its progress), and recommend w(eps) for each metric and eps (:func:`recommend`,
+    intervals of level ``level``).
 
     Raises:
         ValueError: a bad eps (before any fitting), or as :func:`load_or_fit` and :func:`recommend`.
@@ -291,5 +325,5 @@ def recommend_windows(source: str | Path, eps_values: Sequence[float], metrics: 
     for m in metrics:  # before fitting a results file (up to a thousand bootstrap refits)
         for e in eps_values:
             check_eps(e, m)
-    doc = load_or_fit(source, metrics, cfg)
+    doc = load_or_fit(source, metrics, cfg, on_stage)
     return [r for m in metrics for r in recommend(doc, eps_values, m, level)]

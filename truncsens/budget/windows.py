@@ -52,6 +52,30 @@ def check_eps(eps: float, metric: str = "tv") -> float:
     return eps
 
 
+EXACT_TOKENS_BELOW = 10**9  # token counts printed in full below this, in scientific notation from it
+
+
+def format_tokens(n: float | None) -> str:
+    """A token count as printed: in full with thousands separators below :data:`EXACT_TOKENS_BELOW`
+    (``66,662``), else 4 significant digits (``5.566e+70``: a 71-digit window is no number to read);
+    ``inf`` and ``-`` (None) as they are."""
+    if n is None:
+        return "-"
+    if not math.isfinite(n):
+        return str(float(n))
+    return f"{int(n):,}" if abs(n) < EXACT_TOKENS_BELOW and float(n).is_integer() else f"{float(n):.4g}"
+
+
+def format_tokens_short(x: float) -> str:
+    """An interval end in tokens, 3 significant digits: ``743``, ``27.9k``, ``167k``, ``4.1M``, ``2.95e+64``; inf as is."""
+    if not math.isfinite(x):
+        return str(float(x))
+    for size, unit in ((1e9, None), (1e6, "M"), (1e4, "k")):
+        if abs(x) >= size:
+            return f"{x:.3g}" if unit is None else f"{x / (1e6 if unit == 'M' else 1e3):.3g}{unit}"
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.4g}"
+
+
 def window_for_eps(C: float, alpha: float, eps: float) -> float:
     """w(eps) = (C / eps)^(1/alpha) in tokens (real-valued; arXiv 2605.25085), computed as
     ``exp(log(C / eps) / alpha)``: +inf when it exceeds the largest float (e.g. C = 0.3,

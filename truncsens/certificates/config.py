@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
+from truncsens import DEFAULT_DEVICE
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER, CertifyDesign, DesignError
-from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig, default_out
+from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig, default_out, resolved_paths
 
 POLICIES = ("poisson", "topk", "random")
 DEFAULT_BUDGETS = "12.5%,25%,50%"  # the paper's budgets (arXiv 2607.21475)
@@ -109,7 +110,7 @@ class CertifyBase:
     n_sink: int = 4
     max_docs: int | None = 16
     seed: int = 0
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     dtype: str = "float32"
     max_batch_tokens: int | None = None
     out: str | None = None
@@ -204,5 +205,6 @@ class CertifyConfig(CertifyBase):
     def fingerprint(self, **resolved) -> dict:
         """What must match for ``--resume``: every field but those of where/how it runs, plus ``resolved``."""
         keep = {k: v for k, v in asdict(self).items() if k not in (*RUN_ONLY_FIELDS, "parsed_budgets")}
+        keep["model"], keep["corpus"] = resolved_paths(self.model, self.corpus)  # from any working directory
         keep.update(resolved)
         return keep

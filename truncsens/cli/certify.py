@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
+from truncsens import DEFAULT_DEVICE
 from truncsens.cli.errors import user_errors
 from truncsens.corpora import corpus_help
 from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, Temper, TopFraction, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Resume, Split
@@ -29,7 +30,7 @@ def certify(
     targets_per_doc: int = typer.Option(2, help="Targets drawn per document."),
     max_docs: Optional[int] = typer.Option(16, help="Use at most this many (long enough) documents."),
     seed: int = typer.Option(0, help="Seed of the target draw and the Poisson draws."),
-    device: CertifyDevice = "cpu",
+    device: CertifyDevice = DEFAULT_DEVICE,
     dtype: CertifyDtype = "float32",
     batch_tokens: BatchTokens = None,
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>-certify.nc)."),

@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
+from truncsens import DEFAULT_DEVICE
 from truncsens.cli.errors import user_errors
 from truncsens.corpora import corpus_help
 from truncsens.cli.options import DesignGranularity, DesignScore, ObsWindow, Temper, TopFraction, AsJson, BatchTokens, CertifyBudgets, CertifyDevice, CertifyDtype, CertifyModel, CertifySinks, Delta, Domain, Overwrite, Progress, Split
@@ -34,7 +35,7 @@ def certify_attribution(
     trajectory: int = typer.Option(0, help="Also run a greedy trajectory of this many steps under poisson eviction and report its e-process (0: none)."),
     trajectory_budget: str = typer.Option("25%", help="Budget of the trajectory: a token count or a percentage of N."),
     seed: int = typer.Option(0, help="Seed of the target draw, the key-value documents and the Poisson draws."),
-    device: CertifyDevice = "cpu",
+    device: CertifyDevice = DEFAULT_DEVICE,
     dtype: CertifyDtype = "float32",
     batch_tokens: BatchTokens = None,
     out: Optional[Path] = typer.Option(None, help="Results file (default results/<model>-<domain>-attribution.nc)."),

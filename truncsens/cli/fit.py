@@ -10,6 +10,7 @@ import typer
 
 from truncsens.cli.errors import user_errors
 from truncsens.fits.laws import FAMILIES, families_in_words
+from truncsens.cli.options import Progress
 
 
 def fit(
@@ -26,6 +27,7 @@ def fit(
     plot: bool = typer.Option(False, "--plot/--no-plot", help="Also draw D(w) with the fitted laws (PNG and PDF; default prefix: the fit file without .json)."),
     plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Figure prefix: PREFIX.png and PREFIX.pdf (implies --plot; a .png or .pdf suffix is dropped)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing fit file or figure."),
+    progress: Progress = True,
 ) -> None:
     """Fit the decay laws of :data:`truncsens.fits.laws.FAMILY_RECORDS` to D(w); compare them by held-out
     extrapolation (``--help`` names them: :data:`HELP`)."""
@@ -39,7 +41,7 @@ def fit(
         prefix = (plot_out or plot_prefix(path)) if plot or plot_out is not None else None
         report = fit_results(results_files, metrics=split_list(metric, "--metric"), families=split_list(family, "--family"),
                              fit_range=fit_range or None, holdout_range=holdout_range or None, bootstrap=bootstrap, seed=seed,
-                             level=level, out=path, plot_out=prefix, overwrite=overwrite)
+                             level=level, out=path, plot_out=prefix, overwrite=overwrite, progress=progress)
         for line in report.warnings():
             typer.echo(f"warning: {line}", err=True)
         wrote = f"wrote {path}" + "".join(f", {p}" for p in (figure_paths(prefix) if prefix is not None else []))

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from truncsens import DEFAULT_DEVICE
 from truncsens.cli.errors import user_errors
 from truncsens.corpora import corpus_help
 from truncsens.cli.options import Domain, Overwrite, Resume, Split
@@ -26,7 +27,7 @@ def measure(
     targets_per_doc: int = typer.Option(8, help="Targets drawn per document (with --protocol block they come in blocks of at most this many consecutive targets)."),
     max_docs: Optional[int] = typer.Option(None, help="Use at most this many (long enough) documents."),
     seed: int = typer.Option(0, help="Seed of the target draw (and of randomized policies unless --policy-seed is given)."),
-    device: str = typer.Option("auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
+    device: str = typer.Option(DEFAULT_DEVICE, help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", help="float32, bfloat16, float16 or float64 of the forward passes (divergences are computed in float64 and stored as float32 regardless)."),
     batch_tokens: Optional[int] = typer.Option(None, help="Token budget of one forward pass (default by device; halves on out-of-memory)."),
     docs_per_shard: int = typer.Option(8, help="Documents per shard file (an interruption loses at most one shard)."),

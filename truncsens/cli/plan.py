@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 
+from truncsens import DEFAULT_DEVICE
 from truncsens.cli.errors import user_errors
 from truncsens.corpora import corpus_help
 
@@ -29,7 +30,7 @@ def plan(
     max_docs: Optional[int] = typer.Option(16, help="Use at most this many (long enough) documents."),
     bootstrap: int = typer.Option(200, "--bootstrap", help="Document-bootstrap resamples of every interval."),
     seed: int = typer.Option(0, help="Seed of the targets and the bootstrap."),
-    device: Optional[str] = typer.Option("auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
+    device: Optional[str] = typer.Option(DEFAULT_DEVICE, help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N or mps."),
     dtype: Optional[str] = typer.Option(None, help="float32, bfloat16, float16 or float64 (default float32)."),
     out: Optional[Path] = typer.Option(None, "--out", "--json-out", help="Write the plan JSON here."),
     plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Draw D_l(w) per layer with the planned windows: PREFIX.png and PREFIX.pdf (a .png or .pdf suffix is dropped)."),

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.cli.options import Progress
 
 
 def recommend_window(
@@ -20,6 +21,7 @@ def recommend_window(
     bootstrap: int = typer.Option(1000, "--bootstrap", help="When fitting a results file: bootstrap resamples over documents."),
     seed: int = typer.Option(0, "--seed", help="When fitting a results file: seed of the bootstrap."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON to stdout instead of the table."),
+    progress: Progress = True,
 ) -> None:
     """The window that keeps D(w) <= eps: the measured crossing inside the measured range, the power law
     w(eps) = (C/eps)^(1/alpha) outside it, each with its interval, and the KV memory it implies."""
@@ -34,7 +36,7 @@ def recommend_window(
         metrics = split_list(metric, "--metric") or ["tv"]
         eps = float_list(eps, "--eps")
         recs = recommend(fit_file or source, eps, metrics=metrics,
-                         fit_range=parse_range(fit_range, "--fit-range") if fit_range else None, bootstrap=bootstrap, seed=seed)
+                         fit_range=parse_range(fit_range, "--fit-range") if fit_range else None, bootstrap=bootstrap, seed=seed, progress=progress)
         if as_json:
             typer.echo(json.dumps({"source": str(fit_file or source), "recommendations": [r.to_json() for r in recs]}, indent=1))
             for r in recs:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from truncsens import DEFAULT_DEVICE
 from truncsens.corpora import Corpus
 from truncsens.corpora.document import SPLITS
 from truncsens.engine.block.plan import check_policy_blocks
@@ -36,6 +37,20 @@ PER_LAYER_SEMANTICS = tuple(sorted((n for n, s in SEMANTICS.items() if s.per_lay
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
 RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
+
+
+def resolved_paths(model: str, corpus: str | None) -> tuple[str, str | None]:
+    """``(model, corpus)`` as a resume fingerprint records them: a local checkpoint folder and a corpus
+    file or folder as absolute, resolved paths, so a run resumed from another working directory, with
+    paths relative to it, matches; a hub id, ``reference``, a manifest name or None as given."""
+    from truncsens.models import model_source
+
+    def absolute(spec: str) -> str:
+        path = Path(spec).expanduser()
+        return str(path.resolve()) if path.exists() else spec
+
+    model = absolute(model) if model and model_source(model).kind == "local" else model
+    return model, absolute(corpus) if corpus else corpus
 
 
 def default_out(model: str, corpus: str | None, domain: str, suffix: str = "") -> Path:
@@ -142,7 +157,7 @@ class MeasureConfig:
     targets_per_doc: int | None = 8
     max_docs: int | None = None
     seed: int = 0
-    device: str = "cpu"
+    device: str = DEFAULT_DEVICE
     dtype: str = "float32"
     max_batch_tokens: int | None = None
     docs_per_shard: int = 8
@@ -304,6 +319,7 @@ class MeasureConfig:
         plus ``resolved`` values (N, corpus hash, the sweep)."""
         keep = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RUN_ONLY_FIELDS}
         keep["corpus"] = self.corpus_name  # the documents themselves are in the corpus hash (resolved)
+        keep["model"], keep["corpus"] = resolved_paths(self.model, keep["corpus"])  # from any working directory
         for name, default in LATER_OPTIONS.items():  # at their default, options added later leave the
             if name in keep and keep[name] == default:  # fingerprint as it was, so earlier runs still resume
                 del keep[name]

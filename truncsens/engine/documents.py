@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -94,8 +95,10 @@ def token_docs_sha256(docs: list[TokenDoc]) -> str:
     return h.hexdigest()
 
 
-def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int):
-    """Token documents and provenance (corpus name, domain, sha256, files skipped by reason) for a run.
+def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int,
+                   on_stage: Callable[[str], None] | None = None):
+    """Token documents and provenance (corpus name, domain, sha256, files skipped by reason) for a run;
+    ``on_stage`` is told what is done before it takes long (tokenizing N documents; progress).
 
     ``--corpus synthetic`` (the default with a ``synthetic:...`` model) samples ``max_docs`` (64)
     sequences of 2N tokens from the synthetic process of the model spec.
@@ -110,25 +113,31 @@ def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: i
         if not source.has_own_corpus:
             raise MeasureError(f"--corpus synthetic is sampled from a synthetic source: it needs --model synthetic:ALPHA "
                                f"(or synthetic-geometric:RATE), not {cfg.model!r}")
+        if on_stage is not None:
+            on_stage(f"sampling {cfg.max_docs or 64} sequences of {2 * reference_context} tokens from {cfg.model}")
         token_docs = source.documents(cfg.model, cfg.max_docs or 64, 2 * reference_context, cfg.seed)
         return token_docs, "synthetic", "synthetic", token_docs_sha256(token_docs), {}, None, "none"
     if loaded.tokenizer is None:
         raise MeasureError(f"model {loaded.name!r} has no tokenizer: it only reads --corpus synthetic")
     corpus = load_corpus(cfg.corpus, cfg.domain, cfg.split, cfg.text_field)
+    if on_stage is not None:
+        on_stage(f"tokenizing {len(corpus.documents)} documents of corpus {corpus.name}")
     adds, bos_id = default_special_tokens(loaded.tokenizer)
     return (tokenize_documents(corpus.documents, loaded.tokenizer, bos_id), corpus.name, corpus.domain, corpus.sha256,
             dict(corpus.skipped), bos_id, adds)
 
 
-def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int) -> RunDocuments:
-    """Tokenized documents long enough for ``N + 1`` tokens, capped at ``cfg.max_docs``.
+def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int,
+                      on_stage: Callable[[str], None] | None = None) -> RunDocuments:
+    """Tokenized documents long enough for ``N + 1`` tokens, capped at ``cfg.max_docs``
+    (``on_stage``: progress, as :func:`load_documents`).
 
     Raises:
         MeasureError: no document is long enough (says how many were checked and the longest), or a
             token id the model's embedding cannot take.
     """
     N = reference_context
-    token_docs, corpus_name, domain, corpus_sha, skipped, bos_id, adds = load_documents(cfg, loaded, N)
+    token_docs, corpus_name, domain, corpus_sha, skipped, bos_id, adds = load_documents(cfg, loaded, N, on_stage)
     check_vocabulary(token_docs, loaded.model, loaded.name)
     long_enough = [d for d in token_docs if d.ids.numel() >= N + 1]
     if not long_enough:

@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Callable
 
 import truncsens
+from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.block.runs import block_work
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
+from truncsens.engine.run.progress import say
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import draws_measured, measure_draws
 from truncsens.engine.per_layer_runs import per_layer_attrs, per_layer_work
@@ -92,6 +94,26 @@ def vocabulary(loaded: LoadedModel) -> dict:
     return {"model_output_ids": size, "tokenizer_ids": tokenizer, "divergences_over": "all model output ids"}
 
 
+def _has_sliding_layers(model) -> bool:
+    """Whether any layer of ``model`` has a sliding attention window (a config the engine cannot read: no)."""
+    try:
+        return layer_windows(model).windowed
+    except WindowError:
+        return False
+
+
+def model_config(model) -> dict | None:
+    """The full transformers config of ``model`` as a JSON-safe dict (``to_json_string(use_diff=False)``),
+    or None for a model without one: the ``model_config`` attr of a model passed in memory."""
+    to_json = getattr(getattr(model, "config", None), "to_json_string", None)
+    if to_json is None:
+        return None
+    try:
+        return json.loads(to_json(use_diff=False))
+    except (TypeError, ValueError):
+        return None
+
+
 def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, docs: RunDocuments, sweep: Sweep) -> dict:
     """The results attrs (``created`` is filled in at merge time; see docs/results.md)."""
     attrs = {
@@ -107,6 +129,13 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "bos_rule": "one BOS at the start of each document when the tokenizer adds one by default, none elsewhere; "
                     "literal special-token text encoded as text (docs/method.md)",
     }
+    distance = sweep.semantics.window_distances.get(cfg.positions) if _has_sliding_layers(loaded.model) else None
+    if distance is not None:  # how each sliding-window layer's window was applied (docs/method.md)
+        attrs["sliding_window_distance"] = distance
+    if loaded.source == "memory":  # a model object: its config is on no disk, so the file keeps it (KV sizes)
+        config = model_config(loaded.model)
+        if config is not None:
+            attrs["model_config"] = config
     if not sweep.is_window_sweep:
         attrs.update({
             "n_sink": cfg.n_sink if any(hasattr(p, "n_sink") for p in sweep.policies) else 0,
@@ -149,11 +178,14 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     """
     check_output(cfg.out, cfg.overwrite, cfg.resume)  # before anything is loaded
     ranks = current_ranks(cfg.device)
-    loaded = loaded or load_model(cfg.model, process_device(cfg.device, ranks), cfg.dtype)
+    speak = cfg.progress and ranks.is_main  # what it does before the first shard ends, on stderr
+    if loaded is None:
+        say("measure", f"loading model {cfg.model}", speak)
+        loaded = load_model(cfg.model, process_device(cfg.device, ranks), cfg.dtype)
     N = resolve_reference_context(cfg, loaded)
     sweep = resolve_sweep(cfg, N)
     sweep.semantics.check_model(loaded.model, loaded.name)
-    docs = prepare_documents(cfg, loaded, N)
+    docs = prepare_documents(cfg, loaded, N, on_stage=lambda text: say("measure", text, speak))
     attrs = provenance(cfg, loaded, N, docs, sweep)
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import xarray as xr
@@ -186,7 +186,8 @@ def _exclusion_notes(metric: str, sweep: str, cls: PointClasses, n_inf: np.ndarr
     return notes
 
 
-def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFits:
+def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None,
+              on_metric: Callable[[str], None] | None = None) -> CurveFits:
     """Fit every metric and family of one curve, with bootstrap intervals.
 
     Points are sorted by :func:`truncsens.fits.points.classify_points`: infinite means, points
@@ -199,6 +200,7 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFit
         curve: from :func:`truncsens.fits.curves.curves_of`.
         cfg: the configuration.
         seed: resampling seed (default ``cfg.seed``).
+        on_metric: called with each metric's name before it is fitted (progress).
 
     Returns:
         :class:`CurveFits` (its dicts are the JSON entries of :mod:`truncsens.fits.fit_file`).
@@ -226,6 +228,8 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None) -> CurveFit
     comparisons: list[dict] = []
     power_alpha: dict[str, np.ndarray] = {}
     for metric in cfg.metrics:
+        if on_metric is not None:
+            on_metric(metric)
         mean_all, se_all = resampled_mean_se(mult, curve.sums[metric], curve.counts[metric])  # [1+B, S]
         pos, neg = curve.inf_counts(metric)
         mean_all = mean_with_inf(mean_all, pos, neg)  # a point with a +inf target is infinite in every resample
@@ -336,7 +340,7 @@ def curve_labels(sources: Sequence[str | Path]) -> list[str]:
 
 
 def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), sources: Sequence[str | Path] | None = None,
-                 created: str = "") -> FitReport:
+                 created: str = "", on_stage: Callable[[str, int, int], None] | None = None) -> FitReport:
     """Fit results datasets side by side.
 
     Each curve gets its own resampling seed ``cfg.seed + index`` so that curves are independent.
@@ -347,6 +351,8 @@ def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), s
         sources: the results file of each dataset, as the fit file records it and as labels are
             made (:func:`curve_labels`); "" (or None for all) for a dataset held in memory.
         created: the fit's time stamp (ISO 8601 UTC; "" stamps it when the fit file dict is made).
+        on_stage: progress: called ``(what, index, total)`` as each (curve, metric) fit begins, index
+            from 1 (:class:`truncsens.engine.run.progress.StageProgress`).
 
     Raises:
         ResultsError: an unknown metric, or a dataset with fewer than two sweep points.
@@ -359,4 +365,12 @@ def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), s
     curves: list[Curve] = []
     for ds, source, label in zip(datasets, sources, curve_labels(sources)):
         curves.extend(curves_of(ds, cfg.metrics, source, label))
-    return FitReport(cfg, [fit_curve(c, cfg, seed=cfg.seed + i) for i, c in enumerate(curves)], created)
+    total, done = len(curves) * len(cfg.metrics), iter(range(1, len(curves) * len(cfg.metrics) + 1))
+    what = f"{len(cfg.families)} famil{'y' if len(cfg.families) == 1 else 'ies'}" + (f", {cfg.n_boot} bootstrap resamples" if cfg.n_boot else "")
+
+    def stage(curve: Curve):
+        if on_stage is None:
+            return None
+        return lambda metric: on_stage(f"fitting {curve.label} {metric}: {what}", next(done), total)
+
+    return FitReport(cfg, [fit_curve(c, cfg, seed=cfg.seed + i, on_metric=stage(c)) for i, c in enumerate(curves)], created)

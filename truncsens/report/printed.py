@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+from truncsens.budget.windows import format_tokens, format_tokens_short
 from truncsens.report.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
 
 if TYPE_CHECKING:  # type hints only
@@ -19,13 +20,27 @@ if TYPE_CHECKING:  # type hints only
 
 
 def format_results_header(file: str, attrs: dict, n_targets: int, contexts: tuple[int, int] | None = None) -> str:
-    """The first line of ``show``: model, corpus, semantics, positions, sinks, N, number of targets, and
-    the protocol when it is not the exact one (block: the longest block, K fraction and cap, and the
-    file's ``contexts``, its shortest and longest actual reference context, when given)."""
+    """The first line of ``show``: model, corpus, semantics, positions, sinks, N, number of targets, the
+    protocol when it is not the exact one (block: the longest block, K fraction and cap, and the
+    file's ``contexts``, its shortest and longest actual reference context, when given), and how
+    sliding-window layers applied their windows (:func:`sliding_window_note`) when the model has some."""
     a = attrs
     return (f"{file}: model {a['model']}, corpus {a['corpus']} ({a['domain']}), semantics {a['semantics']}, "
             f"positions {a['positions']}, sinks {a['n_sink']}, reference context {a['reference_context']}, "
-            f"{n_targets} targets" + protocol_note(a, contexts))
+            f"{n_targets} targets" + protocol_note(a, contexts) + sliding_window_note(a))
+
+
+def sliding_window_note(attrs: dict) -> str:
+    """``""`` for a model without sliding-window layers (no ``sliding_window_distance`` attr, also files
+    from before it); else how their windows were applied, and what that means for kept sinks."""
+    distance = attrs.get("sliding_window_distance")
+    if distance is None:
+        return ""
+    sinks = int(attrs.get("n_sink", 0) or 0)
+    if distance == "original_position":
+        return ("; sliding-window layers apply their window W by original-position distance"
+                + (f" (the {sinks} sinks are seen only within W of the query)" if sinks else ""))
+    return "; sliding-window layers apply their window W by reindexed-position distance (as a fresh forward of the kept tokens)"
 
 
 def protocol_note(attrs: dict, contexts: tuple[int, int] | None = None) -> str:
@@ -191,10 +206,21 @@ def _law_cell(r: Recommendation) -> str:
             "not_fitted": "- (no law fitted)"}.get(r.law_status, "-")
 
 
+def _token_interval(ci: Sequence[float] | None) -> str:
+    """`` [27.9k, 167k]``: a window interval with 3 significant digits (:func:`format_tokens_short`)."""
+    return "" if ci is None else f" [{format_tokens_short(ci[0])}, {format_tokens_short(ci[1])}]"
+
+
 def _window_cell(r: Recommendation) -> str:
+    """The recommended window with its interval and basis; a window (+ sinks) beyond the context it
+    could be measured in is no recommendation: ``> N = 1024 (law extrapolates 66,662 [27.9k, 167k])``."""
     if r.window is None:
         return "inf (not reachable)" if r.basis == "law" else "- (not measured)"
-    return f"{r.window}{_raw_interval(r.window_ci)} {r.basis}"
+    shown = f"{format_tokens(r.window)}{_token_interval(r.window_ci)}"
+    if r.within_context:
+        return f"{shown} {r.basis}"
+    sinks = f" + {r.n_sink} sinks" if r.n_sink else ""
+    return f"> N = {r.context_limit} ({'law extrapolates' if r.basis == 'law' else r.basis} {shown}{sinks})"
 
 
 def format_recommendations(recs: Sequence[Recommendation]) -> str:
@@ -202,8 +228,10 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
 
     Columns: the power law's w(eps) with its interval ("inf" when eps is not reachable with the
     law), the recommended window with its interval and basis ("measured" inside the measured
-    range, "law" outside it), the measured window and crossing with its interval, and the KV
-    bytes of the recommended window.
+    range, "law" outside it; ``> N = ...`` with the law's value beside it for a window beyond the
+    reference context N, which is no recommendation), the measured window and crossing with its
+    interval, and the KV bytes of the recommended window ("-" beyond N). Windows print in full
+    below 10^9 tokens and in scientific notation above (:func:`format_tokens`).
     """
     pct = fmt_level(recs[0].level) if recs else "95%"
     columns = [Column("curve"), Column("metric"), Column("eps"), Column(f"w(eps) law [{pct} CI]"),
@@ -213,8 +241,8 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
         meas = "-" if r.measured_window is None else str(r.measured_window)
         if r.measured_crossing is not None:
             meas += f" ({r.measured_crossing:.4g}{_raw_interval(r.measured_crossing_ci)})"
-        kv = fmt_bytes(r.kv_bytes)
-        if r.kv_bytes_ci is not None:
+        kv = fmt_bytes(r.kv_bytes if r.within_context else None)  # no memory figure for a window that is no answer
+        if r.kv_bytes_ci is not None and r.within_context:
             kv += f" [{fmt_bytes(r.kv_bytes_ci[0])}, {fmt_bytes(r.kv_bytes_ci[1]) if r.kv_bytes_ci[1] is not None else 'inf'}]"
         rows.append([r.label, r.metric, f"{r.eps:g}", _law_cell(r), _window_cell(r), meas, kv])
     lines = [render_table(columns, rows)]
@@ -228,7 +256,8 @@ def format_recommendations(recs: Sequence[Recommendation]) -> str:
                 seen.add((r.label, n))
                 lines.append(f"note: {r.label}: {n}")
     lines.append("window: the measured crossing inside the measured range (interval: document bootstrap of the mean curve), "
-                 "else w(eps) = (C/eps)^(1/alpha) from the power law (arXiv 2605.25085; interval: document bootstrap of the fit)")
+                 "else w(eps) = (C/eps)^(1/alpha) from the power law (arXiv 2605.25085; interval: document bootstrap of the fit); "
+                 "> N: beyond the reference context N no window is measured, so none is recommended")
     return "\n".join(lines)
 
 

@@ -16,8 +16,8 @@ Rules:
   layer, policy and draw: those dims share the targets); a repeated row would count one target twice
   in every mean.
 - ``attrs``: :data:`ATTR_RULES` (``reference_context`` a whole number >= 1, ``n_sink`` >= 0, text
-  where text belongs, ``created`` ISO 8601 text, ``positions`` one of
-  :data:`~truncsens.results.schema.POSITIONS`, ...).
+  where text belongs, ``created`` ISO 8601 text, ``positions`` one of :data:`~truncsens.results.schema.POSITIONS`,
+  ``sliding_window_distance`` (when present) one of :data:`SLIDING_WINDOW_DISTANCES`, ...).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import xarray as xr
 from truncsens import metrics as _metrics
 
 POSITIONS = ("original", "reindexed")  # the ``positions`` attr's values (re-exported by the schema)
+# the ``sliding_window_distance`` attr's values (re-exported by the schema): what a sliding-window layer of window W
+# measures the query-key distance on (it reads a key only within W of the query)
+SLIDING_WINDOW_DISTANCES = ("original_position", "reindexed_position")
 TOLERANCE = 1e-6  # float32 rounding of values clamped into range in float64
 TEXT_ATTRS = ("truncsens_version", "model", "model_revision", "tokenizer", "dtype", "device", "corpus",
               "corpus_sha256", "domain", "command")
@@ -164,6 +167,10 @@ def check_attrs(ds: xr.Dataset) -> None:
             raise ValueCheckError(f"attr {name!r}: rule attrs: it must be {rule}, got {ds.attrs[name]!r}")
     if "positions" in ds.attrs and ds.attrs["positions"] not in POSITIONS:
         raise ValueCheckError(f"attr 'positions': rule attrs: it must be one of {POSITIONS}, got {ds.attrs['positions']!r}")
+    distance = ds.attrs.get("sliding_window_distance")
+    if distance is not None and distance not in SLIDING_WINDOW_DISTANCES:
+        raise ValueCheckError(f"attr 'sliding_window_distance': rule attrs: it must be one of {SLIDING_WINDOW_DISTANCES}, "
+                              f"got {distance!r}")
 
 
 def check_values(ds: xr.Dataset, sweep: str, metrics: tuple[str, ...]) -> None:

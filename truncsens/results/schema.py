@@ -28,7 +28,12 @@ Schema (docs/results.md):
   the reserved attr ``truncsens_json_attrs`` and restored by :func:`load` as they went in
   (:mod:`truncsens.results.codec`); the required attrs have the types of
   :data:`truncsens.results.checks.ATTR_RULES` (``created``: ISO 8601 text, never a datetime). Log
-  base e (attr ``log_base``).
+  base e (attr ``log_base``). A model with sliding-window layers
+  adds ``sliding_window_distance`` (:data:`SLIDING_WINDOW_DISTANCES`): a layer of window W read a kept
+  key only when it lay within W of the query by ``original_position`` (kept sinks farther back are not
+  seen: a deployed sliding layer holds no sinks) or by ``reindexed_position`` (the kept tokens
+  consecutive, as in a fresh forward of them); files without it are of models without such layers,
+  or from before the attr.
 - targets: a (``doc``, ``position``) pair at most once along ``target``. :func:`validate` is the one
   check of all of this, run by ``save``, ``load`` and ``merge``; :func:`make_results` checks the
   schema part (:func:`check_schema`) of what it builds in memory.
@@ -50,6 +55,7 @@ SWEEP_DIMS = ("window", "budget")
 # (truncsens.engine.semantics) is checked against it when it is built.
 SEMANTICS = ("reencode", "streaming", "prefill_evict")
 POSITIONS = checks.POSITIONS
+SLIDING_WINDOW_DISTANCES = checks.SLIDING_WINDOW_DISTANCES
 REQUIRED_ATTRS = (
     "truncsens_version", "model", "model_revision", "tokenizer", "dtype", "device", "semantics",
     "positions", "n_sink", "reference_context", "corpus", "corpus_sha256", "domain", "seed",

@@ -111,9 +111,16 @@ def prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool, write: b
                     "delete the folder to start over with this model")
             raise MeasureError(
                 f"cannot resume: the shards in {shard_dir} come from a different configuration ({', '.join(diff)} differ); "
+                f"the shards have {_values(old, diff)}, this run {_values(fingerprint, diff)}; "
                 "rerun with the same options or delete the folder")
     if write:
         write_atomic(spec, json.dumps(fingerprint, indent=2, sort_keys=True).encode())  # creates the folder
+
+
+def _values(fingerprint: dict | None, keys: list[str]) -> str:
+    """``key = value, ...`` of ``keys`` in a fingerprint (long values cut to 80 characters)."""
+    shown = [(k, repr((fingerprint or {}).get(k)) if k in (fingerprint or {}) else "(none)") for k in keys]
+    return ", ".join(f"{k} = {v if len(v) <= 80 else v[:77] + '...'}" for k, v in shown)
 
 
 class ShardProgress:

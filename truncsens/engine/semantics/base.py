@@ -63,6 +63,10 @@ class Semantics:
             :mod:`truncsens.engine.layer_windows_pass`): with ``keeps_cache`` each configuration decodes the
             target's query on the one prefilled cache, without it each configuration processes the whole
             context under its layers' windows (the forward tokens of one configuration: :meth:`cost`).
+        window_distances: per ``--positions`` mode, the distance a sliding-window layer's window is applied
+            on (the results attr ``sliding_window_distance``, one of
+            :data:`truncsens.results.SLIDING_WINDOW_DISTANCES`): keys are cached or re-encoded at
+            their original positions, so sinks farther back than W from the query are not seen.
     """
 
     name: ClassVar[str] = ""
@@ -76,6 +80,7 @@ class Semantics:
     score_source: ClassVar[str] = ""
     block_passes: ClassVar[str | None] = None
     per_layer: ClassVar[bool] = False
+    window_distances: ClassVar[Mapping[str, str]] = {"original": "original_position"}
 
     def __init__(self, registry: Mapping[str, "Semantics"] | None = None) -> None:
         """``registry``: every registered semantics by name, this one included (the alternatives its

@@ -30,6 +30,9 @@ class Reencode(Semantics):
     needs_transformers = False
     reference_state = False
     score_source = "none (policies that read scores are refused)"
+    # original: a sliding layer sees kept sinks only within W original positions of the query (a deployed
+    # sliding layer holds no sinks); reindexed: the kept tokens are consecutive, as in a fresh forward
+    window_distances = {"original": "original_position", "reindexed": "reindexed_position"}
 
     def cost(self, context_len: int, budget: int) -> int:
         """``budget`` tokens: the kept tokens are re-encoded."""
