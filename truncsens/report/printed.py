@@ -299,19 +299,20 @@ def format_span_exponents(cmp: PolicyComparison) -> str:
         lines.append(f"  both fitted over {lo}..{hi} tokens of the recent past (s, w): the truncation fit's range")
     columns = [Column("policy", ">", 20), Column("metric", ">", 6), Column("alpha(span)", "<", 0), Column("alpha(truncation)"),
                Column("alpha - alpha(truncation)"), Column("verdict")]
-    cells = []
+    cells, skipped = [], []
     for r in rows:
         name = r["policy"] if r["truncation"] == "truncation" else f"{r['policy']} / {r['truncation']}"
         if r["status"] != "ok":
-            cells.append([name, r["metric"], f"skipped: {r['reason']}", "", "", ""])
+            skipped.append(f"  {name:>20} {r['metric']:>6}  skipped: {r['reason']}")
             continue
         span = f"{fmt_num(r['alpha'], 4)}{fmt_interval(r['alpha_ci'], 3)} (s {r['fit_points'][0]}..{r['fit_points'][-1]})"
         trunc = (f"{fmt_num(r['truncation_alpha'], 4)}{fmt_interval(r['truncation_alpha_ci'], 3)} "
                  f"(w {r['truncation_fit_points'][0]}..{r['truncation_fit_points'][-1]})")
         diff = f"{r['difference']:+.3g}" + (fmt_interval(r["difference_ci"], 3) if r["paired"] else " (not paired)")
         cells.append([name, r["metric"], span, trunc, diff, span_verdict(r)])
-    lines.append(render_table(columns, cells, rule=False))
-    return "\n".join(lines)
+    if cells:
+        lines.append(render_table(columns, cells, rule=False))
+    return "\n".join(lines + skipped)
 
 
 def format_draw_spread(cmp: PolicyComparison) -> str:
