@@ -14,7 +14,7 @@ from truncsens.cli.main import app
 from truncsens.fits.paired import verdict
 from truncsens.policies import make_policy
 from truncsens.report.policy_comparison import CompareConfig, compare_policies, recency_policy
-from truncsens.report.printed import format_comparison
+from truncsens.report.printed import format_comparison, span_verdict
 from truncsens.results import save
 from truncsens.results.constructed import curve_results
 from truncsens.stats import percentile_interval, resample_weights
@@ -60,6 +60,9 @@ def test_verdict_reads_the_interval():
     assert verdict(0.2, [0.1, 0.3]) == "differs"
     assert verdict(-0.2, [-0.3, -0.1]) == "differs"
     assert verdict(0.2, None) is None and verdict(0.2, [float("nan"), 0.3]) is None
+    assert span_verdict({"verdict": "differs", "difference": -0.1, "relative": -0.2}) == "differs: shallower by 0.1 (-20%)"
+    assert span_verdict({"verdict": "differs", "difference": 0.29, "relative": 0.317}) == "differs: steeper by 0.29 (+32%)"
+    assert span_verdict({"verdict": None}) == "-"
 
 
 @pytest.mark.parametrize("a_trunc,a_policy", [(0.6, 0.6), (0.5, 0.7)])

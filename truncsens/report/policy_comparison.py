@@ -28,11 +28,10 @@ The log-log figure is :func:`truncsens.report.plots.plot_comparison`; the text r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
-
-import json
 
 import numpy as np
 import xarray as xr
