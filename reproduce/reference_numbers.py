@@ -64,6 +64,8 @@ class Step:
 
 
 POLICY_OPTS = "--budgets 16,32,64,128,256,512 --domain code --reference-context 1024 --max-docs 8 --targets-per-doc 2"
+PAIRED_OPTS = "--domain code --reference-context 1024 --max-docs 12 --targets-per-doc 4"
+PAIRED_BUDGETS = "--budgets 8,16,32,64,128,256,512"
 STEPS = [
     Step("measure-code", "truncsens measure --domain code --reference-context 1024", ("results/reference-code.nc",)),
     Step("measure-code-max", "truncsens measure --domain code --reference-context 2048 --out results/reference-code-2048.nc",
@@ -127,6 +129,22 @@ STEPS = [
          ("results/reference-code-prefill.nc",)),
     Step("policies-prefill", "truncsens compare-policies results/reference-code-prefill.nc --metrics kl",
          needs=("policies-prefill-run",)),
+    # one truncation run and sink_recent runs of its 48 targets (same documents and positions): the paired exponents
+    Step("paired-truncation", f"truncsens measure {PAIRED_OPTS} --out results/paired/trunc.nc", ("results/paired/trunc.nc",)),
+    Step("paired-truncation-sinks", f"truncsens measure {PAIRED_OPTS} --sinks 4 --out results/paired/trunc-s4.nc",
+         ("results/paired/trunc-s4.nc",)),
+    Step("paired-streaming-run", f"truncsens measure {PAIRED_OPTS} --policy sink_recent --semantics streaming "
+                                 f"{PAIRED_BUDGETS} --out results/paired/sr.nc", ("results/paired/sr.nc",)),
+    Step("paired-prefill-run", f"truncsens measure {PAIRED_OPTS} --policy sink_recent --semantics prefill_evict "
+                               f"{PAIRED_BUDGETS} --out results/paired/sre.nc", ("results/paired/sre.nc",)),
+    Step("paired-streaming", "truncsens compare-policies results/paired/sr.nc --truncation results/paired/trunc.nc --metrics kl,tv",
+         needs=("paired-truncation", "paired-streaming-run")),
+    Step("paired-streaming-sinks", "truncsens compare-policies results/paired/sr.nc --truncation results/paired/trunc-s4.nc "
+                                   "--metrics kl,tv", needs=("paired-truncation-sinks", "paired-streaming-run")),
+    Step("paired-prefill", "truncsens compare-policies results/paired/sre.nc --truncation results/paired/trunc.nc --metrics kl,tv",
+         needs=("paired-truncation", "paired-prefill-run")),
+    Step("paired-prefill-sinks", "truncsens compare-policies results/paired/sre.nc --truncation results/paired/trunc-s4.nc "
+                                 "--metrics kl,tv", needs=("paired-truncation-sinks", "paired-prefill-run")),
     Step("policy-blocks-streaming", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16"),
     Step("policy-blocks-prefill", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16 "
                                   "--semantics prefill_evict --policies h2o,snapkv,key_norm"),

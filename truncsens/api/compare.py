@@ -34,7 +34,11 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
         numerator, denominator: policies of the ratio of means (default random / sink_recent).
         bootstrap: resamples over documents (0: no intervals); seed: their seed.
         fit_range: budgets ``(lo, hi)`` or ``"LO:HI"`` of the power-law fits (default: as :func:`truncsens.fit`).
-        truncation: a window results file or Dataset whose power-law alpha is listed beside the policies'.
+        truncation: a window results file or Dataset whose power-law alpha is listed beside the policies'; each
+            recency policy is also fitted against the recent span it keeps (k - S for sink_recent with S sinks, k
+            for suffix) over the truncation fit's range, and the difference of the two exponents reported: paired,
+            with a document-bootstrap interval and a verdict, when both runs measured the same targets
+            (:attr:`~truncsens.report.policy_comparison.PolicyComparison.paired`).
         json_out: also write the comparison as JSON here; plot_out: draw the log-log figure to
             ``<plot_out>.png`` / ``.pdf``.
         overwrite: replace them; without it an existing one is refused before the bootstrap.

@@ -21,7 +21,7 @@ def compare_policies(
     bootstrap: int = typer.Option(1000, help="Bootstrap resamples over documents (0: no intervals)."),
     seed: int = typer.Option(0, help="Seed of the resampling."),
     fit_range: Optional[str] = typer.Option(None, help="Budgets LO:HI of the power-law fits (default: as truncsens fit)."),
-    truncation: Optional[Path] = typer.Option(None, help="A window results file (truncsens measure) whose power-law alpha is listed beside the policies'."),
+    truncation: Optional[Path] = typer.Option(None, help="A window results file (truncsens measure) whose power-law alpha is listed beside the policies'; recency policies are also fitted against the recent span they keep (k - S for sink_recent, k for suffix) and their exponent's difference from truncation's is printed, paired with an interval and a verdict when both runs measured the same targets (measure --sinks S: the matched run for S sinks)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON to stdout instead of the table."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the comparison as JSON to this file."),
     plot: bool = typer.Option(False, "--plot/--no-plot", help="Draw the log-log plot (default prefix: <results>-policies next to the results)."),

@@ -104,6 +104,22 @@ class Policy:
         0, ``sink_recent``: its sinks), else None (the default)."""
         return None
 
+    def recent_span(self, budget: int) -> int | None:
+        """Tokens of the recent past a budget of ``budget`` keys keeps, the query's own included:
+        ``budget - S`` for a :meth:`recent_kept_first` policy (``suffix``: k, ``sink_recent``: k − its
+        sinks), the window of a truncation run that keeps the same recent keys; None for any other
+        policy (what it keeps is no recent window). ``compare-policies --truncation`` fits D against it."""
+        first = self.recent_kept_first()
+        return None if first is None else int(budget) - first
+
+    def recent_span_rule(self) -> str | None:
+        """:meth:`recent_span` in words, for reports: ``"span = k"``, or ``"span = k - 4 (the 4 first tokens
+        kept are not recent past)"``; None for a policy without a recent span."""
+        first = self.recent_kept_first()
+        if first is None:
+            return None
+        return "span = k" if first == 0 else f"span = k - {first} (the {first} first tokens kept are not recent past)"
+
     def eviction_steps(self, budget: int, context_len: int, chunk: int, seeds: Sequence[int],
                        device) -> torch.Tensor | None:
         """[B, T] int64 streaming eviction step of every key of B = ``len(seeds)`` sequences, computed

@@ -10,6 +10,11 @@ For a results file with a ``budget`` sweep (and a ``policy`` dim, or one policy 
   of arXiv 2605.25085: about two orders of magnitude) per budget, with its paired bootstrap interval;
 - the power-law fit ``D(k) = C·k^-α`` of each policy (:func:`truncsens.fits.fitting.fit_curve`, the
   ``truncsens fit`` code), optionally beside the α of a truncation (window) results file;
+- with a truncation file, the exponent of each recency policy against the span of the recent past it
+  keeps (:meth:`truncsens.policies.base.Policy.recent_span`: k for ``suffix``, k − S for ``sink_recent``
+  with S sinks) over the truncation fit's range, and its difference from the truncation exponent
+  (:func:`truncsens.fits.paired.paired_exponents`): paired, with a document-bootstrap interval and a
+  verdict, when both runs measured the same targets (:func:`pairing_gap`), else the bare difference;
 - for a file with R > 1 draws (``measure --draws R``): everything above on the per-target means
   over draws (:func:`truncsens.results.mean_over_draws`), and the spread between draws
   (:func:`draw_spread`): the mean over targets of each draw, their standard deviation (ddof 1) and
@@ -23,6 +28,7 @@ The log-log figure is :func:`truncsens.report.plots.plot_comparison`; the text r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -34,7 +40,9 @@ from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.fit_file import sanitize
 from truncsens.fits.fitting import FitConfig, fit_curve
 from truncsens.fits.laws import FitError
+from truncsens.fits.paired import paired_exponents, skipped_row, span_curve
 from truncsens.metrics import DEFAULT_METRICS
+from truncsens.policies import Policy, PolicyError, make_policy
 from truncsens.results import ResultsError, is_per_layer, load, sweep_dim
 from truncsens.results.join import SAME_SOURCE, attr_differences, check_same_weights, policy_names, target_difference
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
@@ -99,6 +107,10 @@ class PolicyComparison:
         draws: R, draws per target averaged (1: the file has no ``draw`` dim).
         spread: with R > 1, rows ``{"policy", "metric", "budget", "draw_means": [R], "sd", "min", "max"}``
             (:func:`draw_spread`); empty otherwise.
+        paired: with a truncation file, rows of :func:`truncsens.fits.paired.paired_exponents` for each
+            recency policy and metric, plus ``"policy"``, ``"truncation"`` (its label), ``"span_rule"``
+            (:meth:`~truncsens.policies.base.Policy.recent_span_rule`), ``"sinks"`` (the policy's first
+            tokens kept) and ``"truncation_sinks"`` (the truncation run's ``n_sink``); empty otherwise.
     """
 
     policies: list[str]
@@ -111,12 +123,13 @@ class PolicyComparison:
     level: float = 0.95
     draws: int = 1
     spread: list[dict] = field(default_factory=list)
+    paired: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """A JSON-safe dict (non-finite numbers become null)."""
         return sanitize({"policies": self.policies, "budgets": self.budgets, "metrics": list(self.metrics), "level": self.level,
                          "table": self.table, "ratios": self.ratios, "fits": self.fits, "notes": self.notes,
-                         "draws": self.draws, "spread": self.spread})
+                         "draws": self.draws, "spread": self.spread, "paired": self.paired})
 
     def mean_curve(self, policy: str, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean [K], lo [K], hi [K]) of one policy and metric, in budget order."""
@@ -232,7 +245,7 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         notes.append(f"ratio {num}/{den} skipped: the file has no policy {', '.join(missing)} (it has {', '.join(policies)})")
     fit_cfg = FitConfig(metrics=tuple(cfg.metrics), families=("power",), fit_range=cfg.fit_range, n_boot=cfg.n_boot,
                         seed=cfg.seed, level=cfg.level)
-    extra = []
+    extra, paired = [], []
     if truncation is not None:
         if is_per_layer(truncation):
             raise ResultsError("the --truncation file is a per-layer sweep (measure --per-layer): its curves window one "
@@ -242,10 +255,87 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         extra = [(f"truncation{'' if c.policy is None else '[' + c.policy + ']'}", c) for c in curves_of(truncation, list(cfg.metrics))]
     for name, curve in list(named) + extra:
         fits.extend(_power_fits(name, curve, fit_cfg))
+    if truncation is not None:
+        paired, span_notes = span_exponents(ds, named, extra, fit_cfg, truncation)
+        notes += span_notes
     if R > 1:
         notes.append(f"every target's value is its mean over {R} draws of the randomized policies (deterministic "
                      "policies: the same value in every draw); the spread between draws is listed below")
-    return PolicyComparison(policies, budgets, table, ratios, fits, notes, tuple(cfg.metrics), cfg.level, R, spread)
+    return PolicyComparison(policies, budgets, table, ratios, fits, notes, tuple(cfg.metrics), cfg.level, R, spread, paired)
+
+
+# what makes two runs' targets the same, so that their exponents are paired: the target coords, and the documents
+# (corpus, its hash and split) and reference context they were drawn from
+PAIRED_TARGETS = ("doc", "position", "token_id")
+PAIRED_SOURCE = ("corpus", "corpus_sha256", "split", "reference_context")
+
+
+def pairing_gap(ds: xr.Dataset, truncation: xr.Dataset) -> str | None:
+    """Why a policy run and a truncation run are not paired (their targets are not the same documents and
+    positions of the same corpus and N), in words, or None when they are."""
+    differ = attr_differences(ds, truncation, PAIRED_SOURCE)
+    if differ:
+        key, a, b = differ[0]
+        return f"the truncation run has {key} {b}, the policy run {a}"
+    coord = target_difference(ds, truncation, PAIRED_TARGETS)
+    if coord is not None:
+        n, m = truncation.sizes["target"], ds.sizes["target"]
+        return f"other targets: {coord} differs" + (f", {n} against {m}" if n != m else "")
+    return None
+
+
+def recency_policy(ds: xr.Dataset, name: str) -> Policy | None:
+    """The policy ``name`` of a budget sweep rebuilt from its ``policy_params`` attr (a file without it:
+    the defaults, sinks from ``n_sink``), when it keeps a recent span
+    (:meth:`~truncsens.policies.base.Policy.recent_span`); None otherwise, or when it cannot be built
+    (e.g. a kvpress press without kvpress installed)."""
+    given = ds.attrs.get("policy_params") or {}
+    try:
+        given = json.loads(given) if isinstance(given, str) else dict(given)
+    except ValueError:
+        given = {}
+    params = given.get(name) or {"n_sink": int(ds.attrs.get("n_sink", 0) or 0)}
+    try:
+        policy = make_policy(name, **params)
+    except (PolicyError, TypeError, ValueError):
+        return None
+    return policy if policy.recent_kept_first() is not None else None
+
+
+def span_exponents(ds: xr.Dataset, named: list[tuple[str, Curve]], truncation_curves: list[tuple[str, Curve]],
+                   cfg: FitConfig, truncation: xr.Dataset) -> tuple[list[dict], list[str]]:
+    """Rows of :attr:`PolicyComparison.paired` and their notes: each recency policy of ``named`` fitted against
+    its recent span beside each truncation curve (:func:`truncsens.fits.paired.paired_exponents`), paired when
+    :func:`pairing_gap` finds nothing."""
+    gap = pairing_gap(ds, truncation)
+    t_sinks = int(truncation.attrs.get("n_sink", 0) or 0)
+    rows, notes, unmatched, without = [], [], [], []
+    for name, curve in named:
+        policy = recency_policy(ds, name)
+        if policy is None:
+            without.append(name)
+            continue
+        first = int(policy.recent_kept_first())
+        extra = {"policy": name, "span_rule": policy.recent_span_rule(), "sinks": first, "truncation_sinks": t_sinks}
+        if first != t_sinks:
+            unmatched.append((name, first))
+        try:
+            span = span_curve(curve, first)
+        except FitError as exc:
+            rows += [{**extra, "truncation": t, **skipped_row(m, str(exc), gap is None, None)}
+                     for t, _ in truncation_curves for m in cfg.metrics]
+            continue
+        for t_name, t_curve in truncation_curves:
+            rows += [{**extra, "truncation": t_name, **row} for row in paired_exponents(span, t_curve, cfg, gap is None)]
+    if rows and gap is not None:
+        notes.append(f"the exponent differences are not paired ({gap}): no interval and no verdict; measure both on "
+                     "the same targets (the same --domain, --reference-context, --max-docs, --targets-per-doc, --seed)")
+    for name, first in unmatched:
+        notes.append(f"{name} keeps {first} first tokens, the truncation run {t_sinks} in front of its windows: the matched "
+                     f"comparison is a truncation run with measure --sinks {first}")
+    if rows and without:
+        notes.append(f"{', '.join(without)}: no exponent against a recent span (the policy keeps no recent window)")
+    return rows, notes
 
 
 def truncation_mismatch(ds: xr.Dataset, truncation: xr.Dataset) -> list[str]:

@@ -286,11 +286,62 @@ def format_comparison(cmp: PolicyComparison) -> str:
     for f in cmp.fits:
         if f["status"] == "ok":
             lines.append(f"  {f['policy']:>20} {f['metric']:>6}  alpha = {fmt_num(f['alpha'])}{fmt_interval(f['alpha_ci'], 3)}"
-                         f"  C = {fmt_num(f['C'])}  (budgets {f['fit_points'][0]}..{f['fit_points'][-1]})")
+                         f"  C = {fmt_num(f['C'])}  ({f['sweep']}s {f['fit_points'][0]}..{f['fit_points'][-1]})")
         else:
             lines.append(f"  {f['policy']:>20} {f['metric']:>6}  skipped: {f['reason']}")
+    if cmp.paired:
+        lines += ["", format_span_exponents(cmp)]
     lines += [f"note: {n}" for n in cmp.notes]
     return "\n".join(lines)
+
+
+def span_verdict(row: dict) -> str:
+    """The verdict of a paired exponent row in words: ``"recovered (the interval contains 0)"``, ``"differs:
+    steeper by 0.29 (+31%)"`` (or shallower), ``"-"`` for no verdict."""
+    if row.get("verdict") == "recovered":
+        return "recovered (the interval contains 0)"
+    if row.get("verdict") == "differs":
+        d = row["difference"]
+        share = f" ({100 * row['relative']:+.0f}%)" if row.get("relative") is not None else ""
+        return f"differs: {'steeper' if d > 0 else 'shallower'} by {fmt_num(abs(d), 3)}{share}"
+    return "-"
+
+
+def format_span_exponents(cmp: PolicyComparison) -> str:
+    """The exponents of the recency policies against their recent span beside the truncation exponent
+    (:attr:`PolicyComparison.paired`): the span rule of each policy, then per policy and metric both
+    exponents, their difference with its paired interval, and the verdict."""
+    rows = cmp.paired
+    pct = fmt_level(cmp.level)
+    paired = all(r["paired"] for r in rows)
+    lines = [f"power-law exponent against the recent span s, beside truncation ({pct} interval; "
+             + ("paired: the same targets, both refitted on each document resample)" if paired else "not paired)")]
+    seen = []
+    for r in rows:
+        if r["policy"] not in seen:
+            seen.append(r["policy"])
+            lines.append(f"  {r['policy']}: {r['span_rule']}; the truncation run keeps {r['truncation_sinks']} sinks "
+                         "before its windows w")
+    ranges = {tuple(r["fit_range"]) for r in rows if r.get("fit_range")}
+    if len(ranges) == 1:
+        lo, hi = ranges.pop()
+        lines.append(f"  both fitted over {lo}..{hi} tokens of the recent past (s, w): the truncation fit's range")
+    columns = [Column("policy", ">", 20), Column("metric", ">", 6), Column("alpha(span)", "<", 0), Column("alpha(truncation)"),
+               Column("alpha - alpha(truncation)"), Column("verdict")]
+    cells, skipped = [], []
+    for r in rows:
+        name = r["policy"] if r["truncation"] == "truncation" else f"{r['policy']} / {r['truncation']}"
+        if r["status"] != "ok":
+            skipped.append(f"  {name:>20} {r['metric']:>6}  skipped: {r['reason']}")
+            continue
+        span = f"{fmt_num(r['alpha'], 4)}{fmt_interval(r['alpha_ci'], 3)} (s {r['fit_points'][0]}..{r['fit_points'][-1]})"
+        trunc = (f"{fmt_num(r['truncation_alpha'], 4)}{fmt_interval(r['truncation_alpha_ci'], 3)} "
+                 f"(w {r['truncation_fit_points'][0]}..{r['truncation_fit_points'][-1]})")
+        diff = f"{r['difference']:+.3g}" + (fmt_interval(r["difference_ci"], 3) if r["paired"] else " (not paired)")
+        cells.append([name, r["metric"], span, trunc, diff, span_verdict(r)])
+    if cells:
+        lines.append(render_table(columns, cells, rule=False))
+    return "\n".join(lines + skipped)
 
 
 def format_draw_spread(cmp: PolicyComparison) -> str:

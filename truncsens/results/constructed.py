@@ -1,5 +1,6 @@
-"""Results datasets built from given mean curves (window sweeps), independent of any model: the
-exact reference for tests of the fitting code, bootstrap intervals and recommendations.
+"""Results datasets built from given mean curves (window sweeps, or budget sweeps of a named policy),
+independent of any model: the exact reference for tests of the fitting code, bootstrap intervals and
+recommendations.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def curve_results(
     reference_context: int = 1024,
     attrs: Mapping[str, object] | None = None,
     doc_noise: float = 0.0,
+    sweep: str = "window",
 ):
     """A results dataset (window sweep) whose mean curves are the given functions.
 
@@ -41,6 +43,9 @@ def curve_results(
         doc_noise: relative scatter of (document, window) means in [0, 1).
         reference_context: the ``reference_context`` attr (N).
         attrs: attrs overriding the defaults.
+        sweep: ``"window"``, or ``"budget"`` (the points are budgets; ``attrs`` name the ``policy`` and
+            its ``policy_params``). The targets (doc, position) depend only on ``n_docs``,
+            ``targets_per_doc`` and ``reference_context``: two datasets of other seeds or sweeps share them.
 
     Raises:
         ValueError: odd ``targets_per_doc`` or ``noise`` outside [0, 1).
@@ -70,5 +75,5 @@ def curve_results(
     }
     base.update(attrs or {})
     doc = [f"doc{i:04d}" for i in range(n_docs) for _ in range(targets_per_doc)]
-    return make_results(data, "window", [int(v) for v in windows], doc, np.arange(n) + reference_context,
+    return make_results(data, sweep, [int(v) for v in windows], doc, np.arange(n) + reference_context,
                         np.zeros(n, dtype=np.int64), base)

@@ -1,0 +1,121 @@
+"""The power-law exponent of a recency policy against the span of the recent past it keeps, set beside
+the exponent of a truncation (window) curve of the same targets: their **paired** difference with a
+document-bootstrap interval, and a verdict (the claim of arXiv 2605.25085 that a sink-plus-recent
+cache's distortion decays with the truncation curve's exponent).
+
+A budget k of a recency policy keeps S first tokens and a recent window of ``k - S``
+(:meth:`truncsens.policies.base.Policy.recent_span`); fitting D against k bends a power law at small
+k, so the policy curve is refitted against its span ``s = k - S`` (:func:`span_curve`), over the
+truncation fit's range of windows. When both curves measured the same targets (the caller checks the
+documents and positions), both are refitted on every document resample with the same multiplicities
+(:func:`truncsens.stats.resample_weights` with one seed and the same documents in the same order),
+so the interval of ``alpha_policy - alpha_truncation`` is that of a paired difference: what the two
+share through their documents cancels. Verdict: ``"recovered"`` when the interval contains 0, else
+``"differs"``, by the difference and its share of the truncation exponent.
+
+Pure numpy on :class:`~truncsens.fits.curves.Curve` objects; no file access.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from truncsens.fits.curves import Curve
+from truncsens.fits.fitting import FitConfig, fit_curve
+from truncsens.fits.laws import FitError
+from truncsens.stats import interval_or_none
+
+
+def span_curve(curve: Curve, first: int) -> Curve:
+    """The budget curve of a recency policy against its recent span ``s = k - first`` (tokens): points,
+    and the block protocol's actual budgets ``x``, shifted by ``first``; sums and documents unchanged;
+    ``sweep`` is ``"span"``.
+
+    Raises:
+        FitError: a budget leaves no recent span (``k - first < 1``).
+    """
+    points = np.asarray(curve.points, dtype=np.int64) - int(first)
+    if points.size and points.min() < 1:
+        raise FitError(f"{curve.label}: budget {int(curve.points[points.argmin()])} keeps no recent span after "
+                       f"{first} first tokens")
+    x = None if curve.x is None else np.asarray(curve.x, dtype=np.float64) - first
+    return dataclasses.replace(curve, points=points, x=x, sweep="span")
+
+
+def verdict(difference: float, ci: list[float] | None) -> str | None:
+    """``"recovered"`` when the interval ``ci`` of a paired difference contains 0, ``"differs"`` when it
+    excludes it, None without an interval (no resamples, an unpaired difference, or a non-finite end)."""
+    if not ci or any(c is None or not math.isfinite(c) for c in ci) or not math.isfinite(difference):
+        return None
+    return "recovered" if ci[0] <= 0.0 <= ci[1] else "differs"
+
+
+def _power(cf, metric: str) -> dict | None:
+    return next((f for f in cf.fits if f["metric"] == metric and f["family"] == "power"), None)
+
+
+def skipped_row(metric: str, reason: str, paired: bool, fit_range) -> dict:
+    """A row of :func:`paired_exponents` for a metric without a difference, saying why."""
+    return {"metric": metric, "status": "skipped", "reason": reason, "paired": paired,
+            "fit_range": None if fit_range is None else list(fit_range), "alpha": None, "alpha_ci": None, "fit_points": [],
+            "truncation_alpha": None, "truncation_alpha_ci": None, "truncation_fit_points": [],
+            "difference": None, "difference_ci": None, "relative": None, "verdict": None}
+
+
+def paired_exponents(policy: Curve, truncation: Curve, cfg: FitConfig, paired: bool) -> list[dict]:
+    """Power-law exponents of a policy's span curve and a truncation curve, and their difference.
+
+    The truncation curve is fitted as ``truncsens fit`` would (``cfg.fit_range``, or its default range
+    of windows); the policy curve over the same range of spans. With ``paired``, both fits draw the same
+    document resamples (``cfg.seed``) and the difference's interval is the percentile interval of the
+    per-resample differences (resamples where either fit failed left out); without, the difference of
+    the two point estimates has no interval and no verdict.
+
+    Args:
+        policy: a span curve (:func:`span_curve`).
+        truncation: a window curve of the same model.
+        cfg: metrics, ``n_boot``, ``seed``, ``level`` and ``fit_range`` (the families are ignored: power only).
+        paired: the two curves measured the same targets (documents and positions).
+
+    Returns:
+        one row per metric: ``{"metric", "status" ("ok"/"skipped"), "reason", "paired", "fit_range" [lo, hi],
+        "alpha", "alpha_ci", "fit_points" (spans), "truncation_alpha", "truncation_alpha_ci",
+        "truncation_fit_points" (windows), "difference" (alpha - truncation_alpha), "difference_ci",
+        "relative" (difference / truncation_alpha), "verdict"}`` (:func:`verdict`).
+
+    Raises:
+        ValueError: ``paired`` but the curves hold other documents (or another order).
+    """
+    if paired and list(policy.docs) != list(truncation.docs):
+        raise ValueError(f"{policy.label} and {truncation.label} hold other documents: their exponents are not paired")
+    power = dataclasses.replace(cfg, families=("power",))
+    try:
+        tf = fit_curve(truncation, power, seed=cfg.seed)
+    except FitError as exc:
+        return [skipped_row(m, f"the truncation fit failed: {exc}", paired, cfg.fit_range) for m in cfg.metrics]
+    try:
+        pf = fit_curve(policy, dataclasses.replace(power, fit_range=tf.fit_range), seed=cfg.seed)
+    except FitError as exc:
+        return [skipped_row(m, f"the span fit failed: {exc}", paired, tf.fit_range) for m in cfg.metrics]
+    rows = []
+    for metric in cfg.metrics:
+        p, t = _power(pf, metric), _power(tf, metric)
+        bad = next(((who, f) for who, f in (("span", p), ("truncation", t)) if f["status"] != "ok"), None)
+        if bad is not None:
+            rows.append(skipped_row(metric, f"the {bad[0]} fit is {bad[1]['status']}: {bad[1]['reason']}", paired, tf.fit_range))
+            continue
+        a, b = p["params"]["alpha"]["value"], t["params"]["alpha"]["value"]
+        diff = a - b
+        ci = None
+        if paired and "bootstrap_samples" in p and "bootstrap_samples" in t:
+            samples = np.asarray(p["bootstrap_samples"]["alpha"], float) - np.asarray(t["bootstrap_samples"]["alpha"], float)  # [B]
+            ci = interval_or_none(samples, cfg.level)
+        rows.append({"metric": metric, "status": "ok", "reason": None, "paired": paired, "fit_range": list(tf.fit_range),
+                     "alpha": a, "alpha_ci": p["params"]["alpha"]["ci"], "fit_points": p["fit_points"],
+                     "truncation_alpha": b, "truncation_alpha_ci": t["params"]["alpha"]["ci"],
+                     "truncation_fit_points": t["fit_points"], "difference": diff, "difference_ci": ci,
+                     "relative": diff / b if b else None, "verdict": verdict(diff, ci)})
+    return rows
