@@ -34,6 +34,7 @@ from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import draws_measured, measure_draws
+from truncsens.engine.options import recorded_attrs
 from truncsens.engine.per_layer_runs import per_layer_attrs, per_layer_work
 from truncsens.engine.run.shard_results import shard_results
 from truncsens.engine.run.shards import check_output
@@ -107,6 +108,7 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "bos_rule": "one BOS at the start of each document when the tokenizer adds one by default, none elsewhere; "
                     "literal special-token text encoded as text (docs/method.md)",
     }
+    attrs.update(recorded_attrs(cfg))  # the options declared with attr=True (truncsens.engine.options)
     if not sweep.is_window_sweep:
         attrs.update({
             "n_sink": cfg.n_sink if any(hasattr(p, "n_sink") for p in sweep.policies) else 0,
