@@ -167,7 +167,9 @@ def test_load_and_the_api_names(runs):
 
 
 # API keyword -> CLI parameter, where the Python value differs in kind (a list or a dict, not text to parse)
-RENAMED = {"measure": {"policies": "policy", "policy_args": "policy_arg"}, "fit": {"metrics": "metric", "families": "family"},
+# (measure's --policy and --policy-arg are declared run options: their parameters are the keywords, policies
+# and policy_args; tests/test_run_options.py pins the flags)
+RENAMED = {"fit": {"metrics": "metric", "families": "family"},
            "recommend_window": {"metrics": "metric"}, "show": {"metrics": "metric"}, "plot": {"metrics": "metric", "fit": "fit_file"}}
 CLI_ONLY = {"as_json", "plot", "results_files", "results_file", "file", "source", "fit_file"}  # printing, --plot, arguments
 API_ONLY = {"tokenizer", "texts", "command", "plot_out"}  # a model object's tokenizer, strings as documents, ...

@@ -22,6 +22,7 @@ from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.config import CertifyConfig
 from truncsens.certificates.coverage_report import certify_figure_paths, format_summary, save_figures, summarize
 from truncsens.certificates.driver import run_certify
+from truncsens.engine.options import config_fields
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel
 
@@ -84,13 +85,8 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
     Raises:
         truncsens.certificates.config.CertifyError, truncsens.engine.config.MeasureError: as the config.
     """
-    return CertifyConfig(
-        model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context, budgets=budgets,
-        delta=delta, n_sink=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, device=device,
-        dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out), resume=resume,
-        overwrite=overwrite, progress=progress, granularity=granularity, score=score, obs_window=obs_window,
-        temper=temper, top_fraction=top_fraction,
-        command=command)
+    options = {**locals(), "out": None if out is None else str(out)}  # the run options, by API keyword
+    return CertifyConfig(**config_fields(CertifyConfig, options))
 
 
 def run_certification(cfg: CertifyConfig, plot_out: str | Path | None = None, loaded: LoadedModel | None = None,

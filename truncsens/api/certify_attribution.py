@@ -21,6 +21,7 @@ from truncsens import DEFAULT_DEVICE, results
 from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
 from truncsens.certificates.attribution_driver import AttributionConfig, run_attribution
+from truncsens.engine.options import config_fields
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel
 
@@ -83,14 +84,8 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
     Raises:
         truncsens.certificates.config.CertifyError, truncsens.engine.config.MeasureError: as the config.
     """
-    return AttributionConfig(
-        model=model, domain=domain, corpus=corpus, split=split, reference_context=reference_context, budgets=budgets,
-        delta=delta, n_sink=sinks, max_docs=max_docs, copy_per_doc=copy_per_doc, copy_rule=copy_rule, kv_docs=kv_docs,
-        min_distance=min_distance, trajectory=trajectory, trajectory_budget=trajectory_budget, seed=seed,
-        device=device, dtype=dtype, max_batch_tokens=batch_tokens, out=None if out is None else str(out),
-        overwrite=overwrite, progress=progress, granularity=granularity, score=score, obs_window=obs_window,
-        temper=temper, top_fraction=top_fraction,
-        command=command)
+    options = {**locals(), "out": None if out is None else str(out)}  # the run options, by API keyword
+    return AttributionConfig(**config_fields(AttributionConfig, options))
 
 
 def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None = None,

@@ -29,6 +29,7 @@ from truncsens import DEFAULT_DEVICE, results
 from truncsens.corpora import texts_corpus
 from truncsens.engine.config import MeasureConfig
 from truncsens.engine.measure import MeasureSummary, run_measure
+from truncsens.engine.options import MeasureOptions, config_fields
 from truncsens.models import LoadedModel, in_memory_model
 
 
@@ -72,18 +73,12 @@ def measure_config(model: str = "reference", *, texts: Sequence[str] | None = No
         truncsens.engine.config.MeasureError, truncsens.policies.PolicyError,
             truncsens.engine.semantics.SemanticsError: as :class:`~truncsens.engine.config.MeasureConfig`.
     """
+    options = {k: v for k, v in locals().items() if k != "texts"}  # the run options, by API keyword
     if texts is not None and corpus is not None:
         raise ValueError("give texts or corpus, not both")
-    cfg = MeasureConfig(
-        model=model, domain=domain, corpus=texts_corpus(texts) if texts is not None else corpus, split=split,
-        text_field=text_field, reference_context=reference_context, windows=_ints(windows), policies=_names(policies),
-        budgets=_ints(budgets), semantics=semantics, n_sink=sinks, positions=positions, score=score,
-        per_query=per_query, policy_args=policy_args, chunk=chunk, granularity=granularity, per_layer=per_layer, draws=draws,
-        policy_seed=policy_seed, protocol=protocol, block_fraction=block_fraction, block_size=block_size,
-        targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, device=device, dtype=dtype,
-        max_batch_tokens=batch_tokens, docs_per_shard=docs_per_shard, out=None if out is None else str(out),
-        resume=resume, overwrite=overwrite, progress=progress, command=command)
-    return cfg
+    options.update(corpus=texts_corpus(texts) if texts is not None else corpus, windows=_ints(windows),
+                   policies=_names(policies), budgets=_ints(budgets), out=None if out is None else str(out))
+    return MeasureConfig(**config_fields(MeasureOptions, options))
 
 
 def run_measurement(cfg: MeasureConfig, loaded: LoadedModel | None = None) -> MeasureSummary:

@@ -19,20 +19,19 @@ Steps (method in docs/plan.md):
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from truncsens import DEFAULT_DEVICE
+from truncsens.api.plan_report import PlanReport  # (defined there, imported from here too)
 from truncsens.budget.allocation import (
     allocation_with_fixed, budget_for, kvpress_ratios, linear_schedule, predicted_with_fixed, uniform_windows,
 )
-from truncsens.fits.fit_file import check_new_files, sanitize
+from truncsens.fits.fit_file import check_new_files
 from truncsens.report.plots import figure_paths
-from truncsens.results.paths import write_atomic
 from truncsens.fits.per_layer import floor_window, layer_power_laws
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 
@@ -41,109 +40,12 @@ class PlanError(ValueError):
     """A plan cannot be made as asked; the message names the input and the fix."""
 
 
-@dataclass
-class PlanReport:
-    """A finished plan: ``doc`` is the JSON (:meth:`to_json`), with a table and a figure;
-    ``written``: the files :func:`plan` wrote (JSON, then the figure's PNG and PDF)."""
-
-    doc: dict
-    written: list[Path] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return sanitize(self.doc)
-
-    def table(self) -> str:
-        """The text ``truncsens plan`` prints."""
-        from truncsens.report.tables import Column, render_table
-
-        d = self.doc
-        lines = [f"plan: {d['model']} on {d['corpus']}, N = {d['reference_context']}, semantics {d['semantics']}, "
-                 f"metric {d['metric']}, sinks {d['sinks']}; laws fitted on {d['n_fit_targets']} targets "
-                 f"({d['n_fit_docs']} documents), validated on {d['n_heldout_targets']} held-out targets "
-                 f"({d['n_heldout_docs']} documents)", ""]
-        cols = [Column("layer", ">"), Column("C [CI]", ">"), Column("alpha [CI]", ">")]
-        rows = [[str(law["layer"]), _est(law["C"]), _est(law["alpha"])] for law in d["layers"]]
-        lines += [render_table(cols, rows)]
-        for law in d["layers"]:
-            floor = (law.get("excluded") or {}).get("noise_floor") or []
-            if floor:
-                lines.append(f"  note: layer {law['layer']}: windows {floor} lie at the float32 noise floor of {d['metric']} "
-                             "and are left out of its law (as truncsens fit does)")
-            if law.get("at_floor_from"):
-                lines.append(f"  note: layer {law['layer']}: too few windows above the noise floor for a law; alone, it "
-                             f"loses nothing measurable from window {law['at_floor_from']} on, so every plan keeps it "
-                             "there and gives the other layers the rest")
-            if law.get("n_boot_failed"):
-                lines.append(f"  note: layer {law['layer']}: {law['n_boot_failed']} of {d['n_boot']} bootstrap refits failed "
-                             "(too few windows above the floor in those resamples); its interval is over the rest")
-        lines.append("")
-        for b in d["budgets"]:
-            lines.append(f"average window {b['average_window']:g} ({b['kv_bytes']:,} KV bytes per sequence):")
-            cols = [Column("schedule"), Column("windows"), Column("predicted", ">"), Column(f"measured {d['metric']} [doc CI]", ">")]
-            rows = [[name, " ".join(str(w) for w in b[name]["windows"]), _num(b[name]["predicted"]),
-                     _est(b[name]["measured"])] for name in ("plan", "uniform", "linear")]
-            lines.append(render_table(cols, rows))
-            r, a = b["ratio_plan_uniform"], b["additivity"]
-            lines.append(f"  plan / uniform: {_est(r)}; additivity: sum of layers alone {a['sum_of_layers']:.4g} "
-                         f"against all at once {a['joint']:.4g}")
-            lines.append("")
-        return "\n".join(lines)
-
-    def write(self, path: str | Path, overwrite: bool = False) -> Path:
-        """Write the JSON to ``path`` atomically (FileExistsError unless ``overwrite`` when it exists;
-        NoSpaceError, an ``OSError`` naming the path, when the disk is full)."""
-        check_new_files([path], overwrite)
-        return write_atomic(path, json.dumps(self.to_json(), indent=1, allow_nan=False).encode())
-
-    def plot(self, out: str | Path, overwrite: bool = False) -> list[Path]:
-        """D_l(w) per layer (fit set, log-log) with its law and each plan's windows marked:
-        ``<out>.png`` and ``<out>.pdf`` (:func:`truncsens.report.plots.figure_paths`).
-
-        Raises:
-            FileExistsError: a figure exists and ``overwrite`` is false.
-        """
-        from matplotlib.figure import Figure  # no pyplot: no global figure state
-
-        paths = figure_paths(out)
-        check_new_files(paths, overwrite)
-        fig = Figure(figsize=(6, 4.5))
-        ax = fig.subplots()
-        for law in self.doc["layers"]:
-            x, y = np.asarray(law["windows"]), np.asarray(law["mean"])
-            line, = ax.loglog(x, np.where(y > 0, y, np.nan), "o-", ms=3, label=f"layer {law['layer']}")
-            for b, marker in zip(self.doc["budgets"], ("v", "s", "D", "^")):
-                w = b["plan"]["windows"][law["layer"]]
-                ax.loglog([w], [np.interp(np.log(w), np.log(x), y)], marker, color=line.get_color(), ms=8, mfc="none")
-        marks = ", ".join(f"{m} average window {b['average_window']:g}"
-                          for b, m in zip(self.doc["budgets"], ("triangle", "square", "diamond", "up-triangle")))
-        ax.set_title(f"planned windows: {marks}", fontsize=8)
-        ax.set_xlabel("window of one layer (tokens)")
-        ax.set_ylabel(f"mean {self.doc['metric']} (that layer alone)")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths[0].parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(paths[0], dpi=120)
-        fig.savefig(paths[1])
-        return paths
-
-
 def _floor_fixed(law: dict) -> int:
     """The window a layer is fixed at because its fit failed for lack of windows above the noise floor
     (:func:`truncsens.fits.per_layer.floor_window`), or 0 when it is planned by its law."""
     if law["status"] == "ok":
         return 0
     return floor_window(law) or 0
-
-
-def _num(v) -> str:
-    return "n/a" if v is None or not np.isfinite(v) else f"{v:.4g}"
-
-
-def _est(e) -> str:
-    if e is None:
-        return "-"
-    ci = e.get("ci") or [np.nan, np.nan]
-    return f"{e['value']:.4g} [{ci[0]:.4g}, {ci[1]:.4g}]"
 
 
 def _mean_ci(values: np.ndarray, doc: list[str], n_boot: int, seed: int, level: float) -> dict:
@@ -227,18 +129,51 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         FileExistsError: ``out`` or the figure exists and not ``overwrite`` (checked first).
         as :func:`truncsens.measure` for the model, corpus and options.
     """
-    import torch
-
     from truncsens.api.measure import measure_config, model_argument
-    from truncsens.budget.allocation import AllocationError
-    from truncsens.engine.attention_windows import layer_windows
-    from truncsens.engine.config import PER_LAYER_SEMANTICS
-    from truncsens.engine.documents import prepare_documents
-    from truncsens.engine.layer_windows_pass import layer_sweep_configurations, measure_layer_windows
     from truncsens.engine.measure import resolve_reference_context
-    from truncsens.metrics import metric as metric_record
     from truncsens.models import load_model
-    from truncsens.targets import select_targets
+
+    average_windows, defaulted = _check_request(metric, semantics, average_windows, kv_bytes, eps)
+    check_new_files(([Path(out)] if out is not None else []) + (figure_paths(plot_out) if plot_out is not None else []), overwrite)
+    spec, device, dtype_, loaded = model_argument(model, tokenizer, device, dtype)
+    cfg = measure_config(spec, corpus=corpus, domain=domain, split=split, reference_context=reference_context,
+                         windows=[1], sinks=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
+                         device=device or DEFAULT_DEVICE, dtype=dtype_ or "float32", batch_tokens=batch_tokens, out="unused.nc",
+                         progress=progress)
+    loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
+    N = resolve_reference_context(cfg, loaded)
+    docs, fit_targets, held_targets = _split_targets(cfg, loaded, N)
+    windows = _sweep_windows(sweep, N, sinks, average_windows, defaulted)
+    run = _Passes(loaded, sinks, cfg.batch_tokens(loaded.device), semantics, metric)
+    laws, layers = _fit_layers(run, fit_targets, windows, n_boot, seed, level)
+    budgets_bytes = _budgets_in_bytes(layers, N, sinks, average_windows, kv_bytes, eps)
+    budgets_out = _validate(run, layers, held_targets, _schedules(layers, budgets_bytes, N, sinks), N, n_boot, seed, level)
+    doc = {"kind": "truncsens-plan", "schema": 1, "model": loaded.name, "model_revision": loaded.revision,
+           "model_sha256": loaded.content_sha256, "corpus": docs.corpus, "corpus_sha256": docs.sha256,
+           "domain": docs.domain, "semantics": semantics, "positions": "original", "reference_context": N,
+           "sinks": sinks, "metric": metric, "bytes_per_token_per_layer": layers.per_token, "sweep": windows,
+           "n_fit_targets": len(fit_targets), "n_fit_docs": (len(docs.used) + 1) // 2, "n_heldout_targets": len(held_targets),
+           "n_heldout_docs": len(docs.used) - (len(docs.used) + 1) // 2,
+           "heldout_targets": {"doc": [str(d) for d in held_targets.doc],
+                               "position": [int(p) for p in held_targets.position]}, "seed": seed, "n_boot": n_boot, "level": level,
+           "layers": laws, "budgets": budgets_out}
+    report = PlanReport(doc)
+    if out is not None:
+        report.written.append(report.write(out, overwrite))
+    if plot_out is not None:
+        report.written += report.plot(plot_out, overwrite)
+    return report
+
+
+def _check_request(metric: str, semantics: str, average_windows, kv_bytes, eps) -> tuple[Sequence[float] | None, bool]:
+    """The metric, the semantics and the one kind of budget asked for, checked before any pass:
+    ``(average_windows, defaulted)``, the default budgets 64 and 256 when none is given.
+
+    Raises:
+        PlanError, KeyError: see :func:`plan` (an unknown metric: as :func:`truncsens.metrics.metric`).
+    """
+    from truncsens.engine.config import PER_LAYER_SEMANTICS
+    from truncsens.metrics import metric as metric_record
 
     metric_record(metric)  # an unknown metric fails here, before any pass
     if semantics not in PER_LAYER_SEMANTICS:
@@ -258,21 +193,34 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     for e in eps or ():
         if not e > 0:
             raise PlanError(f"--eps must be a positive distortion, got {e:g}")
-    check_new_files(([Path(out)] if out is not None else []) + (figure_paths(plot_out) if plot_out is not None else []), overwrite)
-    spec, device, dtype_, loaded = model_argument(model, tokenizer, device, dtype)
-    cfg = measure_config(spec, corpus=corpus, domain=domain, split=split, reference_context=reference_context,
-                         windows=[1], sinks=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
-                         device=device or DEFAULT_DEVICE, dtype=dtype_ or "float32", batch_tokens=batch_tokens, out="unused.nc",
-                         progress=progress)
-    loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
-    N = resolve_reference_context(cfg, loaded)
+    return average_windows, defaulted
+
+
+def _split_targets(cfg, loaded, N: int):
+    """The run's documents, and the targets of their first half (the fit set; by run order) and of the rest
+    (held out): ``(docs, fit_targets, held_targets)``.
+
+    Raises:
+        PlanError: fewer than 2 documents long enough for N.
+    """
+    from truncsens.engine.documents import prepare_documents
+    from truncsens.targets import select_targets
+
     docs = prepare_documents(cfg, loaded, N)
     if len(docs.used) < 2:
         raise PlanError(f"a plan needs at least 2 documents long enough for N = {N} (half fit, half validate); "
                         f"found {len(docs.used)}")
     half = (len(docs.used) + 1) // 2
-    fit_targets = select_targets(docs.used[:half], N, cfg.targets_per_doc, cfg.seed)
-    held_targets = select_targets(docs.used[half:], N, cfg.targets_per_doc, cfg.seed)
+    return (docs, select_targets(docs.used[:half], N, cfg.targets_per_doc, cfg.seed),
+            select_targets(docs.used[half:], N, cfg.targets_per_doc, cfg.seed))
+
+
+def _sweep_windows(sweep, N: int, sinks: int, average_windows, defaulted: bool) -> list[int]:
+    """The windows of the per-layer sweep (default :func:`default_sweep`), once the average windows are known to fit N.
+
+    Raises:
+        PlanError: an average window leaving nothing to allocate, a sweep window outside [1, N - sinks).
+    """
     for a in average_windows or ():
         if a >= N - sinks:
             given = " (one of the default budgets 64,256)" if defaulted else ""
@@ -281,13 +229,62 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     windows = [int(w) for w in (sweep or default_sweep(N))]
     if not windows or min(windows) < 1 or max(windows) + sinks >= N:
         raise PlanError(f"sweep windows must lie in [1, N - sinks) = [1, {N - sinks}), got {windows}")
-    n_layers = len(layer_windows(loaded.model).windows)
-    batch = cfg.batch_tokens(loaded.device)
-    with torch.no_grad():
-        sweep_metrics, _ = measure_layer_windows(loaded.model, fit_targets, layer_sweep_configurations(n_layers, windows),
-                                                 sinks, loaded.device, batch, semantics=semantics)
-    values = sweep_metrics[metric].astype(np.float64).reshape(n_layers, len(windows), -1).transpose(0, 2, 1)  # [L, n, W]
-    laws = layer_power_laws(values, windows, list(fit_targets.doc), n_boot, seed, level, metric)
+    return windows
+
+
+@dataclass
+class _Passes:
+    """How every per-layer measurement of a plan runs: the model, the sinks, the token budget of a
+    pass, the semantics and the metric planned for."""
+
+    loaded: Any
+    sinks: int
+    batch: int
+    semantics: str
+    metric: str
+
+    def measure(self, targets, configs: list) -> np.ndarray:
+        """The metric of every target under every window configuration (one window or None per layer): [configs, n]."""
+        import torch
+
+        from truncsens.engine.layer_windows_pass import measure_layer_windows
+
+        with torch.no_grad():
+            values, _ = measure_layer_windows(self.loaded.model, targets, configs, self.sinks, self.loaded.device,
+                                              self.batch, semantics=self.semantics)
+        return values[self.metric].astype(np.float64)
+
+
+@dataclass
+class _Layers:
+    """Each layer's law and KV cost: C and alpha ([L], NaN where fixed), the window a layer is fixed at
+    ([L], 0: planned by its law), bytes per token per layer and the cost vector ([L], bytes)."""
+
+    C: np.ndarray
+    alpha: np.ndarray
+    fixed: np.ndarray
+    per_token: int
+    cost: np.ndarray
+
+    @property
+    def free(self) -> np.ndarray:
+        """[L] bool: the layers planned by their laws."""
+        return self.fixed == 0
+
+
+def _fit_layers(run: _Passes, fit_targets, windows: list[int], n_boot: int, seed: int, level: float):
+    """Each layer alone windowed on the fit set, and its power law: ``(laws, layers)``.
+
+    Raises:
+        PlanError: a layer without a decaying law, or every layer at the noise floor.
+    """
+    from truncsens.engine.attention_windows import layer_windows
+    from truncsens.engine.layer_windows_pass import layer_sweep_configurations
+
+    n_layers = len(layer_windows(run.loaded.model).windows)
+    values = run.measure(fit_targets, layer_sweep_configurations(n_layers, windows))
+    values = values.reshape(n_layers, len(windows), -1).transpose(0, 2, 1)  # [L, n, W]
+    laws = layer_power_laws(values, windows, list(fit_targets.doc), n_boot, seed, level, run.metric)
     fixed = np.array([_floor_fixed(law) for law in laws], dtype=np.int64)  # [L] 0: planned by its law
     for law, f in zip(laws, fixed):
         law["at_floor_from"] = int(f) if f > 0 else None
@@ -298,53 +295,81 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         raise PlanError(f"layer {law['layer']} has no decaying power law on the fit set ({why}); use more targets, "
                         "other --sweep windows or another --metric")
     if fixed.all():
-        raise PlanError(f"every layer's {metric} lies at the float32 noise floor from its smallest sweep windows on: "
+        raise PlanError(f"every layer's {run.metric} lies at the float32 noise floor from its smallest sweep windows on: "
                         "nothing to plan by; use smaller --sweep windows")
-    free = fixed == 0  # [L]
     C = np.array([law["C"]["value"] if f == 0 else np.nan for law, f in zip(laws, fixed)])
     alpha = np.array([law["alpha"]["value"] if f == 0 else np.nan for law, f in zip(laws, fixed)])
-    per_token = bytes_per_token(loaded.model, loaded.dtype)
-    cost = np.full(n_layers, float(per_token))
+    per_token = bytes_per_token(run.loaded.model, run.loaded.dtype)
+    return laws, _Layers(C, alpha, fixed, per_token, np.full(n_layers, float(per_token)))
+
+
+def _budgets_in_bytes(layers: _Layers, N: int, sinks: int, average_windows, kv_bytes, eps) -> list[int]:
+    """Every budget asked for in KV bytes per sequence (an ε: the least the laws predict to reach it).
+
+    Raises:
+        PlanError: an ε out of reach, a budget outside what a plan can allocate.
+    """
+    cost, fixed, free, n_layers = layers.cost, layers.fixed, layers.free, len(layers.cost)
     lo, hi = 1, N - sinks  # windows count the recent keys; the sinks come on top in every layer
     if eps:
         budgets_bytes = []
         for e in eps:
-            room = budget_for(C[free], alpha[free], cost[free], float(e), [lo] * int(free.sum()), [hi] * int(free.sum()))
+            room = budget_for(layers.C[free], layers.alpha[free], cost[free], float(e), [lo] * int(free.sum()),
+                              [hi] * int(free.sum()))
             if room is None:
                 raise PlanError(f"eps = {e:g}: the laws predict more than that even with every layer at its full "
                                 f"context of {hi} keys; ask for a larger --eps")
             budgets_bytes.append(int(np.ceil(room + float(cost[~free] @ fixed[~free]) + sinks * float(cost.sum()))))
     else:
         budgets_bytes = ([int(b) for b in kv_bytes] if kv_bytes else
-                         [int(round((a + sinks) * n_layers * per_token)) for a in average_windows])
+                         [int(round((a + sinks) * n_layers * layers.per_token)) for a in average_windows])
     for budget in budgets_bytes:
-        least, most = (1 + sinks) * n_layers * per_token, N * n_layers * per_token
+        least, most = (1 + sinks) * n_layers * layers.per_token, N * n_layers * layers.per_token
         if not least <= budget < most:
             raise PlanError(f"a KV budget of {budget:,} bytes lies outside what a plan can allocate: at least {least:,} "
                             f"(every layer keeping its sinks and one key) and below {most:,} (every layer keeping all "
                             f"N = {N} keys)")
-    configs, entries = [], []
+    return budgets_bytes
+
+
+def _schedules(layers: _Layers, budgets_bytes: list[int], N: int, sinks: int) -> list[tuple[int, dict]]:
+    """For each budget (bytes) the planned, uniform and linear windows per layer: ``[(budget, {name: [L]})]``.
+
+    Raises:
+        PlanError: a budget the allocation cannot meet.
+    """
+    from truncsens.budget.allocation import AllocationError
+
+    lo, hi, out = 1, N - sinks, []
     for budget in budgets_bytes:
-        room = budget - sinks * float(cost.sum())  # the bytes left for windows once every layer holds its sinks
+        room = budget - sinks * float(layers.cost.sum())  # the bytes left for windows once every layer holds its sinks
         try:
-            planned = allocation_with_fixed(C, alpha, cost, room, lo, hi, fixed)
+            planned = allocation_with_fixed(layers.C, layers.alpha, layers.cost, room, lo, hi, layers.fixed)
         except AllocationError as exc:
             raise PlanError(f"KV budget {budget:,} bytes: {exc}") from None
-        schedules = {"plan": planned, "uniform": uniform_windows(cost, room, lo, hi),
-                     "linear": linear_schedule(cost, room, lo, hi)}
-        entries.append((budget, schedules, len(configs)))
-        configs += [list(map(int, s)) for s in schedules.values()]
-        configs += [[int(planned[l]) if i == l else None for i in range(n_layers)] for l in range(n_layers)]
-    with torch.no_grad():
-        held, _ = measure_layer_windows(loaded.model, held_targets, configs, sinks, loaded.device, batch,
-                                        semantics=semantics)
-    held_values = held[metric].astype(np.float64)  # [configs, n_held]
+        out.append((budget, {"plan": planned, "uniform": uniform_windows(layers.cost, room, lo, hi),
+                             "linear": linear_schedule(layers.cost, room, lo, hi)}))
+    return out
+
+
+def _validate(run: _Passes, layers: _Layers, held_targets, schedules: list[tuple[int, dict]], N: int, n_boot: int,
+              seed: int, level: float) -> list[dict]:
+    """Each budget's schedules measured on the held-out set, with each layer alone at its planned window
+    (the additivity check): the ``budgets`` entries of the plan."""
+    n_layers, sinks, cost = len(layers.cost), run.sinks, layers.cost
+    configs, firsts = [], []
+    for _, named in schedules:  # per budget: the schedules, then each layer alone at its planned window
+        firsts.append(len(configs))
+        configs += [list(map(int, s)) for s in named.values()]
+        configs += [[int(named["plan"][l]) if i == l else None for i in range(n_layers)] for l in range(n_layers)]
+    held_values = run.measure(held_targets, configs)  # [configs, n_held]
     held_doc = list(held_targets.doc)
     budgets_out = []
-    for budget, schedules, first in entries:
-        entry = {"kv_bytes": budget, "average_window": budget / (n_layers * per_token) - sinks}
-        for i, (name, w) in enumerate(schedules.items()):
-            entry[name] = {"windows": [int(x) for x in w], "predicted": predicted_with_fixed(C, alpha, w, fixed),
+    for (budget, named), first in zip(schedules, firsts):
+        entry = {"kv_bytes": budget, "average_window": budget / (n_layers * layers.per_token) - sinks}
+        for i, (name, w) in enumerate(named.items()):
+            entry[name] = {"windows": [int(x) for x in w],
+                           "predicted": predicted_with_fixed(layers.C, layers.alpha, w, layers.fixed),
                            "measured": _mean_ci(held_values[first + i], held_doc, n_boot, seed, level),
                            "per_target": [float(v) for v in held_values[first + i]],
                            "kv_bytes": int(cost @ (w + sinks))}
@@ -354,18 +379,4 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         entry["additivity"] = {"sum_of_layers": float(alone.mean(1).sum()), "joint": float(held_values[first].mean()),
                                "ratio_joint_to_sum": _ratio_ci(held_values[first], alone.sum(0), held_doc, n_boot, seed, level)}
         budgets_out.append(entry)
-    doc = {"kind": "truncsens-plan", "schema": 1, "model": loaded.name, "model_revision": loaded.revision,
-           "model_sha256": loaded.content_sha256, "corpus": docs.corpus, "corpus_sha256": docs.sha256,
-           "domain": docs.domain, "semantics": semantics, "positions": "original", "reference_context": N,
-           "sinks": sinks, "metric": metric, "bytes_per_token_per_layer": per_token, "sweep": windows,
-           "n_fit_targets": len(fit_targets), "n_fit_docs": half, "n_heldout_targets": len(held_targets),
-           "n_heldout_docs": len(docs.used) - half,
-           "heldout_targets": {"doc": [str(d) for d in held_targets.doc],
-                               "position": [int(p) for p in held_targets.position]}, "seed": seed, "n_boot": n_boot, "level": level,
-           "layers": laws, "budgets": budgets_out}
-    report = PlanReport(doc)
-    if out is not None:
-        report.written.append(report.write(out, overwrite))
-    if plot_out is not None:
-        report.written += report.plot(plot_out, overwrite)
-    return report
+    return budgets_out

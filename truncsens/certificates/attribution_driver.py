@@ -24,6 +24,7 @@ import numpy as np
 
 from truncsens import results
 from truncsens.certificates.attribution import FAILURE_NLL
+from truncsens.certificates.options import AttributionOptions
 from truncsens.certificates.config import CertifyBase, CertifyConfig, CertifyError, parse_budgets, resolve_budgets
 from truncsens.certificates.probe import check_model
 from truncsens.certificates.driver import (
@@ -33,13 +34,14 @@ from truncsens.certificates.tasks import COPY_RULES, build_task_set, copy_vocabu
 from truncsens.certificates.trajectory import greedy_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
+from truncsens.engine.options import recorded_attrs
 from truncsens.engine.run.shards import check_output
 from truncsens.engine.run.skeleton import ShardWork, SinglePieceRun, run_single_piece
 from truncsens.models import LoadedModel, load_model
 
 
 @dataclass
-class AttributionConfig(CertifyBase):
+class AttributionConfig(AttributionOptions, CertifyBase):  # the options first: their defaults win
     """Configuration of one attribution run (token counts in tokens); validates itself once.
 
     Attributes:
@@ -61,14 +63,6 @@ class AttributionConfig(CertifyBase):
     """
 
     OUT_SUFFIX: ClassVar[str] = "-attribution"
-
-    reference_context: int | None = 512
-    copy_per_doc: int = 4
-    copy_rule: str = "induction"
-    kv_docs: int = 8
-    min_distance: int | None = None
-    trajectory: int = 0
-    trajectory_budget: str = "25%"
 
     def __post_init__(self) -> None:
         for name in ("copy_per_doc", "kv_docs", "trajectory"):
@@ -135,7 +129,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
     tasks = build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N, D,
                            cfg.copy_per_doc, cfg.kv_docs, cfg.seed, COPY_RULES[cfg.copy_rule])
-    attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype), "targets_per_doc": 0,
+    attrs = {**provenance(mcfg, loaded, N, docs, sweep), **recorded_attrs(cfg), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype), "targets_per_doc": 0,
              "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs,
              "failure_nll": FAILURE_NLL,
              "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",

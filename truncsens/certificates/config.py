@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import ClassVar
 
-from truncsens import DEFAULT_DEVICE
-from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER, CertifyDesign, DesignError
-from truncsens.engine.config import RUN_ONLY_FIELDS, MeasureConfig, default_out, resolved_paths
+from truncsens.certificates.designs import CertifyDesign, DesignError
+from truncsens.certificates.options import CertifyCommandOptions, CertifyOptions
+from truncsens.engine.config import MeasureConfig, default_out, resolved_paths
+from truncsens.engine.options import run_only_fields
 
 POLICIES = ("poisson", "topk", "random")
-DEFAULT_BUDGETS = "12.5%,25%,50%"  # the paper's budgets (arXiv 2607.21475)
+MEASURE_FIELDS = frozenset(f.name for f in fields(MeasureConfig) if f.init)  # what a certify field passes on
 
 
 class CertifyError(ValueError):
@@ -72,7 +73,7 @@ def resolve_budgets(parsed: list[tuple[float, bool]], reference_context: int, n_
 
 
 @dataclass
-class CertifyBase:
+class CertifyBase(CertifyOptions):
     """The fields, defaults and checks that ``truncsens certify`` (:class:`CertifyConfig`) and
     ``truncsens certify-attribution`` (:class:`~truncsens.certificates.attribution_driver.AttributionConfig`)
     share, declared once; token counts in tokens.
@@ -100,28 +101,6 @@ class CertifyBase:
 
     OUT_SUFFIX: ClassVar[str] = ""  # the default results file's suffix, per command
 
-    model: str = "reference"
-    domain: str = "code"
-    corpus: str | None = None
-    split: str = "auto"
-    reference_context: int | None = None
-    budgets: str = DEFAULT_BUDGETS
-    delta: float = 0.05
-    n_sink: int = 4
-    max_docs: int | None = 16
-    seed: int = 0
-    device: str = DEFAULT_DEVICE
-    dtype: str = "float32"
-    max_batch_tokens: int | None = None
-    out: str | None = None
-    overwrite: bool = False
-    progress: bool = True
-    command: str = ""
-    granularity: str = "head"
-    score: str = "window"
-    obs_window: int = DEFAULT_OBS_WINDOW
-    temper: float = DEFAULT_TEMPER
-    top_fraction: float = 0.25
     parsed_budgets: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -151,7 +130,7 @@ class CertifyBase:
 
     def shared_fields(self) -> dict:
         """The values of this class's own fields (those every certify command has), by name."""
-        return {f.name: getattr(self, f.name) for f in fields(CertifyBase) if f.init}
+        return {f.name: getattr(self, f.name) for f in fields(CertifyOptions)}
 
     def resolve_budgets(self, reference_context: int) -> list[int]:
         """Sorted unique budgets in tokens for a reference context of N tokens
@@ -164,7 +143,7 @@ class CertifyBase:
 
 
 @dataclass
-class CertifyConfig(CertifyBase):
+class CertifyConfig(CertifyCommandOptions, CertifyBase):
     """Configuration of one certify run (token counts in tokens).
 
     Attributes:
@@ -180,11 +159,8 @@ class CertifyConfig(CertifyBase):
     """
 
     OUT_SUFFIX: ClassVar[str] = "-certify"
-
-    text_field: str = "text"
-    targets_per_doc: int = 2
-    docs_per_shard: int = 8
-    resume: bool = False
+    # fields named as MeasureConfig's that mean something else there (a budgets text; the sampling design's)
+    OTHER_MEANING: ClassVar[tuple[str, ...]] = ("budgets", "granularity", "score")
 
     def check_run_options(self) -> None:
         """Checked by building :meth:`measure_config`."""
@@ -193,18 +169,14 @@ class CertifyConfig(CertifyBase):
     def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
         """The equivalent :class:`MeasureConfig` (documents, targets and provenance are shared with
         ``truncsens measure``): policies poisson, topk, random under prefill_evict."""
-        return MeasureConfig(
-            model=self.model, domain=self.domain, corpus=self.corpus, split=self.split, text_field=self.text_field,
-            reference_context=self.reference_context, policies=list(POLICIES), budgets=budgets,
-            semantics="prefill_evict", n_sink=self.n_sink, top_fraction=self.top_fraction,
-            targets_per_doc=self.targets_per_doc,
-            max_docs=self.max_docs, seed=self.seed, device=self.device, dtype=self.dtype,
-            max_batch_tokens=self.max_batch_tokens, docs_per_shard=self.docs_per_shard, out=self.out or "unused.nc",
-            resume=self.resume, overwrite=self.overwrite, progress=self.progress, command=self.command)
+        shared = {f.name: getattr(self, f.name) for f in fields(self)
+                  if f.init and f.name in MEASURE_FIELDS and f.name not in self.OTHER_MEANING}
+        return MeasureConfig(**{**shared, "out": self.out or "unused.nc"}, policies=list(POLICIES), budgets=budgets,
+                             semantics="prefill_evict")
 
     def fingerprint(self, **resolved) -> dict:
         """What must match for ``--resume``: every field but those of where/how it runs, plus ``resolved``."""
-        keep = {k: v for k, v in asdict(self).items() if k not in (*RUN_ONLY_FIELDS, "parsed_budgets")}
+        keep = {k: v for k, v in asdict(self).items() if k not in (*run_only_fields(self), "parsed_budgets")}
         keep["model"], keep["corpus"] = resolved_paths(self.model, self.corpus)  # from any working directory
         keep.update(resolved)
         return keep

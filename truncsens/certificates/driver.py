@@ -30,6 +30,7 @@ from truncsens.engine.batching import run_in_batches
 from truncsens.engine.documents import prepare_documents
 from truncsens.engine.kernel import metric_arrays, policy_seeds, store_metrics
 from truncsens.engine.measure import provenance, resolve_reference_context
+from truncsens.engine.options import recorded_attrs
 from truncsens.engine.semantics import SEMANTICS
 from truncsens.engine.run.shards import check_output
 from truncsens.engine.run.skeleton import ShardedRun, ShardWork, run_sharded
@@ -180,7 +181,7 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
     N = resolve_reference_context(cfg.measure_config(), loaded)
     budgets = cfg.resolve_budgets(N)
     mcfg, sweep, docs = certify_sweep(cfg, loaded, N, budgets)
-    attrs = {**provenance(mcfg, loaded, N, docs, sweep), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype),
+    attrs = {**provenance(mcfg, loaded, N, docs, sweep), **recorded_attrs(cfg), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype),
              "certify": "attention-level certificates of the target query, arXiv 2607.21475 (truncsens certify)"}
     batch_tokens = mcfg.batch_tokens(loaded.device)
 

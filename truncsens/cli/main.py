@@ -13,14 +13,66 @@ import importlib
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 COMMAND_MODULES = (
     "measure", "show", "train_reference", "fit", "recommend_window", "plot", "compare_policies", "certify",
     "certify_attribution", "plan",
 )
 
+
+
+# Typer's type labels -> the value's name in --help
+READABLE = {"<int>": "N", "<float>": "X", "<str>": "TEXT", "<path>": "PATH", "<bool>": ""}
+
+
+def readable_metavar(param) -> None:
+    """Name an option's value in ``--help`` by what it is, not by Typer's type column (``<list[str]>``,
+    ``<bool>``): a metavar given on the option stays; otherwise N (whole number), X (number), TEXT,
+    PATH, LIST (repeatable), nothing for a switch; an argument shows its name alone. Typer before its
+    type column (click's TEXT, INTEGER) is left as it is."""
+    display = getattr(param, "display_type", None)
+    if display is None:
+        return
+    if param.param_type_name == "argument":
+        param.display_type_rich = lambda ctx=None: None  # the argument's name says what it is
+        return
+    if param.metavar is not None:
+        return
+    try:
+        label = display(None)
+    except Exception:  # a label that needs the context (choices): leave it
+        return
+    param.metavar = "LIST" if label.startswith("<list[") else READABLE.get(label)
+
+
+class Commands(TyperGroup):
+    """The ``truncsens`` group: every command's options get :func:`readable_metavar` when it is built."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for command in (self, *self.commands.values()):
+            for param in command.params:
+                readable_metavar(param)
+            _name_help_option(command)
+
+
+def _name_help_option(command) -> None:
+    """:func:`readable_metavar` for ``-h/--help`` too, which click makes only when help is asked for."""
+    make = command.get_help_option
+
+    def get_help_option(ctx):
+        option = make(ctx)
+        if option is not None:
+            readable_metavar(option)
+        return option
+
+    command.get_help_option = get_help_option
+
+
 app = typer.Typer(
     name="truncsens",
+    cls=Commands,
     help="Measure how sensitive a causal LM is to losing its context, and turn it into KV-cache budgets.",
     no_args_is_help=True,
     add_completion=False,

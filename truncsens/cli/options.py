@@ -8,37 +8,86 @@ first order kept). JSON and figures: ``--json`` prints JSON to stdout instead of
 refuses to replace an existing one unless ``--overwrite`` is given, before computing anything
 (:func:`truncsens.fits.fit_file.check_new_files`).
 
-Options that several commands declare alike are written once here, as ``Annotated`` types
-(``domain: Domain = "code"``): the same flag, the same help text, whatever the command.
+The options of a run (``measure``, ``certify``, ``certify-attribution``) are declared once, with the
+fields of their configs (:mod:`truncsens.engine.options`); :func:`run_command` makes them a command's
+options. The few other options several commands declare alike are ``Annotated`` types here.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Callable, Optional, Sequence, TypeVar
+import functools
+import inspect
+from typing import TYPE_CHECKING, Annotated, Any, Callable, List, Optional, Sequence, TypeVar
 
 import typer
 
+from truncsens.cli.errors import user_errors
+
+if TYPE_CHECKING:
+    from truncsens.engine.options import RunOption
+
 T = TypeVar("T")
 
-# options shared by commands (the defaults stay in each signature: they differ between commands)
-CertifyModel = Annotated[str, typer.Option(help="'reference' (bundled), a Hugging Face id or a local checkpoint folder (a transformers model that uses the attention interface).")]
-Domain = Annotated[str, typer.Option(help="code or nl: picks the default corpus of the domain.")]
-Split = Annotated[str, typer.Option(help="heldout, train, all, or auto (held-out for builtin corpora).")]
-CertifyBudgets = Annotated[str, typer.Option(help="Comma-separated budgets: token counts or percentages of N.")]
-Delta = Annotated[float, typer.Option(help="Miss probability of the certificates, in (0, 1); nominal coverage 1 - delta.")]
-CertifySinks = Annotated[int, typer.Option(help="Sinks of poisson and topk.")]
-CertifyDevice = Annotated[str, typer.Option(help="cpu, cuda, cuda:N, mps or auto.")]
-CertifyDtype = Annotated[str, typer.Option(help="float32, bfloat16, float16 or float64.")]
-DesignGranularity = Annotated[str, typer.Option("--granularity", help="Sampling design: 'head' (one per layer and key/value head, from the head's own score) or 'token' (one shared by every layer and head: the ablation, the design of earlier versions).")]
-DesignScore = Annotated[str, typer.Option("--score", help="Per-head score of the design: 'window' (attention of the last --obs-window prefill queries), 'h2o' (attention of every prefill query) or 'key_norm'.")]
-ObsWindow = Annotated[int, typer.Option("--obs-window", help="W: prefill queries of the 'window' score.")]
-Temper = Annotated[float, typer.Option("--temper", help="gamma > 0: inclusion probabilities from score^gamma (below 1 spreads them).")]
-TopFraction = Annotated[float, typer.Option("--top-fraction", help="Share of the budget poisson and topk keep surely as the top keys by score.")]
-BatchTokens = Annotated[Optional[int], typer.Option(help="Token budget of one forward pass.")]
-Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run from its shards.")]
+# options of the commands' own (the run options are declared with their configs: run_command)
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing results file.")]
-Progress = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress on stderr.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
+
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _cli_type(o: RunOption) -> Any:
+    """The type Typer parses a run option's value(s) as: lists come in as repeated text."""
+    if o.kind in ("int_list", "name_list", "key_values"):
+        return Optional[List[str]]
+    base = _TYPES[o.kind]
+    return Optional[base] if o.optional else base
+
+
+def _parse(o: RunOption, value: Any) -> Any:
+    """A run option's value as the API keyword takes it (lists split and checked, ``key=value`` pairs a dict).
+
+    Raises:
+        ValueError: a list that holds no item or a value that is not a number (named by its flag).
+    """
+    if o.kind == "int_list":
+        return int_list(value, o.flag)
+    if o.kind == "name_list":
+        return split_list(value, o.flag)
+    if o.kind == "key_values":
+        from truncsens.policies.kvpress_adapter import parse_policy_args
+
+        return parse_policy_args(value)
+    return value
+
+
+def run_command(options_cls: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make a command of ``fn(**run_options, **own)``: its options are the run options declared on
+    ``options_cls`` (:func:`truncsens.engine.options.run_options`; flag, help, metavar and default
+    from there, the values parsed as the API keyword takes them) followed by ``fn``'s own parameters
+    (e.g. ``--json``); ``fn`` receives every one by keyword.
+    """
+    from truncsens.engine.options import run_options
+
+    declared = [o for o in run_options(options_cls) if o.cli]
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        params = [inspect.Parameter(o.keyword, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=Annotated[
+            _cli_type(o), typer.Option(o.flag, help=o.help, metavar=o.metavar or None)]) for o in declared]
+
+        @functools.wraps(fn)
+        def command(**given: Any) -> Any:
+            with user_errors():  # a list that does not parse is one error line, as the library's errors
+                run = {o.keyword: _parse(o, given.pop(o.keyword)) for o in declared}
+            return fn(**run, **given)
+
+        command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [*params, *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own)])
+        del command.__wrapped__  # Typer reads the signature above, not fn's
+        command.__annotations__ = {}
+        return command
+
+    return wrap
 
 
 def split_list(values: Optional[Sequence[str]], what: str) -> Optional[list[str]]:

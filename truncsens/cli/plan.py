@@ -21,7 +21,7 @@ def plan(
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context (default: model maximum)."),
     average_window: Optional[List[str]] = typer.Option(None, "--average-window", help="Budget as the average window per layer (recent keys; sinks on top), repeated or comma-separated (default 64,256)."),
     kv_bytes: Optional[List[str]] = typer.Option(None, "--kv-bytes", help="Budget in KV bytes per sequence (sinks included), instead of --average-window."),
-    eps: Optional[List[str]] = typer.Option(None, "--eps", help="Budget as a distortion to reach: the smallest KV budget whose plan the per-layer laws predict at or below it."),
+    eps: Optional[List[str]] = typer.Option(None, "--eps", metavar="EPS", help="Budget as a distortion to reach: the smallest KV budget whose plan the per-layer laws predict at or below it."),
     sweep: Optional[str] = typer.Option(None, help="Windows of the per-layer sweep, comma-separated (default 4,8,...,N/2)."),
     sinks: int = typer.Option(4, help="First keys every windowed layer keeps."),
     metric: str = typer.Option("kl", help="Divergence planned for (kl, tv, js, ...)."),

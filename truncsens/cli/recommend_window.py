@@ -14,7 +14,7 @@ from truncsens.cli.options import Progress
 
 def recommend_window(
     source: Optional[Path] = typer.Argument(None, metavar="RESULTS_OR_FIT", help="A fit file (from `truncsens fit`) or a results file (fitted on the fly)."),
-    eps: List[str] = typer.Option(..., "--eps", help="Distortion target(s) in the metric's units, repeated or comma-separated."),
+    eps: List[str] = typer.Option(..., "--eps", metavar="EPS", help="Distortion target(s) in the metric's units, repeated or comma-separated."),
     metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric(s), repeated or comma-separated (default: tv)."),
     fit_file: Optional[Path] = typer.Option(None, "--fit", help="Fit file (instead of the positional argument)."),
     fit_range: Optional[str] = typer.Option(None, "--fit-range", help="When fitting a results file: windows LO:HI (default as in `fit`: at least 4 windows when the run has them)."),

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from truncsens import DEFAULT_DEVICE
 from truncsens.corpora import Corpus
 from truncsens.corpora.document import SPLITS
 from truncsens.engine.block.plan import check_policy_blocks
@@ -24,19 +23,23 @@ from truncsens.engine.errors import MeasureError  # (defined there, imported fro
 from truncsens.engine.semantics import SEMANTICS, Semantics, SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
 from truncsens.policies.kvpress_adapter import check_policy_args
-from truncsens.results.schema import LATER_OPTIONS, LATER_OPTIONS_DEPENDENTS
+from truncsens.engine.options import MeasureOptions, later_dependents, later_options, run_only_fields
 
 DEFAULT_POLICY_SINKS = 4  # StreamingLLM's (arXiv 2309.17453)
 PROTOCOLS = ("exact", "block")  # one pass per (target, window), or K targets per pass (truncsens.engine.block.plan)
-DEFAULT_BLOCK_FRACTION = 0.125
-DEFAULT_BLOCK_SIZE = 64
+DEFAULT_BLOCK_FRACTION = MeasureOptions.block_fraction  # declared with the option (truncsens.engine.options)
+DEFAULT_BLOCK_SIZE = MeasureOptions.block_size
 BLOCK_POLICIES = ("suffix", "sink_recent")  # the policies whose kept set is a window (block protocol)
 DEFAULT_PER_LAYER_SEMANTICS = "prefill_evict"  # one prefill per batch serves every layer's windows
 # the semantics that run per-layer window sweeps (their per_layer attribute), the default first
 PER_LAYER_SEMANTICS = tuple(sorted((n for n, s in SEMANTICS.items() if s.per_layer), key=lambda n: n != DEFAULT_PER_LAYER_SEMANTICS))
 DEFAULT_BATCH_TOKENS = {"cpu": 16384, "cuda": 262144}
 # fields that say where and how a run executes, not what it measures (free to change on --resume)
-RUN_ONLY_FIELDS = ("out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens")
+RUN_ONLY_FIELDS = run_only_fields(MeasureOptions)
+# options added after results files existed, with their defaults: at the default they are left out of a
+# run's fingerprint (with the options that only mean something beside them), so an earlier run still resumes
+LATER_OPTIONS = later_options(MeasureOptions)
+LATER_OPTIONS_DEPENDENTS = later_dependents(MeasureOptions)
 
 
 def resolved_paths(model: str, corpus: str | None) -> tuple[str, str | None]:
@@ -66,7 +69,7 @@ def default_out(model: str, corpus: str | None, domain: str, suffix: str = "") -
 
 
 @dataclass
-class MeasureConfig:
+class MeasureConfig(MeasureOptions):
     """Configuration of one run (token counts in tokens).
 
     Attributes:
@@ -128,44 +131,6 @@ class MeasureConfig:
             cannot run, ``policy_args`` that no policy of the run takes.
         truncsens.engine.semantics.SemanticsError: unknown semantics or a position mode it lacks.
     """
-
-    model: str = "reference"
-    domain: str = "code"
-    corpus: str | Corpus | None = None
-    split: str = "auto"
-    text_field: str = "text"
-    reference_context: int | None = None
-    windows: list[int] | None = None
-    policies: list[str] | None = None
-    budgets: list[int] | None = None
-    semantics: str | None = None
-    n_sink: int | None = None
-    positions: str = "original"
-    score: str = "attention"
-    per_query: bool = False
-    recent_fraction: float = 0.25
-    top_fraction: float = 0.25
-    policy_args: dict | None = None
-    chunk: int = 1
-    protocol: str = "exact"
-    block_fraction: float = DEFAULT_BLOCK_FRACTION
-    block_size: int = DEFAULT_BLOCK_SIZE
-    granularity: str = "token"
-    per_layer: bool = False
-    draws: int = 1
-    policy_seed: int | None = None
-    targets_per_doc: int | None = 8
-    max_docs: int | None = None
-    seed: int = 0
-    device: str = DEFAULT_DEVICE
-    dtype: str = "float32"
-    max_batch_tokens: int | None = None
-    docs_per_shard: int = 8
-    out: str | None = None
-    resume: bool = False
-    overwrite: bool = False
-    progress: bool = True
-    command: str = ""
 
     def __post_init__(self) -> None:
         if self.split not in ("auto", *SPLITS):

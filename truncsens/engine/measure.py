@@ -36,6 +36,7 @@ from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.run.progress import say
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import draws_measured, measure_draws
+from truncsens.engine.options import recorded_attrs
 from truncsens.engine.per_layer_runs import per_layer_attrs, per_layer_work
 from truncsens.engine.run.shard_results import shard_results
 from truncsens.engine.run.shards import check_output
@@ -129,6 +130,7 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "bos_rule": "one BOS at the start of each document when the tokenizer adds one by default, none elsewhere; "
                     "literal special-token text encoded as text (docs/method.md)",
     }
+    attrs.update(recorded_attrs(cfg))  # the options declared with attr=True (truncsens.engine.options)
     distance = sweep.semantics.window_distances.get(cfg.positions) if _has_sliding_layers(loaded.model) else None
     if distance is not None:  # how each sliding-window layer's window was applied (docs/method.md)
         attrs["sliding_window_distance"] = distance

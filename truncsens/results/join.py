@@ -16,7 +16,6 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
-from truncsens.results.schema import LATER_OPTIONS
 from truncsens.results import ResultsError
 
 # attrs that must agree for two policy runs to be one measurement; an attr a file lacks (it was written before
@@ -28,7 +27,10 @@ SAME_MEASUREMENT = ("model", "model_revision", "model_sha256", "tokenizer", "dty
                     "reference_context", "corpus", "corpus_sha256", "split", "seed", "chunk", "granularity",
                     "bos_rule", "tokenizer_adds", "protocol", "block_fraction", "block_size", "block_length",
                     "block_extra_context")
-ATTR_DEFAULTS = {k: LATER_OPTIONS[k] for k in ("chunk", "granularity", "protocol")}  # block_*: absent from exact runs alike
+# what a file without these attrs (written before their options existed) measured: the options' defaults
+# (declared with them in truncsens.engine.options, which lies above this layer; tests/test_run_options.py
+# checks that the two agree). block_*: absent from exact runs alike.
+ATTR_DEFAULTS = {"chunk": 1, "granularity": "token", "protocol": "exact"}
 # the weights' content hash (truncsens.models.identity) came after results files existed: a file without it
 # is not compared on it (nothing says its weights differ)
 UNKNOWN_WHEN_ABSENT = ("model_sha256",)

@@ -63,15 +63,6 @@ REQUIRED_ATTRS = (
 )
 
 
-# Options added after results files existed, with their defaults: a file (or a resume fingerprint)
-# from before an option means its default. At the default they are left out of a run's fingerprint
-# (with the options that only mean something beside them), so a run from before them still resumes,
-# and joins of results read a missing attr as its default.
-LATER_OPTIONS = {"chunk": 1, "policy_args": None, "protocol": "exact", "granularity": "token", "draws": 1,
-                 "per_layer": False}
-LATER_OPTIONS_DEPENDENTS = {"protocol": ("block_fraction", "block_size")}
-
-
 class ResultsError(ValueError):
     """A file or dataset is not a valid truncsens results file."""
 
