@@ -31,6 +31,7 @@ T = TypeVar("T")
 # options of the commands' own (the run options are declared with their configs: run_command)
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing results file.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
+Progress = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress on stderr.")]  # commands without run options
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
