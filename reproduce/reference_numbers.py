@@ -77,6 +77,8 @@ STEPS = [
          needs=("measure-code-max", "measure-nl-max")),
     Step("recommend", "truncsens recommend-window results/reference.fit.json --eps 0.05 --eps 0.1", needs=("fit",),
          merge_stderr=True),
+    Step("recommend-beyond", "truncsens recommend-window results/reference.fit.json --eps 0.01 --eps 1e-30", needs=("fit",),
+         merge_stderr=True),
     Step("api-example", "", kind="python-block"),
     Step("plan", "truncsens plan --reference-context 1024 --average-window 64,256 --out results/plan.json "
                  "--plot-out results/plan", ("results/plan.json", "results/plan.png", "results/plan.pdf")),
