@@ -89,8 +89,9 @@ def records_dataset(error, radius_eb, hat_norm, norm, has_tail, variance=None, v
 def test_summary_counts_every_record_and_the_floor_column():
     # 4 records: no tail mass (0, 0); tiny error under b·||o^|| with r_EB = 0; covered by r_EB; a miss
     error = [0.0, 1e-9, 0.5, 2.0]
+    v = 1 / (2 * math.log(80))  # V^ with r_EB(0.05) = sqrt(2 V^ ln 80) = 1 (B^ = 0): the stored radii recomputed
     ds = records_dataset(error, [0.0, 0.0, 1.0, 1.0], hat_norm=[1.0, 1.0, 1.0, 1.0], norm=[1.0, 1.0, 1.1, 1.2],
-                         has_tail=[1, 1, 1, 1])
+                         has_tail=[1, 1, 1, 1], variance=[0.0, 0.0, v, v])
     s = summarize(ds, n_boot=0)
     b = s["budgets"][0]
     c = b["coverage_certificate"]
@@ -103,6 +104,8 @@ def test_summary_counts_every_record_and_the_floor_column():
     assert s["floor"]["declared_relative"] == F32 and s["floor"]["relative_to"] == "||o^||"
     text = format_summary(s)
     assert "at floor, r_EB misses" in text and "calibration" in text and "nominal 80%" in text
+    above = b["calibration"][2]["certificate_above_floor"]  # nominal 95 %: records 0.5 (covered) and 2.0 (missed)
+    assert (above["covered"], above["n"]) == (1, 2)
 
 
 def test_an_old_file_is_summarised_from_the_oracle_norm():
@@ -133,6 +136,7 @@ def test_calibration_rates_and_wilson_intervals_equal_the_hand_values():
         assert (c["covered"], c["n"], c["rate"]) == (k, 100, k / 100)
         assert c["ci"] == pytest.approx(wilson(k, 100), abs=1e-12)
         assert r["eb"]["covered"] == k  # no arithmetic bound: the certificate is r_EB
+        assert r["certificate_above_floor"]["n"] == 100  # b = 0: no record at the floor (errors > 0)
         # median of r/e over 100 records: the 80 records at error 1 hold the middle
         assert r["tightness"]["median_ratio"] == pytest.approx(math.sqrt(math.log(4 / r["delta"])))
     # the formula by hand at 95 / 100: centre 0.969207 / 1.038415 = 0.93335, half 1.8875 · sqrt(0.000571) = 0.04510
@@ -153,3 +157,18 @@ def test_calibration_per_budget_in_the_summary():
 
 def test_tightness_leaves_out_zero_errors():
     assert tightness(np.array([0.0, 2.0, 3.0, np.nan]), np.array([0.0, 1.0, 1.0, 1.0])) == {"median_ratio": 2.5, "n": 2}
+
+
+def test_heldout_reading_keeps_the_documents_after_the_first():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("certify_heldout",
+                                                  Path(__file__).parents[1] / "benchmarks" / "certify_heldout.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ds = records_dataset([0.1] * 6, [1.0] * 6, hat_norm=[1.0] * 6, norm=[1.0] * 6, has_tail=[1] * 6,
+                         docs=["a", "a", "b", "b", "c", "c"])
+    assert list(mod.heldout(ds, 1)["doc"].values) == ["b", "b", "c", "c"]
+    with pytest.raises(ValueError, match="--skip-docs"):
+        mod.heldout(ds, 3)

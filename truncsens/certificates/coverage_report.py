@@ -173,6 +173,11 @@ def format_summary(s: dict) -> str:
                 + [_ratio(c["tightness"]) for c in b["calibration"]] for b in s["budgets"]]
         lines += ["", "calibration: coverage of the certificate at nominal 1 - delta [Wilson], every record; "
                       "radius/error: median over records with error > 0", render_table(cols, rows)]
+        cols = [Column("budget", ">")] + [Column(f"nominal {100 * q:g}%", ">") for q in levels] + [Column("records", ">")]
+        rows = [[str(b["budget"])] + [_pct(c["certificate_above_floor"]) for c in b["calibration"]]
+                + [str(b["calibration"][0]["certificate_above_floor"]["n"])] for b in s["budgets"]]
+        lines += ["", "calibration over the records above the floor (||o^-o|| > b ||o^||: the statistical part decides)",
+                  render_table(cols, rows)]
         n_layers = len(s["budgets"][0]["coverage_certificate_by_layer"])
         cols = [Column("budget", ">")] + [Column(f"layer {l}", ">") for l in range(n_layers)]
         rows = [[str(b["budget"])] + [f"{100 * c['rate']:.1f}%" if c["n"] else "-" for c in b["coverage_certificate_by_layer"]]

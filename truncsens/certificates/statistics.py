@@ -140,9 +140,10 @@ def reliability(records: dict[str, np.ndarray], deltas=RELIABILITY_DELTAS) -> li
         deltas: miss probabilities, each in (0, 1).
 
     Returns:
-        per δ: {"delta", "nominal", "certificate", "eb", "normal"} (each a :func:`coverage` dict,
-        Wilson intervals at 95 %; records at the floor counted, ``floor`` = arith_bound) and
-        "tightness" of the certificate.
+        per δ: {"delta", "nominal", "certificate", "certificate_above_floor", "eb", "normal"} (each a
+        :func:`coverage` dict, Wilson intervals at 95 %; records at the floor counted, ``floor`` =
+        arith_bound, except in "certificate_above_floor", which leaves them out: there the
+        statistical part decides) and "tightness" of the certificate.
 
     Raises:
         ValueError: a δ outside (0, 1).
@@ -155,6 +156,7 @@ def reliability(records: dict[str, np.ndarray], deltas=RELIABILITY_DELTAS) -> li
         eb, normal = radii_at(records["attn_variance"], records["value_range"], records["n_random"], records["has_tail"], d)
         cert = eb[tail] + f
         out.append({"delta": d, "nominal": 1 - d, "certificate": coverage(e, cert, floor=f, statistical=eb[tail]),
+                    "certificate_above_floor": coverage(e, cert, floor=f, leave_out_floor=True),
                     "eb": coverage(e, eb[tail], floor=f), "normal": coverage(e, normal[tail], floor=f),
                     "tightness": tightness(cert, e)})
     return out
