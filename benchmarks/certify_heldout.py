@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from truncsens import results
     from truncsens.certificates.coverage_report import format_summary, summarize
+    from truncsens.fits.fit_file import sanitize
 
     try:
         ds = heldout(results.load(args.results), args.skip_docs)
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     s = summarize(ds)
-    print(json.dumps(s, indent=1, default=float) if args.json else
+    print(json.dumps(sanitize(s), indent=1, allow_nan=False) if args.json else
           f"documents after the first {args.skip_docs} of {args.results}\n" + format_summary(s))
     return 0
 
