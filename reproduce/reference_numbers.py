@@ -176,7 +176,7 @@ FIGURES = {  # a step's figure -> the path the pages show it at
     "results/reference.fit.png": "docs/reference-fit.png",
     "results/stream-a-policies.png": "docs/reference-policies.png",
     "results/reference-code-attribution-recomputation.png": "docs/reference-attribution.png",
-    "results/reference-code-certify-reliability.png": "docs/reference-certify-reliability.png",
+    "results/certify-fresh-47-reliability.png": "docs/reference-certify-reliability.png",
 }
 PAGES = ("README.md", "docs/*.md")
 MARKER = re.compile(r"^<!-- numbers: ([\w-]+) -->\n(```[^\n]*\n)(.*?)(^```$)", re.M | re.S)
