@@ -81,8 +81,9 @@ def split_coverage(ds, docs: list[str], floor_rel: float, delta: float) -> list[
         tail = r["has_tail"].values > 0
         eb = np.where(tail, r["radius_eb"].values, np.nan)
         floor = floor_rel * r["attn_norm"].values
-        cov = coverage(r["attn_error"].values, eb, 1 - delta, floor, doc, 200, 0)
-        by_layer = [coverage(r["attn_error"].values[:, l], eb[:, l], 1 - delta, floor[:, l])["rate"]
+        cov = coverage(r["attn_error"].values, eb, 1 - delta, floor, doc, 200, 0, leave_out_floor=True)
+        by_layer = [coverage(r["attn_error"].values[:, l], eb[:, l], 1 - delta, floor[:, l],
+                             leave_out_floor=True)["rate"]
                     for l in range(eb.shape[1])]
         out.append({"budget": k, **cov, "by_layer": by_layer})
     return out

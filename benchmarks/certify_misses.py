@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         r = ds.sel(policy="poisson", budget=k)
         tail = r["has_tail"].values > 0
         cov = coverage(r["attn_error"].values, np.where(tail, r["radius_eb"].values, np.nan), 0.95,
-                       floor_rel * r["attn_norm"].values)
+                       floor_rel * r["attn_norm"].values, leave_out_floor=True)
         mine = report["by_budget"][str(k)]["all"]
         assert cov["n"] == mine["records"] and round(cov["rate"] * cov["n"]) == mine["records"] - mine["misses"], (cov, mine)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

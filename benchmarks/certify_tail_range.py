@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         r = ds.sel(policy="poisson", budget=k)
         tail = r["has_tail"].values > 0
         cov = coverage(r["attn_error"].values, np.where(tail, r["radius_eb"].values, np.nan), 1 - delta,
-                       floor_rel * r["attn_norm"].values)
+                       floor_rel * r["attn_norm"].values, leave_out_floor=True)
         mine = report["by_budget"][str(k)]
         assert cov["n"] == mine["records"] and abs(cov["rate"] - mine["variants"][PLUG_IN]["coverage"]) < 1e-12
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -89,6 +89,11 @@ STEPS = [
                           "--out results/reference-code-certify-token.nc",
          ("results/reference-code-certify-token.nc", "results/reference-code-certify-token-reliability.png",
           "results/reference-code-certify-token-scatter.png")),
+    Step("certify-fresh-run", "truncsens certify --domain code --reference-context 1024 --max-docs 47 --seed 1 "
+                              "--out results/certify-fresh-47.nc",
+         ("results/certify-fresh-47.nc", "results/certify-fresh-47-reliability.png", "results/certify-fresh-47-scatter.png")),
+    Step("certify-heldout", "python benchmarks/certify_heldout.py results/certify-fresh-47.nc --skip-docs 8",
+         needs=("certify-fresh-run",)),
     Step("certify-designs", "python benchmarks/certify_designs.py --reference-context 1024 --out results/certify-designs.json",
          ("results/certify-designs.json",)),
     Step("certify-designs-2", "python benchmarks/certify_designs.py --reference-context 1024 --round 2 "
@@ -171,6 +176,7 @@ FIGURES = {  # a step's figure -> the path the pages show it at
     "results/reference.fit.png": "docs/reference-fit.png",
     "results/stream-a-policies.png": "docs/reference-policies.png",
     "results/reference-code-attribution-recomputation.png": "docs/reference-attribution.png",
+    "results/certify-fresh-47-reliability.png": "docs/reference-certify-reliability.png",
 }
 PAGES = ("README.md", "docs/*.md")
 MARKER = re.compile(r"^<!-- numbers: ([\w-]+) -->\n(```[^\n]*\n)(.*?)(^```$)", re.M | re.S)

@@ -52,6 +52,13 @@ def test_small_run_writes_results_figures_and_json(tmp_path, tiny_llama_dir, cor
     tail = sel["has_tail"].values > 0
     expected = coverage(sel["attn_error"].values[tail], sel["radius_eb"].values[tail])
     assert first["coverage_eb"]["covered"] == expected["covered"] and first["coverage_eb"]["n"] == 6 * 2 * 4
+    # the emitted certificate: r_EB + b·||o^|| with b declared from the dtype (float32: 64 eps)
+    b = float(ds.attrs["arithmetic_bound_relative"])
+    assert b == pytest.approx(64 * float(np.finfo(np.float32).eps))
+    np.testing.assert_allclose(sel["radius_certificate"].values, sel["radius_eb"].values + b * sel["attn_hat_norm"].values)
+    expected = coverage(sel["attn_error"].values[tail], sel["radius_certificate"].values[tail])
+    assert first["coverage_certificate"]["covered"] == expected["covered"] and first["coverage_certificate"]["n"] == 48
+    assert [c["nominal"] for c in first["calibration"]] == pytest.approx([0.8, 0.9, 0.95, 0.99])
     assert first["kl"]["poisson"]["mean"] == pytest.approx(float(sel["kl"].mean()), rel=1e-5)
     # failures on these targets (wrong top-1 or NLL > ln 4), counted by hand
     fail = np.concatenate([(ds.sel(policy="poisson", budget=k)["argmax_kept"].values != ds["token_id"].values)

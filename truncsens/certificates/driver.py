@@ -7,7 +7,9 @@ Results (NetCDF, :mod:`truncsens.results`): dims (policy, target, budget) for th
 ``nll_ref`` and under the policy ``nll_kept``) and ``kept_tokens``; dims (policy, target, budget,
 layer, head) for the attention-level records of the target's query (``attn_error`` = ‖ô − o‖₂,
 ``attn_norm`` = ‖o‖₂, ``radius_eb``, ``radius_normal``, ``attn_variance`` V̂, ``value_range`` B̂,
-``n_random`` kept random keys, ``has_tail``; radii NaN for topk and random); the top-1 token id and
+``n_random`` kept random keys, ``has_tail``, ``attn_hat_norm`` = ‖ô‖₂ and the emitted certificate
+``radius_certificate`` = ``radius_eb`` + b·‖ô‖ (:mod:`truncsens.certificates.arithmetic`); radii NaN for
+topk and random); the top-1 token id and
 its probability (the output confidence) under the full cache (``argmax_ref``, ``confidence_ref``,
 dim target) and under each policy (``argmax_kept``, ``confidence_kept``). Policies poisson, topk,
 random; semantics prefill_evict; attrs add ``delta``.
@@ -22,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from truncsens import results
+from truncsens.certificates.arithmetic import ARITH_REFERENCE, LEGACY_FLOOR_FACTOR, declared_bound, emitted_radius
 from truncsens.certificates.config import CertifyConfig
 from truncsens.certificates.designs import CertifyDesign
 from truncsens.certificates.passes import certify_batch
@@ -41,6 +44,7 @@ from truncsens.targets import TargetSet
 ATTENTION_VARS = {  # results variable -> record name of certify_batch
     "attn_error": "error", "attn_norm": "o_norm", "radius_eb": "radius_eb", "radius_normal": "radius_normal",
     "attn_variance": "variance", "value_range": "value_range", "n_random": "n_random", "has_tail": "has_tail",
+    "attn_hat_norm": "o_hat_norm",
 }
 
 
@@ -74,7 +78,15 @@ def shard_dataset(batches: dict, plan: TargetSet, sweep: Sweep, attrs: dict):
         ds[var] = (("policy", "target", "budget"), batches[var])
     ds["confidence_ref"].attrs["description"] = "largest next-token probability under the full cache"
     ds["attn_error"].attrs["description"] = "||o_hat - o||_2 of the target query per layer and head (values' units)"
-    ds["radius_eb"].attrs["description"] = "empirical-Bernstein certificate radius at the run's delta (NaN: no design)"
+    ds["radius_eb"].attrs["description"] = ("statistical part of the certificate: empirical-Bernstein radius at the "
+                                            "run's delta (NaN: no design)")
+    bound = float(attrs.get("arithmetic_bound_relative", 0.0))
+    ds["radius_certificate"] = (("policy", "target", "budget", "layer", "head"),
+                                emitted_radius(batches["records"]["radius_eb"], batches["records"]["o_hat_norm"], bound))
+    ds["radius_certificate"].attrs["description"] = ("the emitted certificate: radius_eb + arithmetic_bound_relative * "
+                                                     "||o_hat|| (values' units; NaN: no design)")
+    ds["attn_hat_norm"].attrs["description"] = "||o_hat||_2, the Hajek output's norm (a kept-set quantity)"
+    ds["attn_norm"].attrs["description"] = "||o||_2, the full-cache output's norm (an oracle quantity)"
     return ds
 
 
@@ -120,26 +132,13 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
             "floor": np.concatenate(floor) if floor else np.zeros((0, 0, 0))}
 
 
-FLOOR_FACTOR = 10  # the declared floor: FLOOR_FACTOR x the machine epsilon of the run's dtype, relative to ||o||
-
-
-def declared_floor(dtype: str) -> float:
-    """The relative numerical floor declared before measuring: ``FLOOR_FACTOR · eps(dtype)`` (float32:
-    1.19e-6). A record whose error ``‖ô − o‖`` is at most this times ``‖o‖`` is "at the floor": the
-    run's own arithmetic cannot tell it from 0 (the measured difference of a float32 full-cache output
-    from its float64 value, ``attn_floor_error``, sits near 1e-7), so coverage leaves it out and
-    counts it apart (:mod:`truncsens.certificates.statistics`)."""
-    import torch
-
-    from truncsens.models import resolve_dtype
-
-    return FLOOR_FACTOR * float(torch.finfo(resolve_dtype(dtype)).eps)
-
-
 def design_attrs(design: CertifyDesign, dtype: str) -> dict:
-    """The results attrs naming the run's sampling design and its declared floor."""
+    """The results attrs naming the run's sampling design and its declared arithmetic bound b
+    (:func:`truncsens.certificates.arithmetic.declared_bound`, relative to ‖ô‖) and the earlier floor
+    ``error_floor_relative`` (10 eps, relative to ‖o‖), which the design benchmarks' rules read."""
     return {"design": design.describe(), "design_granularity": design.granularity, "design_score": design.score,
-            "obs_window": design.obs_window, "error_floor_relative": declared_floor(dtype)}
+            "obs_window": design.obs_window, "arithmetic_bound_relative": declared_bound(dtype),
+            "arithmetic_bound_of": ARITH_REFERENCE, "error_floor_relative": declared_bound(dtype, LEGACY_FLOOR_FACTOR)}
 
 
 def certify_tokens_per_target(N: int, sweep: Sweep) -> int:

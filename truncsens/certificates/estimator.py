@@ -44,7 +44,8 @@ class AttentionRecords:
         variance: [...] ``V̂`` (squared units).
         radius_eb: [...] empirical-Bernstein radius (module docstring).
         radius_normal: [...] ``z_{1−δ/2}·sqrt(V̂)``.
-        o_norm: [...] ``‖o‖₂``.
+        o_norm: [...] ``‖o‖₂`` (a full-cache, oracle quantity).
+        o_hat_norm: [...] ``‖ô‖₂`` (of the kept set: a server has it).
         value_range: [...] ``B̂`` (0 without kept random keys).
         n_random: [...] int64 kept random keys n.
         has_tail: [...] bool, whether the design had random keys.
@@ -60,6 +61,7 @@ class AttentionRecords:
     value_range: torch.Tensor
     n_random: torch.Tensor
     has_tail: torch.Tensor
+    o_hat_norm: torch.Tensor
 
 
 def eb_sum_radius(variance: torch.Tensor, value_range: torch.Tensor, n: torch.Tensor, has_tail: torch.Tensor,
@@ -129,4 +131,4 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
     radius_eb = eb_sum_radius(variance, value_range, n_random, has_tail, delta)
     radius_normal = certificate_radius(variance, delta)
     return AttentionRecords(o, o_hat, (o_hat - o).norm(dim=-1), variance, radius_eb, radius_normal, o.norm(dim=-1),
-                            value_range, n_random, has_tail)
+                            value_range, n_random, has_tail, o_hat.norm(dim=-1))

@@ -24,7 +24,8 @@ from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs
 from truncsens.policies import Policy, PolicyError
 
-RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail")
+RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail",
+           "o_hat_norm")
 
 
 @dataclass
