@@ -170,3 +170,21 @@ def test_accumulator_with_softcap_and_a_float_mask(kv_heads):
     got = acc.result()
     close(got.row(torch.tensor([4, 6])), p[..., [0, 2], :])
     close(got.accumulated(torch.tensor([5, 8])), torch.stack([p[..., :2, :].sum(-2), p.sum(-2)], -2))
+
+
+def test_the_dense_streaming_fallback_refuses_above_its_size(monkeypatch):
+    from truncsens.engine import evict_attention
+    from truncsens.engine.semantics import streaming as streaming_module
+    from truncsens.engine.semantics.base import SemanticsError
+    from truncsens.policies.streaming import Evictions
+
+    model = sharp_tiny_llama()
+    ids = ids_for(model, 1, 24)
+    evictions = Evictions(torch.full((1, 24), 24), torch.zeros(1, 24))  # nothing evicted
+    monkeypatch.setattr(evict_attention, "supported", lambda model, windows: False)
+    semantics = SEMANTICS["streaming"]
+    full = semantics.kept_logprobs(model, ids, evictions, None, "original")
+    torch.testing.assert_close(full, reference_pass(model, ids).logprobs, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(streaming_module, "DENSE_MAX_BYTES", 24 * 24 * 8)  # below 1 + 4 + 4 bytes per entry
+    with pytest.raises(SemanticsError, match="dense fallback"):
+        semantics.kept_logprobs(model, ids, evictions, None, "original")
