@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-BLOCK_ELEMENTS = 1 << 22  # softmax elements of one block of query rows (16 MiB in float32)
+BLOCK_ELEMENTS = 1 << 21  # softmax elements of one block of query rows on CPU (8 MiB in float32)
+DEVICE_BLOCK_ELEMENTS = 1 << 25  # on an accelerator (128 MiB): fewer, larger kernels
 MAX_BLOCK_ROWS = 256  # query rows of one block at most
 
 
@@ -119,11 +120,13 @@ class RowAccumulator:
         width: T, keys of the longest call (the statistics' last dimension; shorter calls fill a prefix).
         kv_heads: None (sum over all heads) or Hkv (sum over each key/value head's query heads).
         block_elements: softmax elements of one block (rows per block = this / (B · H · keys), at most
-            :data:`MAX_BLOCK_ROWS`, at least 1): the memory of one block, whatever T.
+            :data:`MAX_BLOCK_ROWS`, at least 1): the memory of one block, whatever T (about two blocks
+            of float32 are alive at once); None: :data:`BLOCK_ELEMENTS` on CPU,
+            :data:`DEVICE_BLOCK_ELEMENTS` elsewhere.
     """
 
     def __init__(self, needs: AttentionNeeds, width: int, kv_heads: int | None = None,
-                 block_elements: int = BLOCK_ELEMENTS) -> None:
+                 block_elements: int | None = None) -> None:
         self.needs, self.width, self.kv_heads, self.block_elements = needs, width, kv_heads, block_elements
         self.row_pos = torch.tensor(needs.rows, dtype=torch.long)  # [R]
         self.cum_pos = torch.tensor(needs.cumulative, dtype=torch.long)  # [C]
@@ -173,16 +176,18 @@ class RowAccumulator:
             self.shared = self._zeros(B, device=device)
             self.partial = self._zeros(B, cum_pos.numel(), device=device)
         keys = key.float().unsqueeze(2).transpose(-1, -2)  # [B, Hkv, 1, d, Tk]
-        step = max(1, min(MAX_BLOCK_ROWS, self.block_elements // max(1, B * H * Tk)))
+        budget = self.block_elements or (BLOCK_ELEMENTS if device.type == "cpu" else DEVICE_BLOCK_ELEMENTS)
+        step = max(1, min(MAX_BLOCK_ROWS, budget // max(1, B * H * Tk)))
         for start in range(0, local.numel(), step):
             idx = local[start : start + step]  # [n] local query rows
             n = idx.numel()
             q = query[:, :, idx].float().reshape(B, Hkv, G, n, d)  # [B, H, n, d] -> [B, Hkv, G, n, d]
-            s = torch.matmul(q, keys) * scaling  # [B, Hkv, G, n, Tk]
+            s = torch.matmul(q, keys).mul_(scaling)  # [B, Hkv, G, n, Tk]; in place: one block of logits alive
             if softcap:
-                s = torch.tanh(s / softcap) * softcap
-            s = _masked(s, mask, idx, pos[idx], Tk, sliding_window)
+                s.div_(softcap).tanh_().mul_(softcap)
+            _mask_(s, mask, idx, pos[idx], Tk, sliding_window)
             p = torch.softmax(s, dim=-1)  # [B, Hkv, G, n, Tk]
+            del s
             p = p.sum(2) if self.kv_heads is not None else p.sum((1, 2))  # [B, Hkv, n, Tk] or [B, n, Tk]
             self._collect(p, pos[idx], row_pos, cum_pos, Tk)
 
@@ -217,19 +222,21 @@ class RowAccumulator:
                              cumulative)
 
 
-def _masked(s: torch.Tensor, mask: torch.Tensor | None, idx: torch.Tensor, qpos: torch.Tensor, Tk: int,
-            sliding_window: int | None) -> torch.Tensor:
-    """Logits ``s`` [B, Hkv, G, n, Tk] of the local query rows ``idx`` [n] (positions ``qpos``) with the
-    layer's mask applied: its 4D mask when given, else causal (and the sliding window ``q - j < W``)."""
+def _mask_(s: torch.Tensor, mask: torch.Tensor | None, idx: torch.Tensor, qpos: torch.Tensor, Tk: int,
+           sliding_window: int | None) -> None:
+    """Apply the layer's mask, in place, to the logits ``s`` [B, Hkv, G, n, Tk] of the local query rows
+    ``idx`` [n] (positions ``qpos``): its 4D mask when given, else causal (and the sliding window ``q - j < W``)."""
     B, Hkv, G, n, _ = s.shape
     if mask is None or mask.dim() != 4:
         j = torch.arange(Tk, device=s.device)  # [Tk]
         allowed = j.view(1, -1) <= qpos.view(-1, 1)  # [n, Tk]
         if sliding_window:
             allowed &= j.view(1, -1) > qpos.view(-1, 1) - sliding_window
-        return s.masked_fill(~allowed, float("-inf"))
+        s.masked_fill_(~allowed, float("-inf"))
+        return
     m = mask[:, :, idx, :Tk]  # [B or 1, 1 or H, n, Tk]
     m = m.reshape(m.shape[0], 1, 1, n, Tk) if m.shape[1] == 1 else m.reshape(m.shape[0], Hkv, G, n, Tk)  # [b, (Hkv, G), n, Tk]
     if m.dtype == torch.bool:
-        return s.masked_fill(~m, float("-inf"))
-    return s + m.float()
+        s.masked_fill_(~m, float("-inf"))
+    else:
+        s.add_(m.to(s.dtype))

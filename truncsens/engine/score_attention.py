@@ -62,8 +62,8 @@ def intercept_attention(model, needs: AttentionNeeds, width: int, kv_heads: int 
     Args:
         model: transformers model; needs: rows and accumulated rows to collect (query positions);
         width: T, the longest key length of the calls; kv_heads: None or Hkv (per-head statistics);
-        block_elements: softmax elements per block (default
-            :data:`~truncsens.engine.attention_rows.BLOCK_ELEMENTS`).
+        block_elements: softmax elements per block (None: the accumulator's default for the device,
+            :class:`~truncsens.engine.attention_rows.RowAccumulator`).
 
     Yields:
         :class:`~truncsens.engine.attention_rows.RowAccumulator`; its ``result()`` after the forwards.
@@ -78,7 +78,7 @@ def intercept_attention(model, needs: AttentionNeeds, width: int, kv_heads: int 
     impl = getattr(config, "_attn_implementation", None)
     if interface is None or not isinstance(impl, str):
         raise NotInterceptable("the model names no attention implementation of transformers' attention interface")
-    acc = RowAccumulator(needs, width, kv_heads, **({} if block_elements is None else {"block_elements": block_elements}))
+    acc = RowAccumulator(needs, width, kv_heads, block_elements)
     mapping = interface._global_mapping
     had = impl in mapping
     original = mapping.get(impl)
