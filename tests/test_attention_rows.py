@@ -1,7 +1,7 @@
 """Attention scores read from the model's own attention calls, in blocks of query rows, equal those of
 the eager full matrix (to 1e-6 in float32): h2o, tova, snapkv and poisson under prefill_evict, token and
-head granularity, on a tiny Llama (one key/value head per query head), a grouped-query Llama and a
-hybrid sliding-window Qwen2; the model's log-probabilities are unchanged; the eager fallback."""
+head granularity, on a tiny Llama (one key/value head per query head), a grouped-query Llama, a
+hybrid sliding-window Qwen2 and a GPT-2; the model's log-probabilities are unchanged; the eager fallback."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from conftest import hybrid_qwen2, sharp_tiny_llama
 from truncsens.engine import reference_pass as reference_module
 from truncsens.engine.attention_rows import AttentionNeeds, AttentionRows, RowAccumulator
 from truncsens.engine.granularity import fold_reference
-from truncsens.engine.reference_pass import reference_pass
+from truncsens.engine.reference_pass import head_counts, reference_pass
 from truncsens.engine.score_attention import NotInterceptable
 from truncsens.engine.semantics import SEMANTICS
 from truncsens.policies import make_policy
@@ -37,7 +37,16 @@ def mha_llama():
     return model.eval()
 
 
-MODELS = {"llama": mha_llama, "gqa_llama": sharp_tiny_llama, "hybrid_qwen2": hybrid_qwen2}
+def tiny_gpt2():
+    """A random 2-layer GPT-2 (learned positions, 4 heads, no grouping)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(2)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                      bos_token_id=0, eos_token_id=0)).eval()
+
+
+MODELS = {"llama": mha_llama, "gqa_llama": sharp_tiny_llama, "hybrid_qwen2": hybrid_qwen2, "gpt2": tiny_gpt2}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -60,7 +69,7 @@ def test_scores_equal_the_eager_matrix(model, granularity, impl):
     semantics = SEMANTICS["prefill_evict"]
     ids = ids_for(model)
     policies = [make_policy(name, **kw) for name, kw in POLICIES.items()]
-    heads = model.config.num_key_value_heads if granularity == "head" else None
+    heads = head_counts(model)[1] if granularity == "head" else None
     ref = semantics.reference(model, ids, policies, granularity)
     eager = reference_pass(model, ids, attention=True, heads=heads)
     assert ref.attention is None and ref.rows is not None

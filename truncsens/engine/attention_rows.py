@@ -193,7 +193,10 @@ class RowAccumulator:
 
     def _collect(self, p: torch.Tensor, qpos: torch.Tensor, row_pos: torch.Tensor, cum_pos: torch.Tensor,
                  Tk: int) -> None:
-        """Add a block ``p`` [B, (Hkv,) n, Tk] of rows at positions ``qpos`` [n] to the sums."""
+        """Add a block ``p`` [B, (Hkv,) n, Tk] of rows at positions ``qpos`` [n] to the sums (on the
+        device of the first layer's call: layers split over devices add into one place)."""
+        device = self.rows.device
+        p, qpos, row_pos, cum_pos = p.to(device), qpos.to(device), row_pos.to(device), cum_pos.to(device)
         hit = torch.isin(qpos, row_pos)  # [n]
         if bool(hit.any()):
             at = torch.searchsorted(row_pos, qpos[hit])  # [h] indices into the kept rows
