@@ -76,12 +76,17 @@ class AttentionRows:
     cumulative: torch.Tensor
 
     @classmethod
-    def of_matrix(cls, attention: torch.Tensor) -> "AttentionRows":
-        """Every row and every accumulated row of a full matrix ``attention`` [B, (Hkv,) T, T] (the
-        eager fallback; memory 2 · B · T² floats)."""
+    def of_matrix(cls, attention: torch.Tensor, needs: AttentionNeeds | None = None) -> "AttentionRows":
+        """The rows and accumulated rows of a full matrix ``attention`` [B, (Hkv,) T, T] (the eager
+        fallback): those ``needs`` names, or every one (None; memory 2 · B · T² floats)."""
         T = attention.shape[-1]
         pos = torch.arange(T, device=attention.device)  # [T]
-        return cls(pos, attention, pos, attention.cumsum(-2))  # [B, (Hkv,) T, T] each
+        if needs is None:
+            return cls(pos, attention, pos, attention.cumsum(-2))  # [B, (Hkv,) T, T] each
+        rows = torch.tensor(needs.rows, dtype=torch.long, device=attention.device)  # [R]
+        cum = torch.tensor(needs.cumulative, dtype=torch.long, device=attention.device)  # [C]
+        cumulative = attention.cumsum(-2).index_select(-2, cum) if cum.numel() else attention[..., :0, :]  # [B, (Hkv,) C, T]
+        return cls(rows, attention.index_select(-2, rows), cum, cumulative)
 
     def row(self, positions: torch.Tensor) -> torch.Tensor:
         """[B, (Hkv,) Q, T] attention rows of the query positions ``positions`` [Q] int64.

@@ -233,7 +233,7 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
         if attention:
             result.attention = full
         if needs is not None:
-            rows = AttentionRows.of_matrix(full)
+            rows = AttentionRows.of_matrix(full, needs)
     elif last_rows is not None and needs is not None:  # eager decode step only: the last q rows
         pos = torch.arange(T - q, T, device=input_ids.device)  # [q]
         empty = last_rows.new_zeros(*last_rows.shape[:-2], 0, T)  # [B, (Hkv,) 0, T]
