@@ -20,3 +20,5 @@ run block_qwen2.5-0.5b_bf16_N32768 benchmarks/block_throughput.py --random-confi
 run block_llama-3.2-1b_bf16_N32768 benchmarks/block_throughput.py --random-config llama-3.2-1b --device cuda --dtype bfloat16 --reference-context 32768 --blocks 2
 # Streaming memory: attention from eviction steps (FlexAttention on CUDA) vs a dense T x T mask, T up to 64k
 echo "== streaming_memory"; timeout 300 python3 benchmarks/streaming_memory.py --device cuda --lengths 1024 4096 16384 65536 > "$OUT/streaming_memory.txt" 2>&1; echo "rc=$?"; cat "$OUT/streaming_memory.txt"
+# Peak memory per semantics x policy (prefill_evict: attention scores in blocks of query rows, no T x T matrix), N = 8k, 32k
+echo "== memory_scaling"; timeout 900 python3 benchmarks/memory_scaling.py --device cuda --config 0.5b --dtype bfloat16 --lengths 8192 32768 --fit-from 8192 > "$OUT/memory_scaling.txt" 2>&1; echo "rc=$?"; cat "$OUT/memory_scaling.txt"

@@ -151,3 +151,19 @@ def test_streaming_per_layer_windows_equal_a_token_by_token_cache(windows):
     ref = reference_pass(model, ids)
     assert float((got - ref.logprobs).abs().max()) > 1e-3
     assert_close(stream_layer_windows(model, ids, [None] * 3, 1), ref.logprobs)
+
+
+@pytest.mark.parametrize("make", ["llama", "hybrid_qwen2"])
+def test_streaming_per_layer_windows_from_eviction_steps_equal_the_dense_masks(make, monkeypatch):
+    """The eviction-step pass (no T × T mask) equals the fallback's per-layer [B, 1, T, T] masks,
+    also with the model's own sliding windows (hybrid Qwen2)."""
+    from truncsens.engine import layer_windows_pass
+
+    model = sharp_tiny_llama(layers=3) if make == "llama" else hybrid_qwen2()
+    ids = torch.randint(0, 60, (2, 30), generator=torch.Generator().manual_seed(7))
+    windows = [4, None, 9]
+    got = layer_windows_pass.stream_layer_windows(model, ids, windows, 2)
+    monkeypatch.setattr(layer_windows_pass.evict_attention, "supported", lambda model, windows: False)
+    dense = layer_windows_pass.stream_layer_windows(model, ids, windows, 2)
+    torch.testing.assert_close(got, dense, atol=1e-5, rtol=1e-5)
+    assert float((got - reference_pass(model, ids).logprobs).abs().max()) > 1e-3

@@ -239,16 +239,23 @@ def evict_attention_forward(module, query: torch.Tensor, key: torch.Tensor, valu
                                       "semantics reencode and prefill_evict run the model's own attention")
     windows = kwargs.get(WINDOWS)
     window = None
-    if windows is not None and windows.windowed:
-        layer = getattr(module, "layer_idx", None)
-        if layer is None or not 0 <= layer < len(windows.windows):
-            raise EvictAttentionError(f"a windowed model whose attention module has no layer index ({layer!r})")
-        window = windows.windows[layer]
+    per_layer = isinstance(kwargs[EVICT], dict)  # {layer: steps}: every layer its own evictions
+    layer = getattr(module, "layer_idx", None)
+    if (windows is not None and windows.windowed) or per_layer:
+        n_layers = len(windows.windows) if windows is not None else len(kwargs[EVICT])
+        if layer is None or not 0 <= layer < n_layers:
+            raise EvictAttentionError(f"per-layer windows or evictions, and an attention module without a layer "
+                                      f"index ({layer!r})")
+        window = windows.windows[layer] if windows is not None and windows.windowed else None
     plans = kwargs.get(PLANS)
     if plans is not None:
         plans["calls"] = plans.get("calls", 0) + 1
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
-    evict, offset = kwargs[EVICT].to(query.device), kwargs[OFFSET].to(query.device)
+    evict, offset = kwargs[EVICT], kwargs[OFFSET]
+    if per_layer:
+        evict, offset = evict[layer], offset[layer]
+        plans = None if plans is None else plans.setdefault(("layer", layer), {})  # a plan per layer's steps
+    evict, offset = evict.to(query.device), offset.to(query.device)
     backend = kwargs.get(BACKEND, "auto")
     if backend == "flex" and sinks is not None:
         raise EvictAttentionError("learned attention sinks (s_aux) are not supported by the flex backend; use chunked")
@@ -284,7 +291,8 @@ def evict_kwargs(evict: torch.Tensor, offset: torch.Tensor, windows=None, query_
     """Keyword arguments of one ``model(...)`` call that carry the eviction steps to the attention function.
 
     Args:
-        evict: [B, T] or [B, Hkv, T] int64; offset: the same shape, float.
+        evict: [B, T] or [B, Hkv, T] int64; offset: the same shape, float; or, for every layer its own
+            steps, dicts layer index -> such tensors (:func:`truncsens.engine.layer_windows_pass.stream_layer_windows`).
         windows: the model's :class:`~truncsens.engine.attention_windows.LayerWindows`, or None (full attention).
         query_chunk: Cq query rows per step of the chunked backend.
         backend: ``auto`` (flex on CUDA when available, else chunked), ``chunked`` or ``flex``.

@@ -41,7 +41,8 @@ def fold_reference(ref: ReferencePass) -> ReferencePass:
     def fold(x):
         return None if x is None else fold_heads(x)
 
-    return ReferencePass(ref.logprobs, fold(ref.last_attention), fold(ref.attention), fold(ref.key_norm))
+    return ReferencePass(ref.logprobs, fold(ref.last_attention), fold(ref.attention), fold(ref.key_norm),
+                         rows=None if ref.rows is None else ref.rows.fold())
 
 
 def kept_count(keep_last: torch.Tensor) -> torch.Tensor:

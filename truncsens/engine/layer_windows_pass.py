@@ -23,7 +23,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from truncsens.engine import kvcache
+from truncsens.engine import evict_attention, kvcache
 from truncsens.engine.attention_windows import layer_windows
 from truncsens.engine.forward import last_logprobs
 from truncsens.engine.masks import masked_value
@@ -112,12 +112,37 @@ def window_masks(model, T: int, windows: Sequence[int | None], n_sink: int, batc
     return out
 
 
+def window_evictions(T: int, windows: Sequence[int | None], n_sink: int, batch: int, device) -> dict[int, torch.Tensor]:
+    """Layer -> [B, T] int64 eviction step of each key under streaming with that layer's window: a
+    sink (j < S) or a key of a layer without window is never evicted (T), key j of a layer with
+    window w is read by the queries ``j <= q < j + w`` (:class:`~truncsens.policies.streaming.Evictions`'
+    convention; the layer's own sliding window is applied by the attention function).
+
+    Raises:
+        LayerMaskError: a window below 1.
+    """
+    j = torch.arange(T, device=device)  # [T]
+    out = {}
+    for layer, w in enumerate(windows):
+        if w is not None and w < 1:
+            raise LayerMaskError(f"the window of layer {layer} must be at least 1 token, got {w}")
+        steps = torch.full((T,), T, dtype=torch.long, device=device) if w is None else \
+            torch.where(j < n_sink, torch.full_like(j, T), (j + w).clamp(max=T))  # [T]
+        out[layer] = steps.expand(batch, T)  # [B, T]
+    return out
+
+
 @torch.no_grad()
 def stream_layer_windows(model, input_ids: torch.Tensor, windows: Sequence[int | None], n_sink: int) -> torch.Tensor:
     """Streaming with a window per layer: one parallel pass over ``input_ids`` [B, T] in which every
     token was processed with the cache of its own step, layer l holding its sinks and last
     ``windows[l]`` keys (a streaming cache that evicts by position never re-admits a key, so one
-    [T, T] mask per layer describes it exactly).
+    eviction step per key and layer describes it exactly: :func:`window_evictions`).
+
+    Attention runs from those steps (:mod:`truncsens.engine.evict_attention`, query chunks; no T × T
+    mask, memory linear in T). Models that cannot take eviction steps (see
+    :meth:`~truncsens.engine.semantics.streaming.Streaming.kept_logprobs`) get one [B, 1, T, T]
+    mask per layer (:func:`window_masks`, :func:`per_layer_masks`) instead.
 
     Returns:
         [B, V] float64 log-probabilities after the last token.
@@ -126,9 +151,23 @@ def stream_layer_windows(model, input_ids: torch.Tensor, windows: Sequence[int |
         LayerMaskError: as :func:`window_masks` and :func:`per_layer_masks`.
     """
     B, T = input_ids.shape
+    pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+    model_windows = layer_windows(model)
+    if len(windows) != len(model_windows.windows):
+        raise LayerMaskError(f"{len(windows)} windows for a model of {len(model_windows.windows)} layers")
+    if evict_attention.supported(model, model_windows):
+        evict = window_evictions(T, windows, n_sink, B, input_ids.device)
+        offset = {layer: torch.zeros(B, T, device=input_ids.device) for layer in evict}  # [B, T] each
+        kwargs = evict_attention.evict_kwargs(evict, offset, model_windows)
+        try:
+            with evict_attention.evict_attention(model):
+                out = model(input_ids=input_ids, position_ids=pos, use_cache=False, logits_to_keep=1, **kwargs)
+        except evict_attention.EvictStepsMissing:  # a decoder layer did not pass the steps on
+            out = None
+        if out is not None and evict_attention.attention_calls(kwargs) == len(evict):
+            return last_logprobs(out.logits[:, -1, :])
     dtype = next(model.parameters()).dtype
     masks = window_masks(model, T, windows, n_sink, B, dtype, input_ids.device, queries=T)
-    pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
     plain = torch.zeros(B, 1, T, T, dtype=dtype, device=input_ids.device)  # replaced in every layer
     with per_layer_masks(model, masks) as calls:
         out = model(input_ids=input_ids, position_ids=pos, attention_mask=plain, use_cache=False, logits_to_keep=1)

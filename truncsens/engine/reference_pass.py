@@ -5,10 +5,15 @@ log-probabilities at the last position, (b) optionally the attention probabiliti
 layers and heads, (c) optionally the mean key norms, and (d) optionally the key/value cache of the
 first ``T - 1`` tokens, from which prefill-evict decodes the last token against an evicted cache.
 
-The pass runs as a prefill of ``T - 1`` tokens and a one-token decode. Attention probabilities are
-read from the attention modules (``*.self_attn`` and similar) with forward hooks while the model temporarily uses the
-``eager`` attention implementation (the only one that returns them); the previous implementation
-is restored afterwards. Only the decode step needs eager unless the full matrix is asked for.
+The pass runs as a prefill of ``T - q`` tokens and a causal step of the last q (q = 1: one decode).
+Attention statistics are read from the model's own attention calls (:mod:`truncsens.engine.score_attention`):
+the model runs its own implementation (SDPA, ...) unchanged, and the queries and keys of each call
+give the few softmax rows the policies need (``needs``; :class:`~truncsens.engine.attention_rows.AttentionRows`),
+in blocks of query rows, without a T × T tensor. The full matrix (``attention=True``: tests and
+oracles) and models whose attention calls cannot be read use the **eager fallback**: forward hooks
+on the attention modules (``*.self_attn`` and similar) while the model temporarily uses the
+``eager`` implementation (the only one that returns attention weights), memory B · T² floats; the
+previous implementation is restored afterwards.
 
 For a model with sliding-window layers (:mod:`truncsens.engine.attention_windows`) the cache keeps every
 key of every layer, so statistics and prefill-evict see all T keys; the model's own masks apply the
@@ -29,8 +34,10 @@ from typing import Iterator
 import torch
 
 from truncsens.engine import kvcache
-from truncsens.engine.forward import rows_logprobs
+from truncsens.engine.attention_rows import AttentionNeeds, AttentionRows
 from truncsens.engine.attention_windows import layer_windows
+from truncsens.engine.forward import rows_logprobs
+from truncsens.engine.score_attention import NotInterceptable, intercept_attention
 
 
 @dataclass
@@ -47,6 +54,8 @@ class ReferencePass:
         With ``heads=Hkv`` (head granularity) the three carry a key/value head dimension after B:
         [B, Hkv, T], [B, Hkv, T, T], [B, Hkv, T] (module docstring).
         cache: key/value cache of the first T - 1 tokens (full context), or None.
+        rows: the attention rows and accumulated rows a run's policies read
+            (:class:`~truncsens.engine.attention_rows.AttentionRows`, asked for by ``needs``), or None.
     """
 
     logprobs: torch.Tensor
@@ -54,6 +63,7 @@ class ReferencePass:
     attention: torch.Tensor | None = None
     key_norm: torch.Tensor | None = None
     cache: object | None = None
+    rows: AttentionRows | None = None
 
 
 @contextlib.contextmanager
@@ -156,14 +166,15 @@ def _ones(b: int, t: int, device) -> torch.Tensor:
 @torch.no_grad()
 def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False, attention: bool = False,
                    key_norm: bool = False, keep_cache: bool = False, heads: int | None = None,
-                   queries: int = 1) -> ReferencePass:
+                   queries: int = 1, needs: AttentionNeeds | None = None) -> ReferencePass:
     """Full-context pass over ``input_ids`` with original positions 0..T-1.
 
     Args:
         model: transformers causal LM.
         input_ids: [B, T] int64, T >= 2.
-        last_attention: return the last query's attention row (eager decode step).
-        attention: return the full attention matrix (eager prefill too; memory B·T² floats).
+        last_attention: return the last query's attention row.
+        attention: return the full attention matrix (eager attention; memory B·T² floats): the
+            fallback and test oracle; runs read :attr:`ReferencePass.rows` instead (``needs``).
         key_norm: return the mean key norms.
         keep_cache: return the cache of the first T - 1 tokens.
         heads: None (statistics averaged over heads) or Hkv: statistics per key/value head (module docstring).
@@ -173,12 +184,17 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
             (rows of the last q queries, zeros beyond each query; [B, Hkv, q, T] per head). The
             cache is still that of the first T - 1 tokens. With q = 1 the shapes are those of
             :class:`ReferencePass`.
+        needs: attention rows and accumulated rows to return in ``rows``
+            (:class:`~truncsens.engine.attention_rows.AttentionRows`, the rows of the last q queries
+            always included), read from the model's own attention calls in blocks of query rows
+            (:mod:`truncsens.engine.score_attention`), no T × T tensor; for a model whose attention
+            calls cannot be read, from the eager fallback's full matrix.
 
     Returns:
         :class:`ReferencePass`.
 
     Raises:
-        ValueError: T < 2, or q outside 1 .. T - 1.
+        ValueError: T < 2, q outside 1 .. T - 1, or a needed position outside 0 .. T - 1.
         NonFiniteLogitsError: NaN or infinite logits.
     """
     B, T = input_ids.shape
@@ -187,34 +203,46 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
     if not 1 <= queries < T:
         raise ValueError(f"the reference pass returns 1 .. T - 1 = {T - 1} last queries, got {queries}")
     q = queries
-    device = input_ids.device
-    pos = torch.arange(T, device=device).expand(B, T)  # [B, T]
-    # every key is kept, also in sliding-window layers (the model's masks still apply their windows)
-    cache = kvcache.new_full_cache(model) if layer_windows(model).windowed else kvcache.new_cache(model)
-    kw = kvcache.cache_keyword(model)
-    collector = AttentionCollector(model, heads) if (attention or last_attention) else None
-    prefix_rows = None
-    with eager_attention(model) if attention else contextlib.nullcontext():
-        with collector.collect() if attention else contextlib.nullcontext():
-            model(input_ids=input_ids[:, : T - q], position_ids=pos[:, : T - q], attention_mask=_ones(B, T - q, device),
-                  use_cache=True, logits_to_keep=1, **{kw: cache})
-        if attention:
-            prefix_rows = collector.mean()  # [B, T-q, T-q] ([B, Hkv, T-q, T-q] per head)
-    with eager_attention(model) if collector else contextlib.nullcontext():
-        with collector.collect() if collector else contextlib.nullcontext():
-            out = model(input_ids=input_ids[:, T - q :], position_ids=pos[:, T - q :], attention_mask=_ones(B, T, device),
-                        use_cache=True, logits_to_keep=q, **{kw: cache})
-        last_rows = collector.mean()[..., -q:, :] if collector else None  # [B, q, T] ([B, Hkv, q, T] per head)
+    last = range(T - q, T)
+    if needs is not None or (last_attention and not attention):
+        needs = (needs or AttentionNeeds()) | AttentionNeeds.of(rows=last)
+        if any(not 0 <= p < T for p in needs.rows + needs.cumulative):
+            raise ValueError(f"attention statistics of queries outside 0 .. {T - 1} were asked for")
+    rows = None
+    out = cache = None
+    if needs is not None and not attention:
+        try:
+            with intercept_attention(model, needs, T, heads) as acc:
+                out, cache, _, _ = _passes(model, input_ids, q, None)
+                if not acc.layers:
+                    raise NotInterceptable("no attention call reached transformers' attention interface")
+                rows = acc.result()
+        except NotInterceptable:
+            out = None  # the eager fallback below
+    prefix_rows = last_rows = None
+    if out is None:
+        eager_prefix = attention or (needs is not None and (needs.cumulative or needs.rows[0] < T - q))
+        collector = AttentionCollector(model, heads) if (attention or last_attention or needs is not None) else None
+        out, cache, prefix_rows, last_rows = _passes(model, input_ids, q, collector, eager_prefix)
     lp = rows_logprobs(out.logits, q)  # [B, q, V]
     result = ReferencePass(lp[:, 0] if q == 1 else lp)  # [B, V] for one query
-    last_row = last_rows[..., -1, :] if q == 1 and last_rows is not None else last_rows  # [B, (Hkv,) T] for one query
-    if last_attention or attention:
-        result.last_attention = last_row
-    if attention:
-        full = torch.zeros(*last_rows.shape[:-2], T, T, dtype=torch.float32, device=device)  # [B, (Hkv,) T, T]
+    if prefix_rows is not None:
+        full = torch.zeros(*last_rows.shape[:-2], T, T, dtype=torch.float32, device=input_ids.device)  # [B, (Hkv,) T, T]
         full[..., : T - q, : T - q] = prefix_rows
         full[..., T - q :, :] = last_rows
-        result.attention = full
+        if attention:
+            result.attention = full
+        if needs is not None:
+            rows = AttentionRows.of_matrix(full, needs)
+    elif last_rows is not None and needs is not None:  # eager decode step only: the last q rows
+        pos = torch.arange(T - q, T, device=input_ids.device)  # [q]
+        empty = last_rows.new_zeros(*last_rows.shape[:-2], 0, T)  # [B, (Hkv,) 0, T]
+        rows = AttentionRows(pos, last_rows, pos[:0], empty)
+    if rows is not None:
+        result.rows = rows
+        last_rows = rows.row(torch.arange(T - q, T))  # [B, (Hkv,) q, T]
+    if last_attention or attention:
+        result.last_attention = last_rows[..., -1, :] if q == 1 else last_rows  # [B, (Hkv,) T] for one query
     if key_norm:
         norms = [kvcache.layer_kv(cache, layer)[0].float().norm(dim=-1) for layer in range(kvcache.n_layers(cache))]  # [B, Hkv, T] each
         norms = [n if heads else n.mean(1) for n in norms]  # [B, Hkv, T] per head, else [B, T]
@@ -223,3 +251,35 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
         kvcache.truncate(cache, T - 1)
         result.cache = cache
     return result
+
+
+def _passes(model, input_ids: torch.Tensor, q: int, collector: AttentionCollector | None, eager_prefix: bool = False):
+    """The prefill of the first T - q tokens and the causal step of the last q, on a new cache that
+    keeps every key (also of sliding-window layers: the model's masks still apply their windows).
+    With ``collector`` the step runs under eager attention and its rows are collected, and with
+    ``eager_prefix`` the prefill's too.
+
+    Returns:
+        (the step's model output, the cache, prefill rows [B, (Hkv,) T-q, T-q] or None, step rows
+        [B, (Hkv,) q, T] or None).
+    """
+    B, T = input_ids.shape
+    device = input_ids.device
+    pos = torch.arange(T, device=device).expand(B, T)  # [B, T]
+    cache = kvcache.new_full_cache(model) if layer_windows(model).windowed else kvcache.new_cache(model)
+    kw = kvcache.cache_keyword(model)
+    prefix_rows = last_rows = None
+    eager = collector is not None and eager_prefix
+    with eager_attention(model) if eager else contextlib.nullcontext():
+        with collector.collect() if eager else contextlib.nullcontext():
+            model(input_ids=input_ids[:, : T - q], position_ids=pos[:, : T - q], attention_mask=_ones(B, T - q, device),
+                  use_cache=True, logits_to_keep=1, **{kw: cache})
+        if eager:
+            prefix_rows = collector.mean()  # [B, T-q, T-q] ([B, Hkv, T-q, T-q] per head)
+    with eager_attention(model) if collector else contextlib.nullcontext():
+        with collector.collect() if collector else contextlib.nullcontext():
+            out = model(input_ids=input_ids[:, T - q :], position_ids=pos[:, T - q :], attention_mask=_ones(B, T, device),
+                        use_cache=True, logits_to_keep=q, **{kw: cache})
+        if collector:
+            last_rows = collector.mean()[..., -q:, :]  # [B, q, T] ([B, Hkv, q, T] per head)
+    return out, cache, prefix_rows, last_rows

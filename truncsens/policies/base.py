@@ -91,8 +91,16 @@ class Policy:
         """Capabilities (of :data:`CAPABILITIES`) the semantics must provide for this policy."""
         return frozenset({SCORE_KINDS[self.score_kind()]} if self.needs_scores else ())
 
-    def window_scores(self, attention: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:  # pragma: no cover
-        """[B, Q, T] scores from full-prefill attention [B, T, T] (only for ``window_attention`` policies)."""
+    def window_rows(self, queries: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """[R] int64 sorted query positions whose attention rows :meth:`window_scores` reads for the
+        queries [Q] (only for ``window_attention`` policies)."""
+        raise NotImplementedError
+
+    def window_scores(self, attention: torch.Tensor, queries: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:  # pragma: no cover
+        """[B, Q, T] scores from full-prefill attention rows [B, R, T] of the query positions ``rows``
+        [R] (at least :meth:`window_rows`; None: the full matrix [B, T, T]); only for
+        ``window_attention`` policies."""
         raise NotImplementedError
 
     def stream_protected(self, end: int, budget: int, device) -> torch.Tensor:

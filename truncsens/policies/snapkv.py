@@ -42,23 +42,33 @@ class SnapKVPolicy(Policy):
         """``"window_attention"``."""
         return "window_attention"
 
-    def window_scores(self, attention: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    def window_rows(self, queries: torch.Tensor) -> torch.Tensor:
+        """[R] int64 sorted prompt queries the observation windows of ``queries`` [Q] cover (the rows
+        :meth:`window_scores` reads): ``max(0, q - w) .. q - 1`` for each q."""
+        rows = {r for q in queries.tolist() for r in range(max(0, q - self.window), q)}
+        return torch.tensor(sorted(rows), dtype=torch.long, device=queries.device)
+
+    def window_scores(self, attention: torch.Tensor, queries: torch.Tensor,
+                      rows: torch.Tensor | None = None) -> torch.Tensor:
         """Pooled votes of the observation window of each query.
 
         Args:
-            attention: [B, T, T] attention rows of a full prefill (mean over layers and heads).
+            attention: [B, R, T] attention rows of a full prefill (mean over layers and heads) of
+                the query positions ``rows`` [R] (at least :meth:`window_rows`); ``rows`` None: the
+                full matrix [B, T, T], rows 0 .. T - 1.
             queries: [Q] int64; the window of query q is the prompt queries ``max(0, q - w) .. q - 1``.
 
         Returns:
             [B, Q, T] float32 pooled votes (keys j >= q get 0 before pooling).
         """
-        B, T, _ = attention.shape
-        rows = torch.arange(T, device=attention.device)
+        B, R, T = attention.shape
+        keys = torch.arange(T, device=attention.device)  # [T]
+        rows = keys if rows is None else rows.to(attention.device)  # [R] query position of each row
         out = []
         for q in queries.tolist():
-            in_window = (rows < q) & (rows >= q - self.window)  # [T]
-            votes = (attention * in_window.view(1, T, 1)).sum(1)  # [B, T]
-            votes = torch.where(rows < q, votes, torch.zeros_like(votes))
+            in_window = (rows < q) & (rows >= q - self.window)  # [R]
+            votes = attention[:, in_window].sum(1)  # [B, T]
+            votes = torch.where(keys < q, votes, torch.zeros_like(votes))
             pooled = torch.nn.functional.avg_pool1d(votes.unsqueeze(1), self.kernel, stride=1, padding=self.kernel // 2,
                                                     count_include_pad=False)  # [B, 1, T]
             out.append(pooled[:, 0])

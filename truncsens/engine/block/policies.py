@@ -91,7 +91,8 @@ def target_scores(semantics: Semantics, policy: Policy, ref: ReferencePass, L: i
     for j in range(B):
         c = L - B + 1 + j  # target j's actual context
         prefix = ReferencePass(None, attention=None if ref.attention is None else ref.attention[:, :c, :c],
-                               key_norm=None if ref.key_norm is None else ref.key_norm[:, :c])  # a c-token reference
+                               key_norm=None if ref.key_norm is None else ref.key_norm[:, :c],
+                               rows=None if ref.rows is None else ref.rows.prefix(c))  # a c-token reference
         out.append(semantics.scores(policy, prefix, torch.tensor([c - 1], device=ref.logprobs.device)))
     return out
 

@@ -13,6 +13,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 import torch
 
 from truncsens.engine.attention_features import ALIBI, attention_features
+from truncsens.engine.attention_rows import AttentionNeeds, AttentionRows
 from truncsens.engine.granularity import fold_reference, heads_of
 from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
@@ -144,12 +145,33 @@ class Semantics:
     def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
                   granularity: str = "token", queries: int = 1) -> ReferencePass:
         """Full-context pass over ``input_ids`` [B, T] with what ``policies`` and the kept passes need
-        (statistics per key/value head under head granularity); the outputs of the last ``queries``
+        (statistics per key/value head under head granularity; the attention rows of
+        :meth:`attention_needs`, without a T × T matrix); the outputs of the last ``queries``
         positions (the block protocol: :func:`~truncsens.engine.reference_pass.reference_pass`)."""
         kinds = {p.score_kind() for p in policies}
-        return reference_pass(model, input_ids, last_attention=True, attention=bool(kinds & set(ATTENTION_KINDS)),
-                              key_norm="key_norm" in kinds, keep_cache=self.keeps_cache, heads=heads_of(model, granularity),
-                              queries=queries)
+        needs = self.attention_needs(policies, input_ids.shape[1], queries)
+        return reference_pass(model, input_ids, last_attention=True, key_norm="key_norm" in kinds,
+                              keep_cache=self.keeps_cache, heads=heads_of(model, granularity), queries=queries,
+                              needs=needs)
+
+    def attention_needs(self, policies: Sequence[Policy], context_len: int, queries: int = 1) -> AttentionNeeds:
+        """The attention rows and accumulated rows :meth:`scores` reads for ``policies`` at the target
+        queries (those of :meth:`queries`, and the last ``queries`` positions of the block protocol,
+        whose prefixes are the targets' references): accumulated attention at each target query
+        (``attention``), the row before it (``last_attention``), the policy's observation windows
+        (``window_attention``, :meth:`~truncsens.policies.base.Policy.window_rows`)."""
+        T = context_len
+        targets = sorted(set(self.queries(T, "cpu").tolist()) | set(range(T - queries, T)))
+        rows, cumulative = set(), set()
+        for policy in policies:
+            kind = policy.score_kind()
+            if kind == "attention":
+                cumulative |= set(targets)
+            elif kind == "last_attention":
+                rows |= {t - 1 for t in targets if t > 0}
+            elif kind == "window_attention":
+                rows |= set(policy.window_rows(torch.tensor(targets)).tolist())
+        return AttentionNeeds.of(rows, cumulative)
 
     def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor) -> torch.Tensor | None:
         """[B, Q, T] scores for ``policy`` from the full-context reference pass, or None when it needs none
@@ -159,18 +181,24 @@ class Semantics:
         up to each query (H2O-style, arXiv 2306.14048); ``last_attention``: the attention row of the
         query before each query (TOVA, arXiv 2401.06104; zeros for query 0); ``window_attention``: the
         policy's :meth:`~truncsens.policies.base.Policy.window_scores` of the attention rows (SnapKV,
-        arXiv 2404.14469); ``key_norm``: mean L2 norm of each key.
+        arXiv 2404.14469); ``key_norm``: mean L2 norm of each key. Attention scores read ``ref.rows``
+        (:meth:`attention_needs`), or the full matrix ``ref.attention`` when only that is there.
+
+        Raises:
+            ValueError: ``ref`` lacks a row or accumulated row the policy reads.
         """
         kind = policy.score_kind()
         if kind is None:
             return None
-        if kind == "attention":
-            return ref.attention.cumsum(1)[:, queries, :]  # [B, Q, T]
-        if kind == "last_attention":
-            rows = ref.attention[:, (queries - 1).clamp(min=0), :]  # [B, Q, T]
-            return torch.where((queries > 0).view(1, -1, 1), rows, torch.zeros_like(rows))
-        if kind == "window_attention":
-            return policy.window_scores(ref.attention, queries)  # [B, Q, T]
+        if kind in ATTENTION_KINDS:
+            att = ref.rows if ref.rows is not None else AttentionRows.of_matrix(ref.attention)
+            if kind == "attention":
+                return att.accumulated(queries)  # [B, Q, T]
+            if kind == "last_attention":
+                rows = att.row((queries - 1).clamp(min=0))  # [B, Q, T]
+                return torch.where((queries > 0).view(1, -1, 1), rows, torch.zeros_like(rows))
+            window = policy.window_rows(queries)  # [R]
+            return policy.window_scores(att.row(window), queries, window)  # [B, Q, T]
         B, T = ref.key_norm.shape
         return ref.key_norm.unsqueeze(1).expand(B, queries.numel(), T)  # [B, Q, T]
 

@@ -23,7 +23,7 @@ from truncsens.engine.forward import model_dtype, rows_logprobs
 from truncsens.engine.granularity import groups_of, heads_of
 from truncsens.engine.masks import check_causal
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
-from truncsens.engine.semantics.base import Semantics, windows_of
+from truncsens.engine.semantics.base import Semantics, SemanticsError, windows_of
 from truncsens.engine.streaming_pass import decide_offline, stream_online
 from truncsens.policies.base import ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, Kept, Policy, head_seeds
 from truncsens.policies.streaming import Evictions
@@ -131,8 +131,34 @@ class Streaming(Semantics):
                 # some attention layer did not call the attention interface (it ran its own full causal
                 # attention) or got no eviction steps: that output is discarded and the dense mask,
                 # which every layer reads, is used
+            per_head = kept.evict.dim() == 3
+            check_dense_size(model, kept.evict.shape[0] * (kept.evict.shape[1] if per_head else 1), T, per_head)
             kept = kept.kept()
         return dense_kept_logprobs(model, input_ids, kept, windows, keep)
+
+
+DENSE_MAX_BYTES = 8 << 30  # the dense fallback refuses masks and kept sets above 8 GiB
+
+
+def check_dense_size(model, rows: int, T: int, per_head: bool = False, limit: int | None = None) -> None:
+    """Refuse the dense fallback when its T × T tensors would exceed ``limit`` bytes: ``rows`` kept
+    sets (B, or B · Hkv per head) of T × T bools and float32 offsets, and their additive mask in the
+    model's dtype (one per query head under head granularity, counted as G = H / Hkv masks per row);
+    ``limit`` None: :data:`DENSE_MAX_BYTES`.
+
+    Raises:
+        SemanticsError: above the limit (the message gives the size and the cause).
+    """
+    limit = DENSE_MAX_BYTES if limit is None else limit
+    groups = groups_of(model, per_head)
+    width = torch.finfo(model_dtype(model)).bits // 8
+    need = rows * T * T * (1 + 4 + width * groups)
+    if need > limit:
+        raise SemanticsError(
+            f"streaming at T = {T}: this model's attention cannot take eviction steps (it does not run "
+            "transformers' attention interface with the forward call's keyword arguments), and the dense "
+            f"fallback's T x T kept sets and mask would take {need / 2**30:.1f} GiB (limit {limit / 2**30:.0f} GiB); "
+            "use a shorter --reference-context, or --semantics prefill_evict or reencode")
 
 
 def dense_kept_logprobs(model, input_ids: torch.Tensor, kept: Kept, windows, keep: int = 1) -> torch.Tensor:
@@ -153,6 +179,7 @@ def dense_kept_logprobs(model, input_ids: torch.Tensor, kept: Kept, windows, kee
     """
     B, T = input_ids.shape
     pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+    check_dense_size(model, B * (kept.keep.shape[1] if kept.per_head else 1), T, kept.per_head)
     check_causal(kept.keep)
     mask = kept_attention_mask(windows, kept.keep, kept.offset, pos, pos, model_dtype(model),
                                groups_of(model, kept.per_head))
