@@ -73,7 +73,7 @@ def _excess(evicted_share, evicted_share_expected):
 
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("certificate", ("radius_eb", "attn_norm_hat"),
-              certificate_score, "mean over heads of r_EB/||o_hat|| (the certificate score)"),
+              lambda radius_eb, attn_norm_hat: certificate_score(radius_eb, attn_norm_hat), "mean over heads of r_EB/||o_hat|| (the certificate score)"),
     Candidate("certificate_median", ("radius_eb", "attn_norm_hat"),
               lambda radius_eb, attn_norm_hat: np.median(_heads(relative_radius(radius_eb, attn_norm_hat)), 1),
               "median over heads of r_EB/||o_hat||"),
@@ -184,6 +184,8 @@ def auc_by_documents(scores: dict[str, np.ndarray], caused: np.ndarray, doc: np.
         name -> {"value": float, "ci": [lo, hi]} ([NaN, NaN] with fewer than two documents).
     """
     docs, index = np.unique(np.asarray(doc, dtype=str), return_inverse=True)
+    if any(np.shape(s) != index.shape for s in scores.values()):
+        raise ValueError("every score needs one value per record of doc")
     w = resample_weights(len(docs), n_boot if len(docs) > 1 else 0, seed)  # [1 + n_boot, G]
     caused = np.asarray(caused, bool)
     out = {}
@@ -201,3 +203,41 @@ def choose_candidate(dev_aucs: dict[str, float]) -> str:
     best = max(CANDIDATES, key=lambda c: (-math.inf if math.isnan(dev_aucs[c.name]) else dev_aucs[c.name],
                                           -CANDIDATES.index(c)))
     return best.name
+
+
+def decomposition(ds, n_boot: int = 200, seed: int = 0, policy: str = "poisson") -> dict:
+    """Where attribution is lost and the realizable score chosen on development documents (module
+    docstring), poisson, pooled over budgets, among the evicted run's failures.
+
+    Returns:
+        {"all_documents": name -> {"value", "ci"} for certificate, oracle_error, oracle_kl, confidence
+        (−confidence of the evicted run) and every candidate; "split": rule and document ids;
+        "counts": eviction-caused / inherent failures on development and held-out documents;
+        "development": candidate -> AUC; "chosen": its name; "held_out": name -> {"value", "ci"} of
+        "chosen", certificate, oracle_error, oracle_kl, confidence on held-out documents;
+        "held_out_every_candidate": candidate -> AUC (not used for the choice); "aim": :data:`AIM`;
+        "heads": :func:`head_aucs`; "candidates": name -> description and inputs}.
+    """
+    from truncsens.certificates.attribution import target_records
+
+    r = target_records(ds, None, policy)
+    s = stacked_scores(ds, policy)
+    among, caused, doc = r["fail_kept"], r["fail_kept"] & ~r["fail_ref"], r["doc"]
+    fixed = {"certificate": s["certificate"], "oracle_error": s["oracle_error"], "oracle_kl": s["oracle_kl"],
+             "confidence": -np.asarray(r["conf_kept"], float)}
+    everything = {**fixed, **{c.name: s[c.name] for c in CANDIDATES[1:]}}
+    all_docs = auc_by_documents({k: v[among] for k, v in everything.items()}, caused[among], doc[among], n_boot, seed)
+    split = document_split(doc)
+    dev = split.pop("development_mask")
+    dev_aucs = {c.name: auc(s[c.name][among & dev], caused[among & dev]) for c in CANDIDATES}
+    chosen = choose_candidate(dev_aucs)
+    held = among & ~dev
+    held_out = auc_by_documents({k: v[held] for k, v in {"chosen": s[chosen], **fixed}.items()}, caused[held],
+                                doc[held], n_boot, seed)
+    counts = {name: {"eviction_caused": int((caused & m).sum()), "inherent": int((among & ~caused & m).sum())}
+              for name, m in (("development", dev), ("held_out", ~dev))}
+    return {"all_documents": all_docs, "split": split, "counts": counts, "development": dev_aucs, "chosen": chosen,
+            "held_out": held_out, "aim": AIM,
+            "held_out_every_candidate": {c.name: auc(s[c.name][held], caused[held]) for c in CANDIDATES},
+            "heads": head_aucs(ds, among, caused, policy),
+            "candidates": {c.name: {"description": c.description, "inputs": list(c.inputs)} for c in CANDIDATES}}
