@@ -173,23 +173,29 @@ def document_split(doc: np.ndarray) -> dict:
     return {"rule": SPLIT_RULE, "development": dev, "held_out": held, "development_mask": np.isin(doc, dev)}
 
 
-def auc_by_documents(scores: dict[str, np.ndarray], caused: np.ndarray, doc: np.ndarray, n_boot: int = 200,
-                     seed: int = 0, level: float = 0.95) -> dict[str, dict]:
-    """Attribution AUC of every score with a paired percentile bootstrap over documents.
+def auc_by_documents(scores: dict[str, np.ndarray], caused: np.ndarray, among: np.ndarray, doc: np.ndarray,
+                     n_boot: int = 200, seed: int = 0, level: float = 0.95) -> dict[str, dict]:
+    """Attribution AUC of every score over the records ``among``, with a paired percentile bootstrap
+    over the documents of all records (the resamples of
+    :func:`truncsens.certificates.attribution.by_documents` at the same seed).
 
     Args:
-        scores: name -> [m] scores of the failures; caused: [m] bool eviction-caused; doc: [m] ids.
+        scores: name -> [m] scores; caused: [m] bool eviction-caused; among: [m] bool the records the
+            AUC runs over (failures); doc: [m] document ids.
 
     Returns:
         name -> {"value": float, "ci": [lo, hi]} ([NaN, NaN] with fewer than two documents).
+
+    Raises:
+        ValueError: arrays of different lengths.
     """
     docs, index = np.unique(np.asarray(doc, dtype=str), return_inverse=True)
-    if any(np.shape(s) != index.shape for s in scores.values()):
-        raise ValueError("every score needs one value per record of doc")
+    caused, among = np.asarray(caused, bool), np.asarray(among, bool)
+    if any(np.shape(a) != index.shape for a in (caused, among, *scores.values())):
+        raise ValueError("every score, caused and among need one value per record of doc")
     w = resample_weights(len(docs), n_boot if len(docs) > 1 else 0, seed)  # [1 + n_boot, G]
-    caused = np.asarray(caused, bool)
+    takes = [t[among[t]] for t in (np.repeat(np.arange(index.size), weights[index].astype(int)) for weights in w)]
     out = {}
-    takes = [np.repeat(np.arange(index.size), weights[index].astype(int)) for weights in w]
     for name, s in scores.items():
         s = np.asarray(s, float)
         values = [auc(s[t], caused[t]) for t in takes]
@@ -226,14 +232,14 @@ def decomposition(ds, n_boot: int = 200, seed: int = 0, policy: str = "poisson")
     fixed = {"certificate": s["certificate"], "oracle_error": s["oracle_error"], "oracle_kl": s["oracle_kl"],
              "confidence": -np.asarray(r["conf_kept"], float)}
     everything = {**fixed, **{c.name: s[c.name] for c in CANDIDATES[1:]}}
-    all_docs = auc_by_documents({k: v[among] for k, v in everything.items()}, caused[among], doc[among], n_boot, seed)
+    all_docs = auc_by_documents(everything, caused, among, doc, n_boot, seed)
     split = document_split(doc)
     dev = split.pop("development_mask")
     dev_aucs = {c.name: auc(s[c.name][among & dev], caused[among & dev]) for c in CANDIDATES}
     chosen = choose_candidate(dev_aucs)
     held = among & ~dev
-    held_out = auc_by_documents({k: v[held] for k, v in {"chosen": s[chosen], **fixed}.items()}, caused[held],
-                                doc[held], n_boot, seed)
+    held_out = auc_by_documents({k: v[~dev] for k, v in {"chosen": s[chosen], **fixed}.items()}, caused[~dev],
+                                among[~dev], doc[~dev], n_boot, seed)
     counts = {name: {"eviction_caused": int((caused & m).sum()), "inherent": int((among & ~caused & m).sum())}
               for name, m in (("development", dev), ("held_out", ~dev))}
     return {"all_documents": all_docs, "split": split, "counts": counts, "development": dev_aucs, "chosen": chosen,
