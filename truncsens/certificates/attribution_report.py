@@ -9,6 +9,11 @@ fixed before looking at any result (:func:`truncsens.certificates.attribution.ve
 "holds" when its bootstrap interval over documents lies on the claimed side (AUC above 0.5, a
 difference above 0), "not shown" when only the estimate does, "fails" otherwise. "Confidence at or
 below chance" holds when the interval of its attribution AUC reaches down to 0.5.
+
+``"decomposition"`` and the section "where attribution is lost" [ours]: the ORACLE AUCs of the true
+error and the output KL beside the certificate's and confidence's, and the realizable score chosen
+on development documents, reported on held-out ones
+(:func:`truncsens.certificates.attribution_scores.decomposition`).
 """
 
 from __future__ import annotations
