@@ -109,7 +109,7 @@ def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None =
     done = run_attribution(cfg, loaded)
     summary = summarize_attribution(done.dataset, seed=cfg.seed)
     figure = save_curves(done.dataset, plot_out) if plot_out is not None else None
-    heads = tuple(save_heads(summary["decomposition"]["heads"], plot_out)) if plot_out is not None else ()
+    heads = tuple(save_heads(summary["decomposition"]["heads"], plot_out)) if plot_out is not None else ()  # new runs: always
     summary["files"] = [*([str(done.path)] if keep else []), *([str(figure)] if figure is not None else []),
                         *(str(p) for p in heads)]
     return Attribution(done.dataset, summary, Path(done.path) if keep else None, figure, heads)

@@ -102,7 +102,8 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
                   "claims": ["confidence at or below chance for attribution", "certificate-gated recomputation beats "
                              "random and confidence-gated", "confidence predicts failure better than the certificate"]},
         "trajectory": json.loads(traj) if traj else None,
-        "decomposition": decomposition(ds, n_boot, seed),
+        # files written before the server-side records: no decomposition
+        "decomposition": decomposition(ds, n_boot, seed) if "attn_norm_hat" in ds else None,
     }
 
 
@@ -148,7 +149,8 @@ def format_attribution(s: dict) -> str:
     for f in GATE_FRACTIONS:
         lines.append(f"  certificate-gated beats random / confidence-gated at {100 * f:g}%: "
                      f"{v[f'gating_beats_random_{f:g}']} / {v[f'gating_beats_confidence_{f:g}']}")
-    lines += ["", *format_decomposition(s["decomposition"])]
+    if s.get("decomposition"):
+        lines += ["", *format_decomposition(s["decomposition"])]
     t = s.get("trajectory")
     if t:
         lines += ["", f"trajectory: {t['n_steps']} greedy steps from {t['prefix_tokens']} tokens of {t['doc']}, "
