@@ -115,14 +115,17 @@ STEPS = [
     Step("induction-probe", "python benchmarks/induction_probe.py --out results/induction-probe.json",
          ("results/induction-probe.json",)),
     Step("certify-attribution", "truncsens certify-attribution --domain code --trajectory 8",
-         ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png")),
+         ("results/reference-code-attribution.nc", "results/reference-code-attribution-recomputation.png",
+         "results/reference-code-attribution-attribution-heads.png", "results/reference-code-attribution-attribution-heads.pdf")),
     Step("certify-attribution-max-kv8", "truncsens certify-attribution --domain code --reference-context 2048 "
                                         "--out results/reference-code-attribution-2048-kv8.nc",
-         ("results/reference-code-attribution-2048-kv8.nc", "results/reference-code-attribution-2048-kv8-recomputation.png")),
+         ("results/reference-code-attribution-2048-kv8.nc", "results/reference-code-attribution-2048-kv8-recomputation.png",
+         "results/reference-code-attribution-2048-kv8-attribution-heads.png", "results/reference-code-attribution-2048-kv8-attribution-heads.pdf")),
     Step("recall-accuracy-64", "python benchmarks/recall_accuracy.py --model reference --kv-docs 64"),
     Step("certify-attribution-max", "truncsens certify-attribution --domain code --reference-context 2048 --kv-docs 64 "
                                     "--out results/reference-code-attribution-2048.nc",
-         ("results/reference-code-attribution-2048.nc", "results/reference-code-attribution-2048-recomputation.png")),
+         ("results/reference-code-attribution-2048.nc", "results/reference-code-attribution-2048-recomputation.png",
+         "results/reference-code-attribution-2048-attribution-heads.png", "results/reference-code-attribution-2048-attribution-heads.pdf")),
     Step("policies-streaming-a", "truncsens measure --policy suffix,sink_recent,h2o,tova,key_norm,topk "
                                  f"--semantics streaming {POLICY_OPTS} --out results/stream-a.nc", ("results/stream-a.nc",)),
     Step("policies-streaming-b", f"truncsens measure --policy random,poisson --semantics streaming {POLICY_OPTS} "
@@ -177,6 +180,7 @@ FIGURES = {  # a step's figure -> the path the pages show it at
     "results/stream-a-policies.png": "docs/reference-policies.png",
     "results/reference-code-attribution-recomputation.png": "docs/reference-attribution.png",
     "results/certify-fresh-47-reliability.png": "docs/reference-certify-reliability.png",
+    "results/reference-code-attribution-2048-attribution-heads.png": "docs/reference-attribution-heads.png",
 }
 PAGES = ("README.md", "docs/*.md")
 MARKER = re.compile(r"^<!-- numbers: ([\w-]+) -->\n(```[^\n]*\n)(.*?)(^```$)", re.M | re.S)

@@ -19,6 +19,7 @@ import xarray as xr
 from truncsens.certificates.designs import DEFAULT_OBS_WINDOW, DEFAULT_TEMPER
 from truncsens import DEFAULT_DEVICE, results
 from truncsens.api.measure import model_argument, python_call
+from truncsens.certificates.attribution_figures import heads_paths, save_heads
 from truncsens.certificates.attribution_report import curves_path, format_attribution, save_curves, summarize_attribution
 from truncsens.certificates.attribution_driver import AttributionConfig, run_attribution
 from truncsens.engine.options import config_fields
@@ -36,12 +37,15 @@ class Attribution:
             (:func:`truncsens.certificates.attribution_report.summarize_attribution`), with ``files``: what was written.
         path: the results file kept (None: held in memory only).
         figure: the recomputation curves' figure, or None.
+        head_figures: the per-head attribution figure (PNG, PDF;
+            :mod:`truncsens.certificates.attribution_figures`), or empty.
     """
 
     dataset: xr.Dataset
     summary: dict
     path: Path | None
     figure: Path | None
+    head_figures: tuple[Path, ...] = ()
 
     @classmethod
     def load(cls, path: str | Path, seed: int = 0) -> "Attribution":
@@ -91,21 +95,24 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
 def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None = None,
                            loaded: LoadedModel | None = None, keep: bool = True) -> Attribution:
     """Run ``cfg`` (:func:`truncsens.certificates.attribution_driver.run_attribution`), summarize it, and draw the
-    curves to ``plot_out`` (None: none).
+    curves and the per-head figure next to ``plot_out`` (None: none).
 
     Args:
         keep: whether ``cfg.out`` is kept (False: a temporary file, recorded nowhere).
 
     Raises:
-        FileExistsError: the results file or the figure exists and not ``cfg.overwrite``, checked first.
+        FileExistsError: the results file or a figure exists and not ``cfg.overwrite``, checked first.
         as :func:`truncsens.certificates.attribution_driver.run_attribution`.
     """
-    check_new_files([cfg.out, *([curves_path(plot_out)] if plot_out is not None else [])], cfg.overwrite)
+    figures = [curves_path(plot_out), *heads_paths(plot_out)] if plot_out is not None else []
+    check_new_files([cfg.out, *figures], cfg.overwrite)
     done = run_attribution(cfg, loaded)
     summary = summarize_attribution(done.dataset, seed=cfg.seed)
     figure = save_curves(done.dataset, plot_out) if plot_out is not None else None
-    summary["files"] = [*([str(done.path)] if keep else []), *([str(figure)] if figure is not None else [])]
-    return Attribution(done.dataset, summary, Path(done.path) if keep else None, figure)
+    heads = tuple(save_heads(summary["decomposition"]["heads"], plot_out)) if plot_out is not None else ()  # new runs: always
+    summary["files"] = [*([str(done.path)] if keep else []), *([str(figure)] if figure is not None else []),
+                        *(str(p) for p in heads)]
+    return Attribution(done.dataset, summary, Path(done.path) if keep else None, figure, heads)
 
 
 def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code",

@@ -11,9 +11,12 @@ Definitions, fixed before any result was looked at:
 - **eviction-caused** failure: the evicted run fails and the full-cache run does not;
   **inherent** failure: both fail.
 - **certificate score** of a target (poisson only): the mean over all layers and KV heads of the
-  relative empirical-Bernstein radius ``r_EB / ‖o‖₂`` of the target query (:func:`certificate_score`);
-  an infinite radius (fewer than 2 kept random keys) makes it +inf. Higher means "more likely
-  eviction-caused".
+  relative empirical-Bernstein radius ``r_EB / ‖ô‖₂`` of the target query (:func:`certificate_score`),
+  normalized by the norm of the Hájek output ô the server computed, not by the full-cache ‖o‖ it
+  does not have; an infinite radius (fewer than 2 kept random keys) makes it +inf. Higher means
+  "more likely eviction-caused". (Files without ``attn_hat_norm``, those written
+  before it was stored, fall back to the full-cache ``attn_norm``.) The oracle scores beside it (the true error, the output KL) and the realizable
+  candidates are in :mod:`truncsens.certificates.attribution_scores`.
 - **confidence**: the largest next-token probability of the evicted run (and, beside it, of the
   full-cache run); *lower* confidence means "more likely failure", so its AUC is that of −confidence.
 - **AUC**: the Mann–Whitney statistic ``U / (n₊ n₋)`` (ties count 1/2), scipy.stats.mannwhitneyu.
@@ -49,10 +52,11 @@ def failures(argmax: np.ndarray, token_id: np.ndarray, nll: np.ndarray, threshol
 
 
 def certificate_score(radius: np.ndarray, o_norm: np.ndarray) -> np.ndarray:
-    """[n] mean over layers and heads of ``radius / ‖o‖`` (module docstring).
+    """[n] mean over layers and heads of ``radius / norm`` (module docstring: the norm is ‖ô‖₂).
 
     Args:
-        radius: [n, L, H] empirical-Bernstein radii; o_norm: [n, L, H] ``‖o‖₂`` (same units).
+        radius: [n, L, H] empirical-Bernstein radii; o_norm: [n, L, H] the output norm they are
+            relative to (same units; the run's ``attn_hat_norm``).
 
     Returns:
         [n] float64 (+inf where some radius is +inf; NaN where ``‖o‖ = 0`` meets a zero radius).
@@ -67,7 +71,9 @@ def target_records(ds, budget: int | None = None, policy: str = "poisson") -> di
     """Per-target arrays of a certify results Dataset for ``policy`` at one budget (all budgets
     stacked, budget by budget, when None): ``cert`` (:func:`certificate_score`), ``conf_kept``,
     ``conf_ref``, ``fail_kept`` and ``fail_ref`` (:func:`failures` at the file's ``failure_nll``
-    attr, else :data:`FAILURE_NLL`) and ``doc``; each [n] (or [K·n])."""
+    attr, else :data:`FAILURE_NLL`) and ``doc``; each [n] (or [K·n]). The certificate is relative to
+    ``attn_hat_norm`` (‖ô‖), or to ``attn_norm`` in a file without it."""
+    norm = "attn_hat_norm" if "attn_hat_norm" in ds else "attn_norm"  # older files: no ‖ô‖ stored
     threshold = float(ds.attrs.get("failure_nll", FAILURE_NLL))
     budgets = [int(b) for b in ds["budget"].values] if budget is None else [budget]
     token, doc = ds["token_id"].values, np.asarray(ds["doc"].values, dtype=str)
@@ -75,7 +81,7 @@ def target_records(ds, budget: int | None = None, policy: str = "poisson") -> di
     for k in budgets:
         sel = ds.sel(policy=policy, budget=k)
         parts.append({
-            "cert": certificate_score(sel["radius_eb"].values, sel["attn_norm"].values),
+            "cert": certificate_score(sel["radius_eb"].values, sel[norm].values),
             "conf_kept": sel["confidence_kept"].values, "conf_ref": ds["confidence_ref"].values,
             "fail_kept": failures(sel["argmax_kept"].values, token, sel["nll_kept"].values, threshold),
             "fail_ref": failures(ds["argmax_ref"].values, token, sel["nll_ref"].values, threshold), "doc": doc})

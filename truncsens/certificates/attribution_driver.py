@@ -11,6 +11,12 @@ occurrence of the target token); attrs add ``min_distance``, ``copy_per_doc``, `
 (at δ), dims (step, layer, head), and ``trajectory_token`` (dim step). The run is small (a few
 minutes on 2 CPU cores), so it is written at the end in one piece, not in resumable shards
 (:func:`truncsens.engine.run.skeleton.run_single_piece`: the output is locked while the run writes it).
+
+Beside the certify variables, dims (policy, target, budget, layer, head), the server-side records of
+the realizable attribution scores (:data:`SERVER_VARS`): ``attn_hat_norm`` ‖ô‖₂, ``kept_share_hat``
+(Hájek share of the query's attention on kept keys) and the design records of
+:mod:`truncsens.certificates.design_records` (score share evicted, its expectation, variance and
+largest evicted share).
 """
 
 from __future__ import annotations
@@ -38,6 +44,21 @@ from truncsens.engine.options import recorded_attrs
 from truncsens.engine.run.shards import check_output
 from truncsens.engine.run.skeleton import ShardWork, SinglePieceRun, run_single_piece
 from truncsens.models import LoadedModel, load_model
+
+
+SERVER_VARS = {  # results variable -> record name of certify_batch: what a server that drew the design knows
+    "attn_hat_norm": "o_hat_norm", "kept_share_hat": "kept_share", "evicted_share": "evicted_share",
+    "evicted_share_expected": "evicted_share_expected", "evicted_share_var": "evicted_share_var",
+    "evicted_share_max": "evicted_share_max",
+}
+
+
+def add_server_vars(ds, records: dict):
+    """Add the :data:`SERVER_VARS` of ``records`` (name -> [P, n, K, L, H]) to a shard Dataset."""
+    for var, rec in SERVER_VARS.items():
+        ds[var] = (("policy", "target", "budget", "layer", "head"), records[rec])
+        ds[var].attrs["description"] = f"server-side record {rec} of the target query (truncsens.certificates)"
+    return ds
 
 
 @dataclass
@@ -140,7 +161,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     def compute_shard(plan, on_tokens):
         arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens,
                                 cfg.design)
-        return shard_dataset(arrays, plan, sweep, attrs)
+        return add_server_vars(shard_dataset(arrays, plan, sweep, attrs), arrays["records"])
 
     def finish(ds):  # the task set's variables and the trajectory, outside the progress
         ds["task_kind"] = (("target",), np.asarray(tasks.kind, dtype=str))

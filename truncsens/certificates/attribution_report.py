@@ -9,6 +9,11 @@ fixed before looking at any result (:func:`truncsens.certificates.attribution.ve
 "holds" when its bootstrap interval over documents lies on the claimed side (AUC above 0.5, a
 difference above 0), "not shown" when only the estimate does, "fails" otherwise. "Confidence at or
 below chance" holds when the interval of its attribution AUC reaches down to 0.5.
+
+``"decomposition"`` and the section "where attribution is lost" [ours]: the ORACLE AUCs of the true
+error and the output KL beside the certificate's and confidence's, and the realizable score chosen
+on development documents, reported on held-out ones
+(:func:`truncsens.certificates.attribution_scores.decomposition`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 from truncsens.certificates.attribution import (
     GATE_FRACTIONS, PAPER_AUC, by_documents, removal_curves, target_records, verdict_above,
 )
+from truncsens.certificates.attribution_scores import decomposition
 from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table
 
 CURVE_FRACTIONS = np.linspace(0, 1, 41)
@@ -96,6 +102,8 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
                   "claims": ["confidence at or below chance for attribution", "certificate-gated recomputation beats "
                              "random and confidence-gated", "confidence predicts failure better than the certificate"]},
         "trajectory": json.loads(traj) if traj else None,
+        # files written before the server-side records: no decomposition
+        "decomposition": decomposition(ds, n_boot, seed) if "attn_hat_norm" in ds else None,
     }
 
 
@@ -141,6 +149,8 @@ def format_attribution(s: dict) -> str:
     for f in GATE_FRACTIONS:
         lines.append(f"  certificate-gated beats random / confidence-gated at {100 * f:g}%: "
                      f"{v[f'gating_beats_random_{f:g}']} / {v[f'gating_beats_confidence_{f:g}']}")
+    if s.get("decomposition"):
+        lines += ["", *format_decomposition(s["decomposition"])]
     t = s.get("trajectory")
     if t:
         lines += ["", f"trajectory: {t['n_steps']} greedy steps from {t['prefix_tokens']} tokens of {t['doc']}, "
@@ -152,6 +162,39 @@ def format_attribution(s: dict) -> str:
                   f"{t['naive_violated_streams']}; largest e-value {fmt_num(t['max_e_value'], 3)} (threshold "
                   f"{fmt_num(t['threshold'], 3)})"]
     return "\n".join(lines)
+
+
+ROW_NAMES = {"certificate": "certificate r_EB/||o_hat||", "oracle_error": "ORACLE true error ||o_hat - o||/||o||",
+             "oracle_kl": "ORACLE output KL(full || evicted)", "confidence": "-confidence (evicted run)"}
+
+
+def format_decomposition(d: dict) -> list[str]:
+    """Printed lines of :func:`truncsens.certificates.attribution_scores.decomposition`."""
+    lines = ["where attribution is lost (poisson, pooled over budgets, eviction-caused vs inherent failures; ORACLE "
+             "rows read the full cache: the ceiling of any certificate-like score) [doc bootstrap]"]
+    held = d["held_out"]
+    cols = [Column("score", "<"), Column("AUC, every document", ">"), Column("AUC, held-out documents", ">")]
+    rows = [[ROW_NAMES[n], fmt_estimate(d["all_documents"][n]), fmt_estimate(held[n])] for n in ROW_NAMES]
+    c = d["chosen"]
+    rows.append([f"realizable, chosen on development: {c}", fmt_estimate(d["all_documents"][c]), fmt_estimate(held["chosen"])])
+    lines += [render_table(cols, rows), ""]
+    n = d["counts"]
+    lines.append(f"split: {d['split']['rule']}; {len(d['split']['development'])} development documents "
+                 f"({n['development']['eviction_caused']} eviction-caused / {n['development']['inherent']} inherent), "
+                 f"{len(d['split']['held_out'])} held-out ({n['held_out']['eviction_caused']} / {n['held_out']['inherent']})")
+    dev = sorted(d["development"].items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 1.0)
+    lines.append("realizable candidates, development AUC: " + ", ".join(f"{k} {fmt_num(v, 3)}" for k, v in dev))
+    v, aim = held["chosen"]["value"], d["aim"]
+    gap = "reached" if v >= aim else f"short by {fmt_num(aim - v, 2)}"
+    lines.append(f"chosen {c} on held-out documents: {fmt_estimate(held['chosen'])}; aim {aim:g}: {gap} "
+                 f"(ORACLE true error there: {fmt_estimate(held['oracle_error'])})")
+    oracle, cert = np.asarray(d["heads"]["oracle_error"], float), np.asarray(d["heads"]["certificate"], float)
+    gaps = np.nan_to_num(oracle - cert, nan=-np.inf).ravel()
+    top = [i for i in np.argsort(-gaps)[:3] if np.isfinite(gaps[i])]
+    H = oracle.shape[1]
+    lines.append("heads where the certificate loses most of the ORACLE's AUC: " + ", ".join(
+        f"layer {i // H} head {i % H} {fmt_num(oracle.ravel()[i], 2)} vs {fmt_num(cert.ravel()[i], 2)}" for i in top))
+    return lines
 
 
 def curves_path(stem: str | Path) -> Path:

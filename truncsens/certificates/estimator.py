@@ -49,6 +49,9 @@ class AttentionRecords:
         value_range: [...] ``B̂`` (0 without kept random keys).
         n_random: [...] int64 kept random keys n.
         has_tail: [...] bool, whether the design had random keys.
+        o_hat_norm: [...] ``‖ô‖₂`` (server-side: read off the kept set).
+        kept_share: [...] ``Σ_{i∈S} w_i / Ẑ``, the Hájek estimate of the share of the query's attention
+            on kept keys (in (0, 1]; server-side) [ours].
     """
 
     o: torch.Tensor
@@ -61,7 +64,8 @@ class AttentionRecords:
     value_range: torch.Tensor
     n_random: torch.Tensor
     has_tail: torch.Tensor
-    o_hat_norm: torch.Tensor
+    o_hat_norm: torch.Tensor | None = None
+    kept_share: torch.Tensor | None = None
 
 
 def eb_sum_radius(variance: torch.Tensor, value_range: torch.Tensor, n: torch.Tensor, has_tail: torch.Tensor,
@@ -130,5 +134,6 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
     has_tail = tail.any(-1)  # [...]
     radius_eb = eb_sum_radius(variance, value_range, n_random, has_tail, delta)
     radius_normal = certificate_radius(variance, delta)
+    kept_share = (w.sum(-1, keepdim=True) / z_hat).squeeze(-1)  # [...] Σ_S w_i / Ẑ
     return AttentionRecords(o, o_hat, (o_hat - o).norm(dim=-1), variance, radius_eb, radius_normal, o.norm(dim=-1),
-                            value_range, n_random, has_tail, o_hat.norm(dim=-1))
+                            value_range, n_random, has_tail, o_hat.norm(dim=-1), kept_share)

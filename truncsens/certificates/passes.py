@@ -18,14 +18,16 @@ from typing import Sequence
 
 import torch
 
+from truncsens.certificates.design_records import DESIGN_RECORDS, design_records, per_head, score_shares
 from truncsens.certificates.designs import CertifyDesign, layer_head_seeds
 from truncsens.certificates.probe import CertifyProbe, probed
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs
 from truncsens.policies import Policy, PolicyError
 
-RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail",
-           "o_hat_norm")
+PROBE_RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail",
+                 "o_hat_norm", "kept_share")
+RECORDS = PROBE_RECORDS + DESIGN_RECORDS  # the last four: :mod:`truncsens.certificates.design_records`
 
 
 @dataclass
@@ -36,7 +38,8 @@ class BatchRecords:
         ref_logprobs: [B, V] float64 full-cache next-token log-probabilities.
         logprobs: [P, K, B, V] float64 under each policy and budget.
         records: name (:data:`RECORDS`) -> [P, K, B, L, H] float64; radii are NaN for policies
-            without a random design.
+            without a random design; the design records
+            (:mod:`truncsens.certificates.design_records`) read the untempered design score.
         kept_tokens: [P, K, B] int64 keys the target's query kept (per-head designs: the mean over
             layers and key/value heads, rounded).
         scores: [B, T] float32 attention score of each key (the token-level design's score).
@@ -147,6 +150,10 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
         ref_lp = last_logprobs(out.logits[:, -1, :])  # [B, V]
         scores = probe.received / heads  # [B, T] mean over layers and heads, summed over query rows
         head_scores = _head_scores(probe, design, T) if design.per_head else None  # [B, L, Hkv, T]
+        if design.per_head:  # the untempered design score of each key, as a share of its row
+            share = score_shares(torch.nn.functional.pad(probe.layer_scores(design.score), (0, 1)))  # [B, L, Hkv, T]
+        else:
+            share = score_shares(scores)[:, None, None, :]  # [B, 1, 1, T]
         logprobs = torch.empty(P, K, B, ref_lp.shape[-1], dtype=torch.float64, device=device)
         kept_tokens = torch.zeros(P, K, B, dtype=torch.long)
         records: dict[str, torch.Tensor] = {}
@@ -166,8 +173,11 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
                     kvcache.truncate(cache, T - 1)
                 logprobs[p, j] = last_logprobs(out.logits[:, -1, :])
                 kept_tokens[p, j] = kept.sum(-1).to(torch.float64).reshape(B, -1).mean(1).round().long().cpu()
+                L, H = probe.stacked("error").shape[1:]
+                drawn = design_records(kept if kept.dim() == 4 else kept[:, None, None, :],
+                                       pi if pi.dim() == 4 else pi[:, None, None, :], share)  # name -> [B, L', Hkv']
                 for name in RECORDS:
-                    values = probe.stacked(name).cpu()  # [B, L, H]
+                    values = probe.stacked(name).cpu() if name in PROBE_RECORDS else per_head(drawn[name], L, H).cpu()
                     if name in ("radius_eb", "radius_normal") and not hasattr(policy, "design"):
                         values = torch.full_like(values, float("nan"))
                     if name not in records:

@@ -62,7 +62,8 @@ class CertifyProbe:
         floor: per layer [B, H] float64 ``‖o_dtype − o_float64‖/‖o_float64‖`` of the full-cache
             decode ("reference" mode).
         records: per layer a dict name -> [B, H] float64 (error, variance, radius_eb,
-            radius_normal, o_norm, value_range, n_random, has_tail, o_hat_norm) and "o" -> [B, H, d], filled in
+            radius_normal, o_norm, value_range, n_random, has_tail, o_hat_norm, kept_share) and
+            "o" -> [B, H, d], filled in
             "evict" mode.
     """
 
@@ -171,7 +172,8 @@ def _evict(probe: CertifyProbe, module, query: torch.Tensor, key: torch.Tensor, 
     probe.records.append({"error": rec.error, "variance": rec.variance, "radius_eb": rec.radius_eb,
                           "radius_normal": rec.radius_normal, "o_norm": rec.o_norm, "o": rec.o,
                           "value_range": rec.value_range, "n_random": rec.n_random.to(torch.float64),
-                          "has_tail": rec.has_tail.to(torch.float64), "o_hat_norm": rec.o_hat_norm})
+                          "has_tail": rec.has_tail.to(torch.float64), "o_hat_norm": rec.o_hat_norm,
+                          "kept_share": rec.kept_share})
     return rec.o_hat.unsqueeze(1).to(query.dtype)  # [B, 1, H, dv]
 
 

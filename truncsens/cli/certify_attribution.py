@@ -28,7 +28,7 @@ def certify_attribution(as_json: AsJson = False, **options: Any) -> None:
         if as_json:
             typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:
-            typer.echo(f"wrote {done.path} and {done.figure}")
+            typer.echo(f"wrote {done.path}, {done.figure} and " + ", ".join(map(str, done.head_figures)))
             typer.echo(done.table())
 
 
