@@ -101,6 +101,18 @@ def test_show_table_and_metric_filter(measured):
     assert len(lines) == 2 + 1 + 3  # header line, title, column names, 3 windows
 
 
+def test_show_of_a_dataset_in_memory_prints_what_the_command_prints(measured):
+    import truncsens
+
+    _, out = measured
+    printed = invoke("show", out, "-m", "kl").stdout.splitlines()
+    summary = truncsens.show(truncsens.load(out), metrics="kl")  # a Dataset, as truncsens.measure returns
+    lines = summary.table().splitlines()
+    assert lines[0].startswith("<in memory>: model ")
+    assert lines[0].split(": ", 1)[1] == printed[0].split(": ", 1)[1]
+    assert lines[1:] == printed[1:]
+
+
 def test_show_bad_files(tmp_path, measured):
     _, out = measured
     assert_user_error(invoke("show", tmp_path / "none.nc"), "results file not found")

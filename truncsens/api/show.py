@@ -6,15 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import xarray as xr
+
 from truncsens.report.summary import ResultsSummary, summarize_file
 
 
-def show(results_file: str | Path, *, metrics: str | Sequence[str] | None = None) -> ResultsSummary:
+def show(results_file: str | Path | xr.Dataset, *, metrics: str | Sequence[str] | None = None) -> ResultsSummary:
     """The statistics ``truncsens show`` prints (:func:`truncsens.report.printed.format_results_summary`)
-    or, with ``--json``, gives as ``.to_json()``.
+    or, with ``--json``, gives as ``.to_json()``; ``.table()`` is the printed text.
 
     Args:
-        results_file: a results file.
+        results_file: a results file, or a results Dataset in memory (as :func:`truncsens.measure` returns).
         metrics: metric(s) to show (default: all).
 
     Raises:

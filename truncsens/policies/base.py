@@ -169,7 +169,7 @@ class Policy:
     def check(self, budget: int, context_len: int) -> None:
         """Raise :class:`PolicyError` when ``budget`` does not fit this policy or a context of ``context_len`` tokens."""
         if budget < self.min_budget():
-            raise PolicyError(f"policy {self.name}: budget {budget} is below its minimum of {self.min_budget()} tokens")
+            raise PolicyError(f"policy {self.name}: budget {budget} is below its minimum of {self.min_budget()} token{'s' if self.min_budget() != 1 else ''}")
         if budget > context_len:
             raise PolicyError(
                 f"budget {budget} is larger than the available context of {context_len} tokens; "

@@ -116,14 +116,21 @@ class ResultsSummary:
         document) and inf (KL of disjoint supports; ``n_inf`` says how many) to null."""
         return sanitize({"file": self.file, "attrs": self.attrs, "sweep": self.sweep, "rows": self.rows})
 
+    def table(self) -> str:
+        """The text ``truncsens show`` prints (:func:`truncsens.report.printed.format_results_summary`)."""
+        from truncsens.report.printed import format_results_summary
 
-def summarize_file(path: str | Path, metrics: list[str] | None = None) -> ResultsSummary:
-    """Load a results file and :func:`summarize` it.
+        return format_results_summary(self)
+
+
+def summarize_file(path: str | Path | xr.Dataset, metrics: list[str] | None = None) -> ResultsSummary:
+    """Load a results file (or take a results Dataset in memory, named ``<in memory>``) and
+    :func:`summarize` it.
 
     Raises:
         FileNotFoundError, ResultsError: as :func:`truncsens.results.load`; ValueError: an unknown metric.
     """
-    ds = load(path)
+    ds, path = (path, "<in memory>") if isinstance(path, xr.Dataset) else (load(path), path)
     contexts = None
     if "actual_context" in ds.coords and ds.sizes["target"]:
         contexts = (int(ds["actual_context"].min()), int(ds["actual_context"].max()))
