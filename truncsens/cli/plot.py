@@ -15,7 +15,7 @@ def plot(
     fit_file: Optional[Path] = typer.Option(None, "--fit", help="Fit file from `truncsens fit` whose laws to draw (default: fit now, without intervals)."),
     out: Path = typer.Option(..., "--out", "--plot-out", help="Output prefix: PREFIX.png and PREFIX.pdf are written (--out fig.png also writes fig.png and fig.pdf)."),
     metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric panels, repeated or comma-separated (default: tv, kl, kl_reverse, js)."),
-    fit_range: Optional[str] = typer.Option(None, "--fit-range", help="Fit range LO:HI when fitting now."),
+    fit_range: Optional[str] = typer.Option(None, "--fit-range", metavar="LO:HI", help="Fit range LO:HI when fitting now."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing PREFIX.png / PREFIX.pdf."),
 ) -> None:
     """One panel per metric: mean D(w) ± se on log-log axes, with the fitted laws."""

@@ -17,7 +17,7 @@ def recommend_window(
     eps: List[str] = typer.Option(..., "--eps", metavar="EPS", help="Distortion target(s) in the metric's units, repeated or comma-separated."),
     metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric(s), repeated or comma-separated (default: tv)."),
     fit_file: Optional[Path] = typer.Option(None, "--fit", help="Fit file (instead of the positional argument)."),
-    fit_range: Optional[str] = typer.Option(None, "--fit-range", help="When fitting a results file: windows LO:HI (default as in `fit`: at least 4 windows when the run has them)."),
+    fit_range: Optional[str] = typer.Option(None, "--fit-range", metavar="LO:HI", help="When fitting a results file: windows LO:HI (default as in `fit`: at least 4 windows when the run has them)."),
     bootstrap: int = typer.Option(1000, "--bootstrap", help="When fitting a results file: bootstrap resamples over documents."),
     seed: int = typer.Option(0, "--seed", help="When fitting a results file: seed of the bootstrap."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON to stdout instead of the table."),
