@@ -374,3 +374,17 @@ def test_block_run_from_the_command_line_names_its_protocol(tmp_path):
     fitted = CliRunner().invoke(app, ["fit", str(out), "--bootstrap", "0", "--fit-range", "8:32"])
     assert fitted.exit_code == 0, fitted.output
     assert "protocol block, fitted at the mean actual window of each bin" in fitted.output, fitted.output
+
+
+def test_block_saving_and_the_note_on_partly_filled_blocks_by_hand():
+    from truncsens.engine.block.plan import block_saving, larger_blocks_note
+
+    # N = 8, windows 1 and 2, no sinks, fraction 0.5, at most 4 per pass: B = K(8) = 4, K(1) = K(2) = 1.
+    # exact: N + sum(w) = 11 tokens per target; a block of m: N + m * (1 + 2) tokens.
+    args = (8, [1, 2], 0, 0.5, 4)
+    assert block_saving(2, *args) == pytest.approx(22 / 14)
+    assert block_saving(4, *args) == pytest.approx(44 / 20)
+    assert block_saving(6, *args) == pytest.approx(66 / (20 + 14))  # blocks of 4 and 2
+    note = larger_blocks_note(2, *args)
+    assert "2 targets per document reads 1.6x fewer" in note and "--targets-per-doc 4 (full blocks) would read 2.2x" in note
+    assert larger_blocks_note(4, *args) is None and larger_blocks_note(6, *args) is None

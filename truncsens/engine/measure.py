@@ -30,6 +30,7 @@ from typing import Callable
 
 import truncsens
 from truncsens.engine.attention_windows import WindowError, layer_windows
+from truncsens.engine.block.plan import larger_blocks_note
 from truncsens.engine.block.runs import block_work
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
@@ -198,6 +199,11 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     elif cfg.protocol == "block":
         work = block_work(cfg, loaded, N, sweep, docs, attrs)
         extra["protocol"] = "block"
+        if sweep.is_window_sweep and cfg.targets_per_doc:
+            note = larger_blocks_note(cfg.targets_per_doc, N, sweep.values, cfg.n_sink or 0, cfg.block_fraction,
+                                      cfg.block_size)
+            if note:
+                extra["notes"] = [note]
     else:
         work = exact_work(cfg, loaded, N, sweep, docs, attrs)
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, model_sha256=loaded.content_sha256,

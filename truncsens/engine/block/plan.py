@@ -217,3 +217,29 @@ def policy_forward_tokens(block_sizes: list[int], reference_context: int, passes
 def exact_forward_tokens(n_targets: int, reference_context: int, windows: list[int], n_sink: int) -> int:
     """Forward tokens of the exact protocol: ``N + sum(n_sink + w)`` per target."""
     return n_targets * (reference_context + sum(n_sink + w for w in windows))
+
+
+def block_saving(targets_per_doc: int, reference_context: int, windows: list[int], n_sink: int,
+                 block_fraction: float, block_size: int) -> float:
+    """Forward tokens of the exact protocol over those of the block protocol for one document's
+    ``targets_per_doc`` consecutive targets of a window sweep (:func:`exact_forward_tokens` /
+    :func:`forward_tokens`; blocks of at most B = :func:`block_length` targets, no extra context)."""
+    B = block_length(reference_context, block_fraction, block_size)
+    sizes = [b - a for a, b in chunks(targets_per_doc, B)]
+    return (exact_forward_tokens(targets_per_doc, reference_context, windows, n_sink)
+            / forward_tokens(sizes, reference_context, windows, n_sink, block_fraction, block_size))
+
+
+def larger_blocks_note(targets_per_doc: int, reference_context: int, windows: list[int], n_sink: int,
+                       block_fraction: float, block_size: int) -> str | None:
+    """A note when fewer targets per document than a full block (B) leave the block protocol's saving
+    unused: the saving now and with B targets per document (the trade-off: docs/protocols.md); None
+    when the blocks are full already."""
+    B = block_length(reference_context, block_fraction, block_size)
+    if targets_per_doc >= B:
+        return None
+    now = block_saving(targets_per_doc, reference_context, windows, n_sink, block_fraction, block_size)
+    full = block_saving(B, reference_context, windows, n_sink, block_fraction, block_size)
+    return (f"the block protocol with {targets_per_doc} targets per document reads {now:.1f}x fewer forward tokens "
+            f"than the exact one; --targets-per-doc {B} (full blocks) would read {full:.1f}x fewer "
+            "(consecutive targets: docs/protocols.md)")
