@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import resource
 import subprocess
 import sys
 import time
@@ -34,6 +32,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's truncsens (PYTHONPATH first, when set)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the peak-memory measurement of streaming_memory
+from streaming_memory import peak_excess_mib  # noqa: E402
 
 CONFIGS = {
     "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -44,17 +44,6 @@ CONFIGS = {
 PATHS = (("prefill_evict", "sink_recent"), ("prefill_evict", "h2o"), ("prefill_evict", "tova"),
          ("prefill_evict", "snapkv"), ("prefill_evict", "poisson"), ("streaming", "sink_recent"),
          ("streaming", "h2o"))
-
-
-def rss_bytes() -> int:
-    """The process's current resident set size in bytes (Linux ``/proc/self/statm``)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_bytes() -> int:
-    """The process's peak resident set size in bytes (``ru_maxrss`` is in KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_once(semantics_name: str, policy_name: str, length: int, budget: int, config: str, device: str,
@@ -81,16 +70,8 @@ def run_once(semantics_name: str, policy_name: str, length: int, budget: int, co
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    run(ids[:, :64], 16)  # warm-up: libraries, thread pools, allocator
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = rss_bytes()
-    seconds = run(ids, budget)
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else peak_rss_bytes()
-    return {"mem_mib": (peak - base) / 2 ** 20, "seconds": seconds}
+    seconds, mib = peak_excess_mib(run, ids, budget, device)
+    return {"mem_mib": mib, "seconds": seconds}
 
 
 def measure(semantics: str, policy: str, length: int, args) -> dict:

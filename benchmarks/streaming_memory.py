@@ -97,6 +97,22 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_excess_mib(run, ids: torch.Tensor, budget: int, device: str):
+    """``(run(ids, budget), MiB)``: after a warm-up run on the first 64 tokens (libraries, thread pools,
+    allocator), the peak memory of the run above what was held before it (CUDA: allocated bytes;
+    CPU: resident set)."""
+    run(ids[:, :64], 16)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = rss_bytes()
+    result = run(ids, budget)
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else peak_rss_bytes()
+    return result, (peak - base) / 2 ** 20
+
+
 def run_once(path: str, policy_name: str, length: int, budget: int, device: str) -> dict:
     """One streaming run in this process: {"mem_mib", "decide_s", "forward_s"}."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -122,16 +138,8 @@ def run_once(path: str, policy_name: str, length: int, budget: int, device: str)
             torch.cuda.synchronize()
         return t_decide, time.perf_counter() - t0
 
-    run(ids[:, :64], 16)  # warm-up: libraries, thread pools, allocator
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = rss_bytes()
-    t_decide, t_forward = run(ids, budget)
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else peak_rss_bytes()
-    return {"mem_mib": (peak - base) / 2 ** 20, "decide_s": t_decide, "forward_s": t_forward}
+    (t_decide, t_forward), mib = peak_excess_mib(run, ids, budget, device)
+    return {"mem_mib": mib, "decide_s": t_decide, "forward_s": t_forward}
 
 
 def measure(path: str, policy: str, length: int, budget: int, device: str) -> dict:

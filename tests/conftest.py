@@ -18,6 +18,16 @@ TINY_TEXTS = [
 ]
 
 
+def peaked(model, std: float = 0.3):
+    """``model`` with every matrix redrawn at ``std`` (larger than the default init), so attention is
+    peaked and evicting a key visibly moves the output; returns the model."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+    return model
+
+
 def build_tokenizer(vocab_size: int = 300):
     """A byte-level BPE tokenizer trained on a few strings, wrapped for transformers."""
     from tokenizers import ByteLevelBPETokenizer
@@ -40,10 +50,7 @@ def save_tiny_llama(path, max_positions: int = 256, seed: int = 0) -> str:
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
                       tie_word_embeddings=False, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
     model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # larger weights than the default init, so distributions differ visibly
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
+    peaked(model)  # larger weights than the default init, so distributions differ visibly
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
@@ -58,10 +65,7 @@ def hybrid_qwen2():
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                                          num_key_value_heads=2, num_hidden_layers=3, use_sliding_window=True,
                                          sliding_window=5, max_window_layers=1, max_position_embeddings=256))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
+    peaked(model)
     return model.eval()
 
 
@@ -74,10 +78,7 @@ def sharp_tiny_llama(layers: int = 2, seed: int = 0):
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
+    peaked(model)
     return model
 
 

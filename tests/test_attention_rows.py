@@ -10,7 +10,7 @@ import contextlib
 import pytest
 import torch
 
-from conftest import hybrid_qwen2, sharp_tiny_llama
+from conftest import hybrid_qwen2, peaked, sharp_tiny_llama
 from truncsens.engine import reference_pass as reference_module
 from truncsens.engine.attention_rows import AttentionNeeds, AttentionRows, RowAccumulator
 from truncsens.engine.granularity import fold_reference
@@ -30,10 +30,7 @@ def mha_llama():
     torch.manual_seed(1)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
+    peaked(model)
     return model.eval()
 
 
