@@ -14,6 +14,13 @@ For each target of the reference model on the code corpus, and each press and bu
 Prints, per (press, k), the largest |Δ log p| over the vocabulary and targets and the largest
 KL(kvpress ‖ truncsens) (nats, float64 from float32 logits) over targets.
 
+Then SnapKV as published: truncsens's own ``snapkv`` policy (window and kernel of kvpress's
+``SnapKVPress`` defaults, 64 and 5; scores from the model's own attention calls,
+:mod:`truncsens.policies.snapkv`) against kvpress's ``SnapKVPress`` run as above, at the budgets of
+``--snapkv-budgets`` (k - 1 > 64: below, kvpress gives the window's keys equal scores and
+``torch.topk`` picks among them), with the share of (target, layer, key/value head) kept sets equal
+to those kvpress's own ``score`` and ``topk`` keep (read through the ``kvpress:SnapKVPress`` adapter).
+
 Run with kvpress installed (it pins its own transformers; a venv with system packages works)::
 
     python -m venv --system-site-packages /work/venvs/kvpress && /work/venvs/kvpress/bin/pip install kvpress
@@ -23,22 +30,30 @@ Measured (kvpress 0.5.5, transformers 5.2.0, torch 2.13 CPU, float32, reference 
 N = 512, 8 targets from 4 documents)::
 
     press                                     k  max |Δ log p|     max KL
-    StreamingLLMPress                        16       7.72e-06   1.01e-12
-    StreamingLLMPress                        64       7.83e-06   4.40e-13
-    StreamingLLMPress                       256       4.82e-06   1.42e-12
-    KnormPress                               16       9.05e-06   2.70e-12
-    KnormPress                               64       1.25e-05   3.90e-12
-    KnormPress                              256       1.21e-05   8.65e-12
-    KeyRerotationPress(StreamingLLMPress)    16       9.30e-06   6.19e-13
-    KeyRerotationPress(StreamingLLMPress)    64       7.50e-06   7.24e-13
-    KeyRerotationPress(StreamingLLMPress)   256       8.39e-06   8.16e-13
-    KeyRerotationPress(KnormPress)           16       8.20e-06   1.04e-12
-    KeyRerotationPress(KnormPress)           64       8.60e-06   8.19e-13
-    KeyRerotationPress(KnormPress)          256       9.40e-06   1.62e-12
+    StreamingLLMPress                        16       1.06e-05   2.33e-12
+    StreamingLLMPress                        64       1.20e-05   1.70e-12
+    StreamingLLMPress                       256       1.36e-05   1.49e-12
+    KnormPress                               16       1.03e-05   2.62e-12
+    KnormPress                               64       1.02e-05   4.95e-12
+    KnormPress                              256       1.22e-05   6.51e-12
+    KeyRerotationPress(StreamingLLMPress)    16       1.34e-05   1.99e-12
+    KeyRerotationPress(StreamingLLMPress)    64       1.13e-05   2.02e-12
+    KeyRerotationPress(StreamingLLMPress)   256       9.56e-06   1.60e-12
+    KeyRerotationPress(KnormPress)           16       1.35e-05   2.81e-12
+    KeyRerotationPress(KnormPress)           64       1.15e-05   1.57e-12
+    KeyRerotationPress(KnormPress)          256       1.17e-05   1.37e-12
+
+    SnapKVPress vs truncsens snapkv           k  max |Δ log p|     max KL  equal kept sets
+    SnapKVPress(window 64, kernel 5)         96       1.10e-05   1.73e-12       199 / 200
+    SnapKVPress(window 64, kernel 5)        128       8.53e-06   1.69e-12       199 / 200
+    SnapKVPress(window 64, kernel 5)        256       9.97e-06   3.98e-12       200 / 200
 
 The differences (about 1e-5 in log p, 1e-12 in KL) are float32 rounding: truncsens runs the 8
-targets as one batch, kvpress one target at a time; kept sets are identical (the tiny-model test
-in tests/test_kvpress_adapter.py checks the same equality at 1e-5).
+targets as one batch, kvpress one target at a time; the adapter's kept sets are identical (the
+tiny-model test in tests/test_kvpress_adapter.py checks the same equality at 1e-5). The two SnapKV
+sets of 200 that differ hold one key each that the other does not, of exactly equal pooled votes
+(1.7e-11 and 6.4e-14: keys the window barely reads): ``snapkv`` keeps the later key of a tie, kvpress
+whichever ``torch.topk`` returns.
 """
 
 from __future__ import annotations
@@ -89,6 +104,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=4)
     parser.add_argument("--per-doc", type=int, default=2)
     parser.add_argument("--budgets", default="16,64,256")
+    parser.add_argument("--snapkv-budgets", default="96,128,256", help="budgets of the SnapKV rows (k - 1 > 64)")
     args = parser.parse_args()
 
     import kvpress
@@ -118,6 +134,40 @@ def main() -> None:
                 worst_kl = max(worst_kl, float((theirs.exp() * (theirs - ours[i])).sum()))
             label = f"KeyRerotationPress({press_name})" if rerotate else press_name
             print(f"{label:38s} {k:4d} {worst_delta:14.2e} {worst_kl:10.2e}")
+    snapkv_rows(model, contexts, [int(b) for b in args.snapkv_budgets.split(",")])
+
+
+@torch.no_grad()
+def snapkv_rows(model, contexts: torch.Tensor, budgets: list[int]) -> None:
+    """truncsens ``snapkv`` against kvpress ``SnapKVPress`` (module docstring): per budget, the largest
+    |Δ log p| and KL over targets, and equal kept sets / all (target, layer, key/value head) sets."""
+    import kvpress
+
+    from truncsens.engine.semantics import semantics_for
+    from truncsens.policies import make_policy
+    from truncsens.policies.kvpress_adapter import compression_ratio
+
+    n, T = contexts.shape
+    sem = semantics_for("prefill_evict")
+    ours = make_policy("snapkv")
+    press_args = {"window_size": ours.window, "kernel_size": ours.kernel}
+    adapter = make_policy("kvpress:SnapKVPress", policy_args=press_args)
+    ref = sem.reference(model, contexts, [ours, adapter])
+    queries = sem.queries(T, "cpu")
+    print(f"\n{'SnapKVPress vs truncsens snapkv':38s} {'k':>4s} {'max |Δ log p|':>14s} {'max KL':>10s} {'equal kept sets':>16s}")
+    for k in budgets:
+        heads = ours.keep(T, k, queries, [0] * n, sem.scores(ours, ref, queries)).heads  # [L, n, Hkv, k-1]
+        theirs = adapter.head_index(k, *sem.scores(adapter, ref, queries))  # kvpress's score and topk
+        equal = (heads == theirs).all(-1)  # [L, n, Hkv]
+        got = sem.policy_logprobs(model, contexts, ours, k, [0] * n, ref, "original")[0]  # [n, V]
+        worst_delta, worst_kl = 0.0, 0.0
+        for i in range(n):
+            press = kvpress.SnapKVPress(compression_ratio=compression_ratio(k, T), **press_args)
+            want = kvpress_logprobs(model, contexts[i], press, False)  # [V]
+            worst_delta = max(worst_delta, float((got[i] - want).abs().max()))
+            worst_kl = max(worst_kl, float((want.exp() * (want - got[i])).sum()))
+        label = f"SnapKVPress(window {ours.window}, kernel {ours.kernel})"
+        print(f"{label:38s} {k:4d} {worst_delta:14.2e} {worst_kl:10.2e} {int(equal.sum()):>9d} / {equal.numel()}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ One sequence of N tokens through a randomly initialised tiny Llama (2 layers, hi
 (its query at N - 1), one budget (``--budget``, 256): the semantics' reference pass with what the
 policy needs (:meth:`truncsens.engine.semantics.base.Semantics.reference`) and the policy's kept pass
 (:meth:`~truncsens.engine.semantics.base.Semantics.policy_logprobs`). Paths: ``prefill_evict`` with
-``sink_recent``, ``h2o``, ``tova``, ``snapkv``, ``poisson``; ``streaming`` with ``sink_recent`` and
+``sink_recent``, ``h2o``, ``tova``, ``snapkv``, ``snapkv_shared``, ``poisson``; ``streaming`` with ``sink_recent`` and
 ``h2o`` (eviction decisions every ``--chunk`` tokens, 16 by default). Each (path, N) runs in a fresh subprocess; peak memory is, on CPU, the growth of the
 process's peak resident set (``resource.getrusage`` ``ru_maxrss``) over its resident set before the
 run (after a 64-token warm-up of the same path), on CUDA ``torch.cuda.max_memory_allocated`` over the
@@ -42,8 +42,8 @@ CONFIGS = {
                  num_attention_heads=14, num_key_value_heads=2),
 }
 PATHS = (("prefill_evict", "sink_recent"), ("prefill_evict", "h2o"), ("prefill_evict", "tova"),
-         ("prefill_evict", "snapkv"), ("prefill_evict", "poisson"), ("streaming", "sink_recent"),
-         ("streaming", "h2o"))
+         ("prefill_evict", "snapkv"), ("prefill_evict", "snapkv_shared"), ("prefill_evict", "poisson"),
+         ("streaming", "sink_recent"), ("streaming", "h2o"))
 
 
 def run_once(semantics_name: str, policy_name: str, length: int, budget: int, config: str, device: str,
@@ -120,13 +120,13 @@ def main() -> None:
         print(f"one target, budget {args.budget}, streaming chunk {args.chunk}; {args.device}, {args.threads} thread(s); Llama {args.config} "
               f"({CONFIGS[args.config]['num_hidden_layers']} layers, hidden {CONFIGS[args.config]['hidden_size']}), "
               f"{args.dtype}")
-        print(f"{'semantics':14} {'policy':12} {'N':>6} {'peak MiB':>9} {'seconds':>8}")
+        print(f"{'semantics':14} {'policy':13} {'N':>6} {'peak MiB':>9} {'seconds':>8}")
     for semantics, policy in paths:
         for n in args.lengths:
             r = measure(semantics, policy, n, args)
             rows[f"{semantics}:{policy}:{n}"] = r
             if not args.json:
-                print(f"{semantics:14} {policy:12} {n:6d} {r['mem_mib']:9.1f} {r['seconds']:8.2f}"
+                print(f"{semantics:14} {policy:13} {n:6d} {r['mem_mib']:9.1f} {r['seconds']:8.2f}"
                       + (f"  {r['error']}" if "error" in r else ""), flush=True)
     fits = {f"{s}:{q}": exponent([(n, rows[f"{s}:{q}:{n}"]["mem_mib"]) for n in args.lengths if n >= args.fit_from])
             for s, q in paths}

@@ -16,7 +16,7 @@ tests/test_block_policies.py.
 Usage::
 
     python benchmarks/policy_blocks.py                                   # streaming sink_recent,h2o
-    python benchmarks/policy_blocks.py --semantics prefill_evict --policies h2o,snapkv,key_norm
+    python benchmarks/policy_blocks.py --semantics prefill_evict --policies h2o,snapkv_shared,key_norm
 """
 
 from __future__ import annotations

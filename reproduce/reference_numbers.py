@@ -134,7 +134,8 @@ STEPS = [
                                "--truncation results/reference-code.nc --metrics kl --plot",
          ("results/stream-a-policies.png", "results/stream-a-policies.pdf"),
          needs=("measure-code", "policies-streaming-a", "policies-streaming-b")),
-    Step("policies-prefill-run", "truncsens measure --policy suffix,sink_recent,random,poisson,h2o,tova,key_norm,topk,snapkv "
+    Step("policies-prefill-run", "truncsens measure --policy suffix,sink_recent,random,poisson,h2o,tova,key_norm,topk,snapkv,"
+                                 "snapkv_shared "
                                  f"--semantics prefill_evict {POLICY_OPTS} --out results/reference-code-prefill.nc",
          ("results/reference-code-prefill.nc",)),
     Step("policies-prefill", "truncsens compare-policies results/reference-code-prefill.nc --metrics kl",
@@ -157,7 +158,7 @@ STEPS = [
                                  "--metrics kl,tv", needs=("paired-truncation-sinks", "paired-prefill-run")),
     Step("policy-blocks-streaming", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16"),
     Step("policy-blocks-prefill", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16 "
-                                  "--semantics prefill_evict --policies h2o,snapkv,key_norm"),
+                                  "--semantics prefill_evict --policies h2o,snapkv_shared,key_norm"),
     Step("protocol-pe8", "python benchmarks/protocol_efficiency.py --docs 47 --block-targets 8 --block-size 8 "
                          "--paired-targets --designs --out-dir runs/pe8", ("runs/pe8",)),
     Step("protocol-pe64", "python benchmarks/protocol_efficiency.py --docs 47 --exact-results runs/pe8/exact.nc "

@@ -1,5 +1,5 @@
 """Attention scores read from the model's own attention calls, in blocks of query rows, equal those of
-the eager full matrix (to 1e-6 in float32): h2o, tova, snapkv and poisson under prefill_evict, token and
+the eager full matrix (to 1e-6 in float32): h2o, tova, snapkv_shared and poisson under prefill_evict, token and
 head granularity, on a tiny Llama (one key/value head per query head), a grouped-query Llama, a
 hybrid sliding-window Qwen2 and a GPT-2; the model's log-probabilities are unchanged; the eager fallback."""
 
@@ -19,7 +19,7 @@ from truncsens.engine.score_attention import NotInterceptable
 from truncsens.engine.semantics import SEMANTICS
 from truncsens.policies import make_policy
 
-POLICIES = {"h2o": {}, "tova": {}, "snapkv": {"window": 6}, "poisson": {"n_sink": 2}}
+POLICIES = {"h2o": {}, "tova": {}, "snapkv_shared": {"window": 6}, "poisson": {"n_sink": 2}}
 T = 40
 
 
@@ -194,3 +194,35 @@ def test_the_dense_streaming_fallback_refuses_above_its_size(monkeypatch):
     monkeypatch.setattr(streaming_module, "DENSE_MAX_BYTES", 24 * 24 * 8)  # below 1 + 4 + 4 bytes per entry
     with pytest.raises(SemanticsError, match="dense fallback"):
         semantics.kept_logprobs(model, ids, evictions, None, "original")
+
+
+def test_a_local_override_of_the_attention_functions_is_read_too():
+    """Importing NVIDIA kvpress sets ``ALL_ATTENTION_FUNCTIONS[name] = wrapped`` for every name (a local
+    override of the shared instance, which the models read first): the rows are still read from the
+    model's own calls, through the override, not from the eager fallback."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model = sharp_tiny_llama()
+    model.set_attn_implementation("sdpa")
+    ids = ids_for(model)
+    needs = AttentionNeeds.of(rows=[5, 38], windows=[(39, 6)])
+    plain = reference_pass(model, ids, needs=needs)
+    calls = []
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    had = "sdpa" in ALL_ATTENTION_FUNCTIONS._local_mapping
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = wrapped
+    try:
+        read = reference_pass(model, ids, needs=needs)
+    finally:
+        if had:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+        else:
+            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+    assert calls and ALL_ATTENTION_FUNCTIONS["sdpa"] is original
+    close(read.rows.rows, plain.rows.rows)
+    close(read.rows.layer_windows, plain.rows.layer_windows)

@@ -32,8 +32,10 @@ BLOCK_SEMANTICS = [n for n, s in SEMANTICS.items() if s.policy_blocks]  # those 
 
 
 def runnable(semantics: str) -> list[str]:
-    """The registered policies the semantics runs (every one but snapkv under streaming), in registry order."""
-    return [n for n in POLICIES if make_policy(n, n_sink=2).requirements() <= SEMANTICS[semantics].provides]
+    """The registered policies the semantics runs in blocks (every one but snapkv and snapkv_shared under
+    streaming, and snapkv, whose kept sets are per layer and head, anywhere), in registry order."""
+    return [n for n in POLICIES if make_policy(n, n_sink=2).requirements() <= SEMANTICS[semantics].provides
+            and not POLICIES[n].layer_heads]
 
 
 STREAMING = runnable("streaming")
@@ -214,12 +216,13 @@ def test_kvpress_presses_are_refused():
 
 def test_config_accepts_policy_blocks_and_refuses_the_rest():
     MeasureConfig(policies=["sink_recent", "h2o"], semantics="streaming", protocol="block")
-    MeasureConfig(policies=["snapkv"], semantics="prefill_evict", protocol="block")
+    MeasureConfig(policies=["snapkv_shared"], semantics="prefill_evict", protocol="block")
     for kwargs, fragment in [
         (dict(policies=["h2o"], semantics="reencode"), "h2o"),
         (dict(policies=["h2o"], semantics="prefill_evict", positions="reindexed"), "original positions"),
         (dict(policies=["h2o"], semantics="streaming", granularity="head"), "--granularity token"),
         (dict(policies=["h2o"], semantics="streaming", chunk=4), "--chunk 1"),
+        (dict(policies=["snapkv"], semantics="prefill_evict"), "one per layer and key/value head"),
     ]:
         with pytest.raises(Exception, match="--protocol exact") as info:
             MeasureConfig(protocol="block", **kwargs)

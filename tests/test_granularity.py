@@ -40,7 +40,8 @@ def supported(name: str, semantics: str) -> bool:
 
 
 STREAMING = [p for p in POLICIES if supported(p, "streaming")]
-PREFILL = [p for p in POLICIES if supported(p, "prefill_evict")]
+# snapkv keeps its own set per layer and key/value head (--granularity head is refused for it: test_snapkv.py)
+PREFILL = [p for p in POLICIES if supported(p, "prefill_evict") and not POLICIES[p].layer_heads]
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,8 @@ def test_streaming_heads_equal_a_per_head_evicting_cache(model, name, chunk):
     earlier = q.view(1, T) < q.view(T, 1)  # [T, T] j < q
     later_reads = kept[..., 1:, :] & earlier[:-1].unsqueeze(0).unsqueeze(0)  # read by q + 1, j < q
     assert not bool((later_reads & ~kept[..., :-1, :]).any()), "a key came back after its eviction"
-    assert bool((ev.last().sum(-1) == k).all())  # the target's query reads k keys in every head
+    if not policy.expected_budget:  # (poisson holds k in expectation)
+        assert bool((ev.last().sum(-1) == k).all())  # the target's query reads k keys in every head
     full = SEMANTICS["streaming"].reference(model, ids, [policy], "head").logprobs
     assert kl(full, fast).min() > 1e-5  # eviction changed the output: the test can fail
 

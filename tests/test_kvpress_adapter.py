@@ -227,6 +227,31 @@ def test_parity_with_kvpress():
             assert (ours - kvpress_logprobs(model, x, rerotation, True)).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("window,kernel", [(8, 5), (6, 3)])
+def test_snapkv_parity_with_kvpress_snapkv_press(window, kernel):
+    """``snapkv`` keeps, per layer and key/value head, what kvpress's ``SnapKVPress`` keeps (its own
+    ``score`` and ``topk`` on each layer's prefill inputs, through the adapter), and decodes what
+    kvpress's own run decodes, at budgets where the window fits (k - 1 > w: below, kvpress gives the
+    window keys equal scores and ``torch.topk`` chooses among them)."""
+    kvpress = pytest.importorskip("kvpress", reason="NVIDIA kvpress is not installed (pip install 'truncsens[kvpress]')")
+    model, x = sharp_tiny_llama(), ids()
+    sem = semantics_for("prefill_evict")
+    ours = make_policy("snapkv", window=window, kernel=kernel)
+    press_args = {"window_size": window, "kernel_size": kernel}
+    adapter = make_policy("kvpress:SnapKVPress", policy_args=press_args)
+    ref = sem.reference(model, x, [ours, adapter])
+    queries = sem.queries(T, "cpu")
+    for k in (window + 2, 17, T - 2):
+        heads = ours.keep(T, k, queries, [0, 0], sem.scores(ours, ref, queries)).heads  # [L, B, Hkv, k-1]
+        theirs = adapter.head_index(k, *sem.scores(adapter, ref, queries))  # kvpress's score and topk, sorted
+        assert torch.equal(heads, theirs), k
+        got = sem.policy_logprobs(model, x, ours, k, [0, 0], ref, "original")[0]  # [B, V]
+        for b in range(x.shape[0]):
+            press = kvpress.SnapKVPress(compression_ratio=compression_ratio(k, T), **press_args)
+            want = kvpress_logprobs(model, x[b : b + 1], press, False)[0]
+            assert (got[b] - want).abs().max() < 1e-5, k
+
+
 def test_record_prefill_keeps_each_layers_prefill_inputs():
     """Hidden states of the prefill only (not the decode), and the cache under both keyword conventions."""
     from truncsens.engine.prefill_layers import record_prefill

@@ -22,11 +22,12 @@ def as_sets(keep: torch.Tensor) -> list[set[int]]:
 
 
 def test_registry_finds_every_policy_by_name():
-    assert set(POLICIES) == {"suffix", "sink_recent", "random", "poisson", "h2o", "tova", "snapkv", "key_norm", "topk"}
+    assert set(POLICIES) == {"suffix", "sink_recent", "random", "poisson", "h2o", "tova", "snapkv", "snapkv_shared",
+                             "key_norm", "topk"}
     for name, cls in POLICIES.items():
         assert isinstance(make_policy(name), cls)
         assert cls.__doc__ and cls.__module__.endswith(name)
-    with pytest.raises(PolicyError, match="unknown policy 'lru'.*suffix, sink_recent, random, poisson, h2o, tova, snapkv, key_norm"):
+    with pytest.raises(PolicyError, match="unknown policy 'lru'.*suffix, sink_recent, random, poisson, h2o, tova, snapkv, snapkv_shared, key_norm"):
         make_policy("lru")
     assert parse_policies("sink_recent, random") == ["sink_recent", "random"]
     with pytest.raises(PolicyError, match="twice"):
@@ -190,7 +191,7 @@ def test_deployed_policies_keep_by_hand():
     """One query (q = 5, T = 6) at budget 4, scores [.9, .1, .5, .3, .2, 0]:
     h2o (2 recent: 4, 5) + the 2 heaviest of 0..3 -> {0, 2, 4, 5};
     tova: the own token + the 3 highest -> {0, 2, 3, 5}; key_norm (scores as norms): the 3 lowest
-    -> {1, 4, 3} + 5; snapkv (window 2: keys 3, 4, and 5) + the highest of 0..2 -> {0, 3, 4, 5}."""
+    -> {1, 4, 3} + 5; snapkv_shared (window 2: keys 3, 4, and 5) + the highest of 0..2 -> {0, 3, 4, 5}."""
     from truncsens.policies import make_policy
 
     q = torch.tensor([5])
@@ -199,21 +200,22 @@ def test_deployed_policies_keep_by_hand():
     assert kept("h2o") == {0, 2, 4, 5}
     assert kept("tova") == {0, 2, 3, 5}
     assert kept("key_norm") == {1, 3, 4, 5}
-    assert kept("snapkv", window=2) == {0, 3, 4, 5}
+    assert kept("snapkv_shared", window=2) == {0, 3, 4, 5}
     with pytest.raises(PolicyError, match="h2o needs scores of shape"):
         make_policy("h2o").keep(6, 4, q, [0], None)
-    with pytest.raises(PolicyError, match="odd kernel"):
-        make_policy("snapkv", kernel=4)
+    for name in ("snapkv", "snapkv_shared"):
+        with pytest.raises(PolicyError, match=f"{name} needs an observation window >= 1 .* odd pooling kernel"):
+            make_policy(name, kernel=4)
 
 
-def test_snapkv_window_scores_by_hand():
+def test_snapkv_shared_window_scores_by_hand():
     """Attention of 4 tokens; query 3's window of 2 is rows 1 and 2: votes [a10 + a20, a11 + a21, a22, 0]
     = [.5 + .2, .5 + .3, .5, 0], pooled with kernel 3 (average over the keys inside the sequence):
     [(.7 + .8)/2, (.7 + .8 + .5)/3, (.8 + .5 + 0)/3, (.5 + 0)/2]."""
     from truncsens.policies import make_policy
 
     att = torch.tensor([[[1.0, 0, 0, 0], [0.5, 0.5, 0, 0], [0.2, 0.3, 0.5, 0], [0.1, 0.2, 0.3, 0.4]]])
-    got = make_policy("snapkv", window=2, kernel=3).window_scores(att, torch.tensor([3]))  # [1, 1, 4]
+    got = make_policy("snapkv_shared", window=2, kernel=3).window_scores(att, torch.tensor([3]))  # [1, 1, 4]
     want = torch.tensor([(0.7 + 0.8) / 2, (0.7 + 0.8 + 0.5) / 3, (0.8 + 0.5) / 3, 0.5 / 2])
     torch.testing.assert_close(got[0, 0], want)
 

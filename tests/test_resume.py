@@ -76,3 +76,19 @@ def test_a_multi_process_resume_reports_every_reused_shard(tiny_llama_dir, corpu
     monkeypatch.setattr(measure_module, "current_ranks", lambda device: Ranks(index=0, count=2))
     done = run_measure(cfg(True))
     assert done.shards_reused == 4 and done.n_targets == 18
+
+
+def test_resume_refuses_another_observation_window(tiny_llama_dir, corpus_dir, tmp_path):
+    """--observation-window changes what snapkv keeps: shards of another window are not reused."""
+    out = tmp_path / "w.nc"
+
+    def cfg(resume, window=None):
+        return MeasureConfig(model=tiny_llama_dir, corpus=corpus_dir, reference_context=64, policies=["snapkv"],
+                             semantics="prefill_evict", budgets=[16], targets_per_doc=2, docs_per_shard=2,
+                             observation_window=window, out=str(out), resume=resume, progress=False)
+
+    with pytest.raises(MeasureInterrupted):
+        run_measure(cfg(False), stop_after_shards=1)
+    with pytest.raises(MeasureError, match="observation_window"):
+        run_measure(cfg(True, window=8))
+    assert run_measure(cfg(True)).shards_reused == 1

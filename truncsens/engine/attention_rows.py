@@ -7,7 +7,11 @@ layers and the query heads of each key/value head, ``heads=Hkv``, docs/method.md
 - **rows**: the attention row ``a_i = (a_{i,0} .. a_{i,T-1})`` of a few query positions i (the
   target queries' own rows, the previous query's row for TOVA, an observation window for SnapKV);
 - **cumulative**: ``Σ_{i <= q} a_i`` at a few query positions q (accumulated attention, H2O and
-  Poisson's attention score).
+  Poisson's attention score);
+- **layer windows**: per layer and key/value head (not averaged over layers), the mean of the rows
+  of an observation window ``q - w .. q - 1`` over its w queries and the group's query heads
+  (SnapKV as published, arXiv 2404.14469, and kvpress's ``SnapKVPress``: one kept set per layer and
+  head); memory L · B · Hkv · T floats per window, only the window's rows computed.
 
 :class:`AttentionNeeds` says which positions a run needs; :class:`AttentionRows` holds them;
 :class:`RowAccumulator` builds them from one layer's queries and keys at a time, computing softmax
@@ -19,6 +23,7 @@ from a full matrix (the eager fallback).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -34,18 +39,33 @@ class AttentionNeeds:
     Attributes:
         rows: sorted query positions whose attention rows are kept.
         cumulative: sorted query positions q at which the accumulated attention ``Σ_{i<=q} a_i`` is kept.
+        windows: sorted (q, w) pairs: observation windows of the queries ``max(0, q - w) .. q - 1``
+            whose mean row is kept per layer and key/value head (:meth:`AttentionRows.layer_window`).
     """
 
     rows: tuple[int, ...] = ()
     cumulative: tuple[int, ...] = ()
+    windows: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def of(cls, rows=(), cumulative=()) -> "AttentionNeeds":
-        """Sorted, deduplicated positions (any iterable of ints)."""
-        return cls(tuple(sorted({int(r) for r in rows})), tuple(sorted({int(c) for c in cumulative})))
+    def of(cls, rows=(), cumulative=(), windows=()) -> "AttentionNeeds":
+        """Sorted, deduplicated positions (any iterable of ints; ``windows``: of (q, w) pairs).
+
+        Raises:
+            ValueError: a window of fewer than 1 query.
+        """
+        spans = tuple(sorted({(int(q), int(w)) for q, w in windows}))
+        if any(w < 1 for _, w in spans):
+            raise ValueError(f"observation windows need at least 1 query, got {[w for _, w in spans]}")
+        return cls(tuple(sorted({int(r) for r in rows})), tuple(sorted({int(c) for c in cumulative})), spans)
 
     def __or__(self, other: "AttentionNeeds") -> "AttentionNeeds":
-        return AttentionNeeds.of(self.rows + other.rows, self.cumulative + other.cumulative)
+        return AttentionNeeds.of(self.rows + other.rows, self.cumulative + other.cumulative,
+                                 self.windows + other.windows)
+
+    def window_rows(self) -> tuple[int, ...]:
+        """Sorted query positions the :attr:`windows` cover."""
+        return tuple(sorted({i for q, w in self.windows for i in range(max(0, q - w), q)}))
 
 
 def _lookup(positions: torch.Tensor, wanted: torch.Tensor, what: str) -> torch.Tensor:
@@ -68,12 +88,18 @@ class AttentionRows:
             query: causal), mean over layers and heads.
         cum_pos: [C] int64 sorted query positions of ``cumulative``.
         cumulative: [B, (Hkv,) C, T] float32 ``Σ_{i <= q} a_i`` at those queries.
+        windows: the (q, w) pairs of ``layer_windows`` (:attr:`AttentionNeeds.windows`).
+        layer_windows: [L, B, Hkv, S, T] float32 or None: for window s = (q, w), layer l and key/value
+            head h, ``(1 / (w' G)) Σ_{i = q - w'}^{q - 1} Σ_{g < G} a^{(l, hG + g)}_{i, j}`` with
+            w' = min(w, q) and G = H / Hkv (zeros for keys j > i of each row: causal).
     """
 
     row_pos: torch.Tensor
     rows: torch.Tensor
     cum_pos: torch.Tensor
     cumulative: torch.Tensor
+    windows: tuple[tuple[int, int], ...] = ()
+    layer_windows: torch.Tensor | None = None
 
     @classmethod
     def of_matrix(cls, attention: torch.Tensor, needs: AttentionNeeds | None = None) -> "AttentionRows":
@@ -104,17 +130,33 @@ class AttentionRows:
         """
         return self.cumulative.index_select(-2, _lookup(self.cum_pos, positions, "accumulated over queries"))
 
+    def layer_window(self, query: int, width: int) -> torch.Tensor:
+        """[L, B, Hkv, T] mean attention row of the observation window ``max(0, query - width) .. query - 1``,
+        per layer and key/value head (:attr:`layer_windows`).
+
+        Raises:
+            ValueError: the window was not collected.
+        """
+        if self.layer_windows is None or (query, width) not in self.windows:
+            raise ValueError(f"the reference pass did not collect the observation window of {width} queries "
+                             f"before query {query} per layer and key/value head")
+        return self.layer_windows[:, :, :, self.windows.index((query, width))]
+
     def prefix(self, c: int) -> "AttentionRows":
         """The statistics of a ``c``-token reference: queries < c, keys < c (causal attention: equal)."""
         r, k = self.row_pos < c, self.cum_pos < c  # [R], [C] bool
-        return AttentionRows(self.row_pos[r], self.rows[..., r, :c], self.cum_pos[k], self.cumulative[..., k, :c])
+        spans = [s for s, (q, _) in enumerate(self.windows) if q < c]
+        windows = None if self.layer_windows is None else self.layer_windows[:, :, :, spans, :c]  # [L, B, Hkv, S', c]
+        return AttentionRows(self.row_pos[r], self.rows[..., r, :c], self.cum_pos[k], self.cumulative[..., k, :c],
+                             tuple(self.windows[s] for s in spans), windows)
 
     def fold(self) -> "AttentionRows":
         """Per-head statistics [B, Hkv, *, T] with heads folded into rows [B·Hkv, *, T] (row b·Hkv + h)."""
         def fold(x: torch.Tensor) -> torch.Tensor:
             return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])  # [B, Hkv, R, T] -> [B·Hkv, R, T]
 
-        return AttentionRows(self.row_pos, fold(self.rows), self.cum_pos, fold(self.cumulative))
+        return AttentionRows(self.row_pos, fold(self.rows), self.cum_pos, fold(self.cumulative), self.windows,
+                             self.layer_windows)
 
 
 class RowAccumulator:
@@ -138,8 +180,14 @@ class RowAccumulator:
         self.rows: torch.Tensor | None = None  # [B, (Hkv,) R, T] sums
         self.shared: torch.Tensor | None = None  # [B, (Hkv,) T] sums of the rows before the first cumulative query
         self.partial: torch.Tensor | None = None  # [B, (Hkv,) C, T] sums of the later rows up to each query
-        self.layers: set[int] = set()  # ids of the attention modules seen
+        self.layers: dict[int, int] = {}  # ids of the attention modules seen -> layer index (first-call order)
         self.per_layer = 0  # heads summed per layer (H, or H / Hkv)
+        self.groups = 0  # G = H / Hkv, query heads per key/value head
+        self.window_pos = torch.tensor(needs.window_rows(), dtype=torch.long)  # [W] rows the windows cover
+        lo = torch.tensor([max(0, q - w) for q, w in needs.windows], dtype=torch.long)  # [S] first row of each window
+        hi = torch.tensor([q for q, _ in needs.windows], dtype=torch.long)  # [S] one past its last row
+        self.window_span = (lo, hi)
+        self.windows: list[torch.Tensor] = []  # per layer [B, Hkv, S, T] sums over window rows and group heads
 
     def _zeros(self, batch: int, *mid: int, device) -> torch.Tensor:
         head = () if self.kv_heads is None else (self.kv_heads,)
@@ -165,36 +213,50 @@ class RowAccumulator:
         if H % Hkv or Tk > self.width:
             raise ValueError(f"attention rows: {H} query heads over {Hkv} key heads, {Tk} keys of at most {self.width}")
         G, p0 = H // Hkv, Tk - Tq
-        self.layers.add(id(module))
+        layer = self.layers.setdefault(id(module), len(self.layers))
         self.per_layer = H if self.kv_heads is None else G
+        self.groups = G
         device = query.device
         pos = torch.arange(p0, Tk, device=device)  # [Tq] positions of this call's queries
         row_pos, cum_pos = self.row_pos.to(device), self.cum_pos.to(device)
-        wanted = torch.isin(pos, row_pos)  # [Tq]
+        window_pos = self.window_pos.to(device)
+        in_rows = torch.isin(pos, row_pos)  # [Tq] rows the layer-mean statistics read
         if cum_pos.numel():
-            wanted |= pos <= cum_pos[-1]
-        local = wanted.nonzero().flatten()  # [n] query rows of this call to compute
-        if local.numel() == 0:
-            return
+            in_rows |= pos <= cum_pos[-1]
+        in_windows = torch.isin(pos, window_pos)  # [Tq] rows of the observation windows
         if self.rows is None:
             self.rows = self._zeros(B, row_pos.numel(), device=device)
             self.shared = self._zeros(B, device=device)
             self.partial = self._zeros(B, cum_pos.numel(), device=device)
+        if self.needs.windows:
+            while len(self.windows) <= layer:
+                self.windows.append(torch.zeros(B, Hkv, len(self.needs.windows), self.width, dtype=torch.float32,
+                                                device=self.rows.device))
+        if not bool((in_rows | in_windows).any()):
+            return
         keys = key.float().unsqueeze(2).transpose(-1, -2)  # [B, Hkv, 1, d, Tk]
         budget = self.block_elements or (BLOCK_ELEMENTS if device.type == "cpu" else DEVICE_BLOCK_ELEMENTS)
         step = max(1, min(MAX_BLOCK_ROWS, budget // max(1, B * H * Tk)))
-        for start in range(0, local.numel(), step):
-            idx = local[start : start + step]  # [n] local query rows
-            n = idx.numel()
-            q = query[:, :, idx].float().reshape(B, Hkv, G, n, d)  # [B, H, n, d] -> [B, Hkv, G, n, d]
-            s = torch.matmul(q, keys).mul_(scaling)  # [B, Hkv, G, n, Tk]; in place: one block of logits alive
-            if softcap:
-                s.div_(softcap).tanh_().mul_(softcap)
-            _mask_(s, mask, idx, pos[idx], Tk, sliding_window)
-            p = torch.softmax(s, dim=-1)  # [B, Hkv, G, n, Tk]
-            del s
+
+        def blocks(rows: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            """(local query rows [n], their softmax rows [B, Hkv, G, n, Tk]) in blocks of ``step`` rows."""
+            for start in range(0, rows.numel(), step):
+                idx = rows[start : start + step]  # [n] local query rows
+                q = query[:, :, idx].float().reshape(B, Hkv, G, idx.numel(), d)  # [B, H, n, d] -> [B, Hkv, G, n, d]
+                s = torch.matmul(q, keys).mul_(scaling)  # [B, Hkv, G, n, Tk]; in place: one block of logits alive
+                if softcap:
+                    s.div_(softcap).tanh_().mul_(softcap)
+                _mask_(s, mask, idx, pos[idx], Tk, sliding_window)
+                yield idx, torch.softmax(s, dim=-1)  # [B, Hkv, G, n, Tk]
+
+        # the layer-mean rows first, in the blocks they always had; then the rows only the windows read
+        for idx, p in blocks(in_rows.nonzero().flatten()):
+            if self.needs.windows and bool(in_windows[idx].any()):
+                self._collect_windows(p.sum(2), pos[idx], layer, Tk)  # [B, Hkv, n, Tk] sums over group heads
             p = p.sum(2) if self.kv_heads is not None else p.sum((1, 2))  # [B, Hkv, n, Tk] or [B, n, Tk]
             self._collect(p, pos[idx], row_pos, cum_pos, Tk)
+        for idx, p in blocks((in_windows & ~in_rows).nonzero().flatten()):
+            self._collect_windows(p.sum(2), pos[idx], layer, Tk)
 
     def _collect(self, p: torch.Tensor, qpos: torch.Tensor, row_pos: torch.Tensor, cum_pos: torch.Tensor,
                  Tk: int) -> None:
@@ -216,8 +278,18 @@ class RowAccumulator:
             upto = (qpos[late].view(1, -1) <= cum_pos.view(-1, 1)).to(p.dtype)  # [C, m] row i counts for query c
             self.partial[..., :Tk] += torch.matmul(upto, p[..., late, :])  # [C, m] @ [B, (Hkv,) m, Tk] -> [B, (Hkv,) C, Tk]
 
+    def _collect_windows(self, p: torch.Tensor, qpos: torch.Tensor, layer: int, Tk: int) -> None:
+        """Add a block ``p`` [B, Hkv, n, Tk] (sums over group heads) of rows at positions ``qpos`` [n]
+        to the window sums of layer ``layer``: row i counts for window s when ``lo_s <= i < hi_s``."""
+        target = self.windows[layer]  # [B, Hkv, S, T]
+        p, qpos = p.to(target.device), qpos.to(target.device)
+        lo, hi = (x.to(target.device) for x in self.window_span)  # [S] each
+        member = ((qpos.view(1, -1) >= lo.view(-1, 1)) & (qpos.view(1, -1) < hi.view(-1, 1))).to(p.dtype)  # [S, n]
+        target[..., :Tk] += torch.matmul(member, p)  # [S, n] @ [B, Hkv, n, Tk] -> [B, Hkv, S, Tk]
+
     def result(self) -> AttentionRows:
-        """The means over layers and heads (:class:`AttentionRows`).
+        """The means over layers and heads (:class:`AttentionRows`), and the window means per layer and
+        key/value head (:attr:`AttentionRows.layer_windows`).
 
         Raises:
             RuntimeError: no layer call was added.
@@ -226,8 +298,13 @@ class RowAccumulator:
             raise RuntimeError("attention rows: no attention layer call was seen")
         count = len(self.layers) * self.per_layer
         cumulative = (self.shared.unsqueeze(-2) + self.partial) / count  # [B, (Hkv,) C, T]
+        windows = None
+        if self.needs.windows:
+            lo, hi = self.window_span
+            queries = (hi - lo).clamp(min=1).to(torch.float32).to(self.rows.device)  # [S] w' rows of each window
+            windows = torch.stack(self.windows) / (queries.view(1, 1, 1, -1, 1) * self.groups)  # [L, B, Hkv, S, T]
         return AttentionRows(self.row_pos.to(self.rows.device), self.rows / count, self.cum_pos.to(self.rows.device),
-                             cumulative)
+                             cumulative, self.needs.windows, windows)
 
 
 def _mask_(s: torch.Tensor, mask: torch.Tensor | None, idx: torch.Tensor, qpos: torch.Tensor, Tk: int,

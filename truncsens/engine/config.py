@@ -86,6 +86,8 @@ class MeasureConfig(MeasureOptions):
         n_sink: first tokens kept (None: 0 for windows, 4 for policies).
         positions: "original" (kept tokens keep their position ids) or "reindexed".
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
+        observation_window, pooling_kernel: SnapKV's window w and pooling kernel p (``snapkv``,
+            ``snapkv_shared``; None: each policy's default).
         policy_args: parameters of ``kvpress:<PressClass>`` policies (``--policy-arg key=value``), or None.
         chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
             token; :mod:`truncsens.policies.streaming`).
@@ -179,9 +181,12 @@ class MeasureConfig(MeasureOptions):
             semantics.check_granularity(self.granularity)
         except (PolicyError, SemanticsError) as exc:
             raise MeasureError(str(exc)) from None
-        if self.granularity == "head" and any(n.startswith("kvpress:") for n in self.policies or ()):
-            raise MeasureError("kvpress presses keep their own per-layer, per-head kept sets; leave --granularity "
-                               "at token with a kvpress: policy")
+        per_layer_heads = [n for n in self.policies or () if policy_class(n).layer_heads]
+        if self.granularity == "head" and per_layer_heads:
+            one = len(per_layer_heads) == 1
+            raise MeasureError(f"{', '.join(per_layer_heads)} keep{'s its' if one else ' their'} own per-layer, per-head "
+                               f"kept sets; leave --granularity at token with {'it' if one else 'them'}")
+        self._check_window_options()
         semantics.check_positions(self.positions)
         check_policy_args([policy_class(n) for n in self.policies or ()], self.policy_args)
         policies = self.build_policies()
@@ -196,6 +201,19 @@ class MeasureConfig(MeasureOptions):
         if self.out is None:
             suffix = "-per-layer" if self.per_layer else "" if self.policies is None else "-policies"
             self.out = str(default_out(self.model, self.corpus_name, self.domain, suffix))
+
+    def _check_window_options(self) -> None:
+        """``--observation-window`` and ``--pooling-kernel`` need a policy that has them (the values
+        themselves are checked by the policies).
+
+        Raises:
+            MeasureError: one of them given without such a policy.
+        """
+        given = [flag for flag, value in (("--observation-window", self.observation_window),
+                                          ("--pooling-kernel", self.pooling_kernel)) if value is not None]
+        if given and not any({"window", "kernel"} <= {f.name for f in fields(policy_class(n))} for n in self.policies or ()):
+            raise MeasureError(f"{' and '.join(given)} {'sets' if len(given) == 1 else 'set'} SnapKV's observation "
+                               "window; give --policy snapkv or snapkv_shared")
 
     def _check_per_layer(self) -> None:
         """Options of a per-layer window sweep, with its defaults (prefill_evict, 4 sinks).
@@ -256,8 +274,10 @@ class MeasureConfig(MeasureOptions):
 
     def policy_params(self) -> dict:
         """The options that configure policies (each policy takes those it has)."""
+        window = {k: v for k, v in (("window", self.observation_window), ("kernel", self.pooling_kernel)) if v is not None}
         return dict(n_sink=self.n_sink, score=self.score, per_query=self.per_query,
-                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction, policy_args=self.policy_args)
+                    recent_fraction=self.recent_fraction, top_fraction=self.top_fraction, policy_args=self.policy_args,
+                    **window)
 
     def build_policies(self) -> list:
         """The configured policies (none for a window sweep, whose policy follows from the sinks)."""
@@ -292,6 +312,8 @@ class MeasureConfig(MeasureOptions):
                     del keep[dependent]
         if keep.get("policy_seed") in (None, self.seed):  # the same draws as the default
             keep.pop("policy_seed", None)
+        if "snapkv" in (self.policies or ()):  # snapkv was one shared kept set before (now snapkv_shared):
+            keep["snapkv"] = "per layer and key/value head"  # its earlier shards are not reused
         if any(policy_class(name).randomized for name in self.policies or ()):  # draws common to every budget since --draws:
             keep["draw_seeds"] = "common to every budget"  # shards drawn per budget before are not reused
         keep.update(resolved)

@@ -194,7 +194,9 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
         :class:`ReferencePass`.
 
     Raises:
-        ValueError: T < 2, q outside 1 .. T - 1, or a needed position outside 0 .. T - 1.
+        ValueError: T < 2, q outside 1 .. T - 1, a needed position outside 0 .. T - 1, or observation
+            windows per layer (``needs.windows``) with ``attention`` or a model whose attention calls
+            cannot be read (the eager fallback averages over layers).
         NonFiniteLogitsError: NaN or infinite logits.
     """
     B, T = input_ids.shape
@@ -206,8 +208,10 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
     last = range(T - q, T)
     if needs is not None or (last_attention and not attention):
         needs = (needs or AttentionNeeds()) | AttentionNeeds.of(rows=last)
-        if any(not 0 <= p < T for p in needs.rows + needs.cumulative):
+        if any(not 0 <= p < T for p in needs.rows + needs.cumulative + tuple(q for q, _ in needs.windows)):
             raise ValueError(f"attention statistics of queries outside 0 .. {T - 1} were asked for")
+    if attention and needs is not None and needs.windows:
+        raise ValueError("observation windows per layer are read from the model's attention calls, not the eager matrix")
     rows = None
     out = cache = None
     if needs is not None and not attention:
@@ -217,7 +221,11 @@ def reference_pass(model, input_ids: torch.Tensor, last_attention: bool = False,
                 if not acc.layers:
                     raise NotInterceptable("no attention call reached transformers' attention interface")
                 rows = acc.result()
-        except NotInterceptable:
+        except NotInterceptable as exc:
+            if needs.windows:  # the eager fallback averages over layers: no per-layer window
+                raise ValueError(f"observation windows per layer and key/value head are read from the model's calls "
+                                 f"of transformers' attention interface, which this model's attention does not make "
+                                 f"({exc}); use a policy whose scores are averaged over layers (e.g. snapkv_shared)") from None
             out = None  # the eager fallback below
     prefix_rows = last_rows = None
     if out is None:

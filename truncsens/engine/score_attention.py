@@ -9,8 +9,10 @@ a :class:`~truncsens.engine.attention_rows.RowAccumulator`, which computes only 
 policies' scores need, in blocks (memory O(block · T), no T × T tensor of ours).
 
 The wrapper replaces the interface's entry for the model's implementation name for the duration of
-the block (``AttentionInterface``'s class-wide mapping; for ``eager``, which the interface does not
-list, an entry calling the model module's own ``eager_attention_forward``) and restores it after.
+the block (``AttentionInterface``'s class-wide mapping, or the shared ``ALL_ATTENTION_FUNCTIONS``
+instance's local override where one was set, as importing NVIDIA kvpress sets one for every name;
+for ``eager``, which the interface does not list, an entry calling the model module's own
+``eager_attention_forward``) and restores it after.
 
 A model whose attention cannot be intercepted this way (no transformers attention interface, an
 attention-sink logit ``s_aux``, a flex ``BlockMask``) raises :class:`NotInterceptable`: the reference
@@ -40,6 +42,18 @@ def _interface():
     except ImportError:  # pragma: no cover - transformers < 4.48
         return None
     return AttentionInterface
+
+
+def _mapping_of(interface, impl: str) -> dict:
+    """The mapping the models' lookup ``ALL_ATTENTION_FUNCTIONS[impl]`` reads ``impl`` from: the shared
+    instance's local overrides when they hold it (set by ``ALL_ATTENTION_FUNCTIONS[name] = fn``, as
+    NVIDIA kvpress does on import to wrap every function), else the class-wide mapping."""
+    try:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    except ImportError:  # pragma: no cover - transformers < 4.48
+        return interface._global_mapping
+    local = getattr(ALL_ATTENTION_FUNCTIONS, "_local_mapping", None)
+    return local if isinstance(local, dict) and impl in local else interface._global_mapping
 
 
 def _eager_of(module):
@@ -79,7 +93,7 @@ def intercept_attention(model, needs: AttentionNeeds, width: int, kv_heads: int 
     if interface is None or not isinstance(impl, str):
         raise NotInterceptable("the model names no attention implementation of transformers' attention interface")
     acc = RowAccumulator(needs, width, kv_heads, block_elements)
-    mapping = interface._global_mapping
+    mapping = _mapping_of(interface, impl)
     had = impl in mapping
     original = mapping.get(impl)
 

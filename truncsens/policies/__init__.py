@@ -23,13 +23,14 @@ from truncsens.policies.poisson import SCORES, PoissonPolicy
 from truncsens.policies.random import RandomPolicy
 from truncsens.policies.sink_recent import SinkRecentPolicy
 from truncsens.policies.snapkv import SnapKVPolicy
+from truncsens.policies.snapkv_shared import SnapKVSharedPolicy
 from truncsens.policies.suffix import SuffixPolicy
 from truncsens.policies.topk import TopKPolicy
 from truncsens.policies.tova import TOVAPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (SuffixPolicy, SinkRecentPolicy, RandomPolicy, PoissonPolicy, H2OPolicy, TOVAPolicy,
-                              SnapKVPolicy, KeyNormPolicy, TopKPolicy)
+                              SnapKVPolicy, SnapKVSharedPolicy, KeyNormPolicy, TopKPolicy)
 }
 
 
@@ -83,5 +84,5 @@ def policy_params(policy: Policy) -> dict:
 
 __all__ = [
     "CAPABILITIES", "H2OPolicy", "KVPressPolicy", "KeyNormPolicy", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError",
-    "RandomPolicy", "SCORES", "SinkRecentPolicy", "SnapKVPolicy", "SuffixPolicy", "TOVAPolicy", "TopKPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
+    "RandomPolicy", "SCORES", "SinkRecentPolicy", "SnapKVPolicy", "SnapKVSharedPolicy", "SuffixPolicy", "TOVAPolicy", "TopKPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
 ]

@@ -31,7 +31,6 @@ KV heads into the batch (:func:`fold_heads`, one seed per row from :func:`head_s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 import torch
@@ -39,6 +38,7 @@ import torch
 from truncsens.policies.errors import PolicyError  # (defined there, imported from here too)
 from truncsens.policies.kept import Kept  # (defined there, imported from here too)
 from truncsens.policies.steps import recent_eviction_steps
+from truncsens.policies.stream_view import StreamStep, StreamView  # (defined there, imported from here too)
 
 # What a policy may need from the semantics it runs under (see truncsens.engine.semantics, whose
 # semantics each declare which of these they provide).
@@ -46,11 +46,14 @@ LOGIT_OFFSETS = "logit_offsets"  # additive attention-logit offsets on kept keys
 ATTENTION_SCORES = "attention_scores"  # attention each key received, from the attention weights of a pass
 KEY_NORM_SCORES = "key_norm_scores"  # L2 norms of the cached keys
 OBSERVATION_WINDOW = "observation_window"  # attention rows of the last prompt queries of a full prefill (SnapKV)
+# the same per layer and key/value head, with kept sets per layer and head decoded exactly (SnapKV as published)
+LAYER_OBSERVATION_WINDOW = "layer_observation_window"
 PER_QUERY_DRAWS = "per_query_draws"  # an independent kept set per query (not one cache evicting as it goes)
-CAPABILITIES = (LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS)
+CAPABILITIES = (LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, LAYER_OBSERVATION_WINDOW,
+                PER_QUERY_DRAWS)
 # score kinds (Policy.score_kind) -> the capability they need
 SCORE_KINDS = {"attention": ATTENTION_SCORES, "last_attention": ATTENTION_SCORES, "key_norm": KEY_NORM_SCORES,
-               "window_attention": OBSERVATION_WINDOW}
+               "window_attention": OBSERVATION_WINDOW, "layer_window_attention": LAYER_OBSERVATION_WINDOW}
 
 
 class Policy:
@@ -64,10 +67,17 @@ class Policy:
         name: registry name (``--policy NAME``).
         randomized: whether the kept sets depend on the seeds (``random``, ``poisson``); such a policy
             is measured once per draw (:func:`truncsens.engine.kernel.measure_draws`).
+        layer_heads: whether :meth:`keep` returns kept sets per layer and key/value head
+            (:class:`~truncsens.policies.kept.HeadKept`: ``snapkv``, kvpress presses); such a policy
+            sets its own granularity (``--granularity token`` only) and runs the exact protocol only.
     """
 
     name: ClassVar[str] = ""
     randomized: ClassVar[bool] = False  # kept sets depend on the seeds: measured once per draw (--draws)
+    # streaming: the cache holds k - 1 keys between queries in expectation, not surely, and the
+    # offsets of drawn keys follow their inclusion probabilities as they are thinned (poisson)
+    expected_budget: ClassVar[bool] = False
+    layer_heads: ClassVar[bool] = False  # kept sets per layer and key/value head (HeadKept)
 
     def score_kind(self) -> str | None:
         """Which ``scores`` :meth:`keep` and :meth:`evict` need (a key of :data:`SCORE_KINDS`), or None:
@@ -78,9 +88,16 @@ class Policy:
         - ``"last_attention"``: attention of the newest processed query (TOVA, arXiv 2401.06104);
         - ``"key_norm"``: L2 norm of each key (mean over layers and key/value heads);
         - ``"window_attention"``: attention of an observation window of prompt queries (SnapKV,
-          arXiv 2404.14469; per-query only, see :meth:`window_scores`).
+          arXiv 2404.14469; per-query only, see :meth:`window_scores`);
+        - ``"layer_window_attention"``: the mean attention row of an observation window per layer and
+          key/value head, [L, B, Hkv, Q, T] (:meth:`observation_window`; SnapKV as published).
         """
         return None
+
+    def observation_window(self) -> int:  # pragma: no cover
+        """w, the prompt queries before each query whose mean attention row a ``layer_window_attention``
+        policy reads (only for those policies)."""
+        raise NotImplementedError
 
     @property
     def needs_scores(self) -> bool:
@@ -179,57 +196,6 @@ class Policy:
              scores: torch.Tensor | None = None) -> Kept:  # pragma: no cover - abstract
         """Kept keys and offsets for ``len(seeds)`` sequences; see the subclasses."""
         raise NotImplementedError
-
-
-@dataclass
-class StreamView:
-    """What a streaming policy sees at a chunk end, after ``end`` tokens were processed (B sequences).
-
-    Attributes:
-        alive: [B, end] bool keys still cached (the chunk just processed included).
-        offset: [B, end] float32 logit offsets of cached keys (fixed when a key is drawn).
-        drawn: [B, end] bool keys that were already drawn at random (random policies draw once per key).
-        budget: k, kept keys of a query, its own included: at most k - 1 keys stay cached.
-        end: tokens processed.
-        uniforms: [B, end] float64, one uniform per key from the sequence's seed (:func:`uniforms`).
-        accumulated: [B, end] float32 attention each key received from the processed queries of the
-            evicted run (mean over layers and heads), or None when the policy needs none.
-        Under head granularity the B rows are (sequence, key/value head) pairs (:func:`fold_heads`),
-        and the statistics are those of the row's KV head (mean over layers and its query heads).
-        last: [B, end] float32 attention of the newest processed query, or None.
-        key_norm: [B, end] float32 key L2 norms (mean over layers and key/value heads), or None.
-    """
-
-    alive: torch.Tensor
-    offset: torch.Tensor
-    drawn: torch.Tensor
-    budget: int
-    end: int
-    uniforms: torch.Tensor
-    accumulated: torch.Tensor | None = None
-    last: torch.Tensor | None = None
-    key_norm: torch.Tensor | None = None
-
-    def scores(self, kind: str) -> torch.Tensor:
-        """[B, end] online scores of a kind (``attention``, ``last_attention`` or ``key_norm``).
-
-        Raises:
-            PolicyError: the kind has no online version (``window_attention``) or was not computed.
-        """
-        value = {"attention": self.accumulated, "last_attention": self.last, "key_norm": self.key_norm}.get(kind)
-        if value is None:
-            raise PolicyError(f"no online {kind} scores in this streaming step")
-        return value
-
-
-@dataclass
-class StreamStep:
-    """A policy's answer to a :class:`StreamView`: keep [B, end] bool (a subset of ``alive``),
-    offset [B, end] float32 and drawn [B, end] bool (see :class:`StreamView`)."""
-
-    keep: torch.Tensor
-    offset: torch.Tensor
-    drawn: torch.Tensor
 
 
 def top_per_row(values: torch.Tensor, allowed: torch.Tensor, counts: torch.Tensor | int) -> torch.Tensor:

@@ -39,8 +39,8 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.policies.base import Policy, PolicyError, top_per_row
-from truncsens.policies.kept import HeadKept
+from truncsens.policies.base import Policy, PolicyError
+from truncsens.policies.kept import head_kept
 
 PREFIX = "kvpress:"
 PREFILL_LAYERS = "prefill_layers"  # capability: each attention layer's prefill inputs, keys and values
@@ -130,6 +130,7 @@ class KVPressPolicy(Policy):
 
     name: ClassVar[str] = PREFIX
     press: ClassVar[str] = ""
+    layer_heads: ClassVar[bool] = True
     policy_args: dict | None = None
 
     def __post_init__(self) -> None:
@@ -210,16 +211,7 @@ class KVPressPolicy(Policy):
         if queries.tolist() != [context_len - 1] or scores is None:
             raise PolicyError(f"policy {self.name} decides for the target's query of a prefill (--semantics prefill_evict)")
         layers, kv = scores
-        heads = self.head_index(budget, layers, kv)  # [L, B, H, k-1]
-        L, B, H, n = heads.shape
-        votes = torch.zeros(B, context_len, device=heads.device)
-        votes.scatter_add_(1, heads.permute(1, 0, 2, 3).reshape(B, L * H * n),
-                           torch.ones(B, L * H * n, device=heads.device))  # [B, T] (layer, head) pairs keeping each key
-        prefix = torch.arange(context_len, device=heads.device) < context_len - 1  # [T]
-        keep = top_per_row(votes, (votes > 0) & prefix, n)  # [B, T]
-        keep[:, -1] = True
-        keep = keep.unsqueeze(1)  # [B, 1, T]
-        return HeadKept(keep, torch.zeros(keep.shape, dtype=torch.float32, device=keep.device), queries, heads)
+        return head_kept(self.head_index(budget, layers, kv), context_len, queries)  # heads [L, B, H, k-1]
 
 
 def score_layer(press, layers, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], layer: int, where: str = "") -> torch.Tensor:

@@ -1,13 +1,31 @@
-"""``snapkv``: keep the keys an observation window of the prompt's last queries votes for.
+"""``snapkv``, SnapKV as published: per layer and key/value head, keep the keys an observation window
+of the prompt's last queries votes for.
 
 Source: Y. Li et al., "SnapKV: LLM Knows What You are Looking for Before Generation"
-(arXiv 2404.14469). After a full prefill, the last ``w`` prompt queries (the observation window) vote:
-``v_j = Σ_{i ∈ window} a_{i,j}``; the votes are pooled over neighbouring keys (1-D average pooling,
-kernel ``p``, stride 1, the released code's default pooling); the cache keeps the window's own keys and
-the keys of largest pooled vote. The released defaults are w = 32, p = 5; [ours] w = 8 by default
-because budgets here go down to 16 tokens, and one kept set for all layers and heads (attention
-averaged over layers and heads). It needs the attention rows of a full prefill, so it runs under
-``prefill_evict`` only.
+(arXiv 2404.14469), and its reference implementation in NVIDIA kvpress, ``SnapKVPress``
+(https://github.com/NVIDIA/kvpress, ``kvpress/presses/snapkv_press.py``, defaults ``window_size=64``,
+``kernel_size=5``). After the prefill of T' = T - 1 tokens, for every layer l and key/value head h:
+
+- the window is the last w prefill queries, positions ``T' - w .. T' - 1``; their attention rows are
+  the model's own (causal inside the window, softmax over all T' keys);
+- the vote of a prefix key j < T' - w is the mean of those rows over the w window queries and the G
+  query heads of h's group (the mean over the group: https://github.com/FasterDecoding/SnapKV/issues/22),
+  ``v_j = (1 / (w G)) Σ_i Σ_g a^{(l, hG + g)}_{i, j}`` (:meth:`AttentionRows.layer_window
+  <truncsens.engine.attention_rows.AttentionRows.layer_window>`);
+- the votes of the T' - w prefix keys are average-pooled over neighbouring keys (kernel p, stride 1,
+  zero padding p // 2 counted in the mean: ``torch.nn.functional.avg_pool1d``'s default, as kvpress);
+- the window's own w keys are kept, and of the prefix keys those of largest pooled vote, k - 1 in all
+  (the budget k counts the query's own key; kvpress keeps ``int(T' (1 - r))`` keys per layer and head,
+  the window given the largest score).
+
+[ours]: ties between pooled votes go to the later key (kvpress leaves them to ``torch.topk``); a budget
+of at most w + 1 keeps the k - 1 most recent prefix keys (the window keys nearest the query; kvpress
+gives every window key the same score and leaves the choice to ``torch.topk``, and refuses T' <= w).
+The per-layer, per-head kept sets (:class:`~truncsens.policies.kept.HeadKept`) are decoded exactly
+(:func:`truncsens.engine.rerotation.decode_gathered`), so ``snapkv`` runs under ``prefill_evict`` only.
+
+``snapkv_shared`` (:mod:`truncsens.policies.snapkv_shared`) is the variant this package measured as
+``snapkv`` before: one kept set for all layers and heads.
 """
 
 from __future__ import annotations
@@ -17,74 +35,113 @@ from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.policies.base import Kept, Policy, PolicyError, keep_top, recent
-from truncsens.policies.h2o import _check_scores
+from truncsens.policies.base import LAYER_OBSERVATION_WINDOW, Policy, PolicyError, top_per_row
+from truncsens.policies.kept import head_kept
+
+
+def check_window(name: str, window: int, kernel: int) -> None:
+    """Raise :class:`PolicyError` unless ``window`` >= 1 and ``kernel`` is odd and >= 1."""
+    if window < 1 or kernel < 1 or kernel % 2 == 0:
+        raise PolicyError(f"{name} needs an observation window >= 1 (--observation-window) and an odd pooling kernel "
+                          f">= 1 (--pooling-kernel), got {window}, {kernel}")
+
+
+def pooled_votes(window_mean: torch.Tensor, prefix: int, window: int, kernel: int) -> torch.Tensor:
+    """SnapKV's pooled votes of the prefix keys before the observation window (module docstring).
+
+    Args:
+        window_mean: [..., >= prefix] mean attention row of the window's queries (over the window and
+            the group's query heads) of each layer and head.
+        prefix: T', prefill keys; window: w < T'; kernel: odd p >= 1.
+
+    Returns:
+        [..., T' - w] float32: ``avg_pool1d`` (kernel p, stride 1, zero padding p // 2 counted in the
+        mean) of the votes of keys 0 .. T' - w - 1.
+    """
+    votes = window_mean[..., : prefix - window].float()  # [..., T'-w]
+    lead = votes.shape[:-1]
+    flat = votes.reshape(-1, 1, votes.shape[-1])  # [N, 1, T'-w]
+    pooled = torch.nn.functional.avg_pool1d(flat, kernel, stride=1, padding=kernel // 2)  # [N, 1, T'-w]
+    return pooled.reshape(*lead, votes.shape[-1])
+
+
+def kept_prefix_heads(window_mean: torch.Tensor, budget: int, context_len: int, window: int,
+                      kernel: int) -> torch.Tensor:
+    """Kept prefix positions per layer and key/value head (module docstring).
+
+    Args:
+        window_mean: [L, B, Hkv, >= T - 1] mean attention row of the window ``T - 1 - w .. T - 2``.
+        budget: k >= 1 (the query's own key included); context_len: T; window: w; kernel: odd p.
+
+    Returns:
+        [L, B, Hkv, min(k, T) - 1] int64, increasing: every prefix key when k >= T; the k - 1 most
+        recent when k - 1 <= w; else the w window keys and the k - 1 - w prefix keys of largest
+        :func:`pooled_votes` (ties: the later key).
+    """
+    L, B, H = window_mean.shape[:3]
+    P, n = context_len - 1, min(budget, context_len) - 1  # prefill keys, kept prefix keys
+    device = window_mean.device
+    if n >= P or n <= window:
+        return torch.arange(P - n, P, device=device).expand(L, B, H, n).clone()  # [L, B, H, n]
+    pooled = pooled_votes(window_mean, P, window, kernel).reshape(L * B * H, P - window)  # [LBH, P-w]
+    top = top_per_row(pooled, torch.ones_like(pooled, dtype=torch.bool), n - window)  # [LBH, P-w]
+    kept = torch.cat([top, torch.ones(L * B * H, window, dtype=torch.bool, device=device)], -1)  # [LBH, P]
+    positions = torch.arange(P, device=device).expand(L * B * H, P)  # [LBH, P]
+    return positions[kept].view(L, B, H, n)  # row-major: each row's n kept positions, increasing
 
 
 @dataclass
 class SnapKVPolicy(Policy):
-    """Observation-window votes, pooled.
+    """SnapKV as published: observation-window votes per layer and key/value head, pooled (module docstring).
 
     Attributes:
-        window: w, prompt queries in the observation window (tokens), >= 1.
-        kernel: p, odd pooling kernel over keys (tokens), >= 1.
+        window: w, prefill queries in the observation window (tokens), >= 1 (kvpress: 64).
+        kernel: p, odd average-pooling kernel over keys (tokens), >= 1 (kvpress: 5).
     """
 
     name: ClassVar[str] = "snapkv"
-    window: int = 8
+    layer_heads: ClassVar[bool] = True
+    window: int = 64
     kernel: int = 5
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.kernel < 1 or self.kernel % 2 == 0:
-            raise PolicyError(f"snapkv needs window >= 1 and an odd kernel >= 1, got {self.window}, {self.kernel}")
+        check_window(self.name, self.window, self.kernel)
 
     def score_kind(self) -> str:
-        """``"window_attention"``."""
-        return "window_attention"
+        """``"layer_window_attention"``."""
+        return "layer_window_attention"
 
-    def window_rows(self, queries: torch.Tensor) -> torch.Tensor:
-        """[R] int64 sorted prompt queries the observation windows of ``queries`` [Q] cover (the rows
-        :meth:`window_scores` reads): ``max(0, q - w) .. q - 1`` for each q."""
-        rows = {r for q in queries.tolist() for r in range(max(0, q - self.window), q)}
-        return torch.tensor(sorted(rows), dtype=torch.long, device=queries.device)
+    def requirements(self) -> frozenset[str]:
+        """The window's attention per layer and key/value head of a full prefill, and a decode of
+        per-layer, per-head kept sets (:data:`~truncsens.policies.base.LAYER_OBSERVATION_WINDOW`)."""
+        return frozenset({LAYER_OBSERVATION_WINDOW})
 
-    def window_scores(self, attention: torch.Tensor, queries: torch.Tensor,
-                      rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Pooled votes of the observation window of each query.
-
-        Args:
-            attention: [B, R, T] attention rows of a full prefill (mean over layers and heads) of
-                the query positions ``rows`` [R] (at least :meth:`window_rows`); ``rows`` None: the
-                full matrix [B, T, T], rows 0 .. T - 1.
-            queries: [Q] int64; the window of query q is the prompt queries ``max(0, q - w) .. q - 1``.
-
-        Returns:
-            [B, Q, T] float32 pooled votes (keys j >= q get 0 before pooling).
-        """
-        B, R, T = attention.shape
-        keys = torch.arange(T, device=attention.device)  # [T]
-        rows = keys if rows is None else rows.to(attention.device)  # [R] query position of each row
-        out = []
-        for q in queries.tolist():
-            in_window = (rows < q) & (rows >= q - self.window)  # [R]
-            votes = attention[:, in_window].sum(1)  # [B, T]
-            votes = torch.where(keys < q, votes, torch.zeros_like(votes))
-            pooled = torch.nn.functional.avg_pool1d(votes.unsqueeze(1), self.kernel, stride=1, padding=self.kernel // 2,
-                                                    count_include_pad=False)  # [B, 1, T]
-            out.append(pooled[:, 0])
-        return torch.stack(out, 1)  # [B, Q, T]
+    def observation_window(self) -> int:
+        """w."""
+        return self.window
 
     def keep(self, context_len: int, budget: int, queries: torch.Tensor, seeds: Sequence[int],
-             scores: torch.Tensor | None = None) -> Kept:
-        """Kept keys: the observation window (and the query) plus the keys of largest pooled vote.
+             scores: torch.Tensor | None = None):
+        """Per-layer, per-head kept sets of the target's query.
 
         Args:
-            context_len: T; budget: k; queries: [Q]; seeds: unused; scores: [B, Q, T] from :meth:`window_scores`.
+            context_len: T; budget: k; queries: [1] = [T - 1] (``prefill_evict``); seeds: unused;
+            scores: [L, B, Hkv, 1, T] mean attention row of the window ``T - 1 - w .. T - 2`` of each
+                layer and key/value head (:meth:`~truncsens.engine.attention_rows.AttentionRows.layer_window`).
+
+        Returns:
+            :class:`~truncsens.policies.kept.HeadKept` (``heads`` [L, B, Hkv, k - 1]; ``keep`` [B, 1, T]
+            its token-level view, :func:`~truncsens.policies.kept.head_kept`).
 
         Raises:
-            PolicyError: budget out of range or scores missing / misshapen.
+            PolicyError: budget out of range, queries other than the last position, or scores missing / misshapen.
         """
         self.check(budget, context_len)
-        _check_scores(self.name, scores, (len(seeds), queries.numel(), context_len))
-        protected = recent(context_len, queries, min(self.window, budget - 1) + 1)  # [Q, T] window + the query
-        return keep_top(context_len, budget, queries, protected, scores)
+        if queries.tolist() != [context_len - 1]:
+            raise PolicyError(f"policy {self.name} decides for the target's query of a prefill (--semantics prefill_evict)")
+        if scores is None or scores.dim() != 5 or scores.shape[3] != 1 or scores.shape[4] != context_len:
+            got = None if scores is None else tuple(scores.shape)
+            raise PolicyError(f"policy {self.name} needs window attention [L, B, Hkv, 1, {context_len}] per layer and "
+                              f"key/value head, got {got}")
+        heads = kept_prefix_heads(scores[:, :, :, 0], budget, context_len, self.window, self.kernel)  # [L, B, H, k-1]
+        return head_kept(heads, context_len, queries)

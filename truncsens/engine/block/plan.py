@@ -87,7 +87,8 @@ def check_policy_blocks(semantics, policies: Sequence, positions: str, granulari
             up in :data:`truncsens.engine.semantics.SEMANTICS`); policies: the run's policies.
 
     Raises:
-        MeasureError: a semantics without ``policy_blocks`` (reencode), a kvpress press, reindexed
+        MeasureError: a semantics without ``policy_blocks`` (reencode), a kvpress press or another policy
+            with kept sets per layer and head (``snapkv``), reindexed
             positions, head granularity or a chunk above 1; each message names the fix
             (``--protocol exact``).
     """
@@ -104,6 +105,9 @@ def check_policy_blocks(semantics, policies: Sequence, positions: str, granulari
     for p in policies:
         if PREFILL_LAYERS in p.requirements():
             raise MeasureError(f"--protocol block does not run kvpress presses ({p.name}: per-layer kept sets); {fix}")
+        if p.layer_heads:
+            raise MeasureError(f"--protocol block measures one kept set per target; {p.name} keeps one per layer and "
+                               f"key/value head; {fix} (or snapkv_shared, one set for all layers and heads)")
     if positions != "original":
         raise MeasureError(f"--protocol block keeps original positions (--positions {positions} re-rotates each "
                            f"target's keys); {fix}")

@@ -19,8 +19,8 @@ from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
 from truncsens.results import POSITIONS
 from truncsens.policies.base import (
-    ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS, Kept, Policy, PolicyError,
-    check_granularity, head_seeds, unfold_heads,
+    ATTENTION_SCORES, KEY_NORM_SCORES, LAYER_OBSERVATION_WINDOW, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
+    Kept, Policy, PolicyError, check_granularity, head_seeds, unfold_heads,
 )
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 
@@ -30,10 +30,12 @@ _CAPABILITY_TEXT = {
     ATTENTION_SCORES: "attention scores",
     KEY_NORM_SCORES: "key norms",
     OBSERVATION_WINDOW: "the attention of an observation window of a full prefill",
+    LAYER_OBSERVATION_WINDOW: ("the attention of an observation window of a full prefill per layer and key/value head, "
+                               "and a decode of kept sets per layer and head"),
     PER_QUERY_DRAWS: "an independent kept set per query (--per-query; a streaming cache evicts once per key)",
     PREFILL_LAYERS: "each attention layer's inputs and keys of a full prefill (a kvpress press)",
 }
-ATTENTION_KINDS = ("attention", "last_attention", "window_attention")
+ATTENTION_KINDS = ("attention", "last_attention", "window_attention", "layer_window_attention")
 
 
 class SemanticsError(ValueError):
@@ -159,10 +161,12 @@ class Semantics:
         queries (those of :meth:`queries`, and the last ``queries`` positions of the block protocol,
         whose prefixes are the targets' references): accumulated attention at each target query
         (``attention``), the row before it (``last_attention``), the policy's observation windows
-        (``window_attention``, :meth:`~truncsens.policies.base.Policy.window_rows`)."""
+        (``window_attention``, :meth:`~truncsens.policies.base.Policy.window_rows`), the observation
+        window of each target query per layer and key/value head (``layer_window_attention``,
+        :meth:`~truncsens.policies.base.Policy.observation_window`)."""
         T = context_len
         targets = sorted(set(self.queries(T, "cpu").tolist()) | set(range(T - queries, T)))
-        rows, cumulative = set(), set()
+        rows, cumulative, windows = set(), set(), set()
         for policy in policies:
             kind = policy.score_kind()
             if kind == "attention":
@@ -171,7 +175,9 @@ class Semantics:
                 rows |= {t - 1 for t in targets if t > 0}
             elif kind == "window_attention":
                 rows |= set(policy.window_rows(torch.tensor(targets)).tolist())
-        return AttentionNeeds.of(rows, cumulative)
+            elif kind == "layer_window_attention":
+                windows |= {(t, policy.observation_window()) for t in targets}
+        return AttentionNeeds.of(rows, cumulative, windows)
 
     def scores(self, policy: Policy, ref: ReferencePass, queries: torch.Tensor) -> torch.Tensor | None:
         """[B, Q, T] scores for ``policy`` from the full-context reference pass, or None when it needs none
@@ -181,17 +187,22 @@ class Semantics:
         up to each query (H2O-style, arXiv 2306.14048); ``last_attention``: the attention row of the
         query before each query (TOVA, arXiv 2401.06104; zeros for query 0); ``window_attention``: the
         policy's :meth:`~truncsens.policies.base.Policy.window_scores` of the attention rows (SnapKV,
-        arXiv 2404.14469); ``key_norm``: mean L2 norm of each key. Attention scores read ``ref.rows``
-        (:meth:`attention_needs`), or the full matrix ``ref.attention`` when only that is there.
+        arXiv 2404.14469); ``layer_window_attention``: [L, B, Hkv, Q, T], the mean row of each query's
+        observation window per layer and key/value head (SnapKV as published); ``key_norm``: mean L2
+        norm of each key. Attention scores read ``ref.rows`` (:meth:`attention_needs`), or the full
+        matrix ``ref.attention`` when only that is there (not for ``layer_window_attention``).
 
         Raises:
-            ValueError: ``ref`` lacks a row or accumulated row the policy reads.
+            ValueError: ``ref`` lacks a row, accumulated row or window the policy reads.
         """
         kind = policy.score_kind()
         if kind is None:
             return None
         if kind in ATTENTION_KINDS:
             att = ref.rows if ref.rows is not None else AttentionRows.of_matrix(ref.attention)
+            if kind == "layer_window_attention":
+                w = policy.observation_window()
+                return torch.stack([att.layer_window(int(q), w) for q in queries.tolist()], 3)  # [L, B, Hkv, Q, T]
             if kind == "attention":
                 return att.accumulated(queries)  # [B, Q, T]
             if kind == "last_attention":

@@ -5,8 +5,11 @@ decoded against the full-context cache of the first T - 1 tokens with the evicte
 
 Policies that need :data:`~truncsens.policies.kvpress_adapter.PREFILL_LAYERS` (kvpress presses) get
 each attention layer's prefill inputs and the keys and values of the prefill cache
-(:meth:`PrefillEvict.scores`); their per-layer, per-head kept sets decode against a gathered cache
-(:mod:`truncsens.engine.rerotation`).
+(:meth:`PrefillEvict.scores`), and those that need
+:data:`~truncsens.policies.base.LAYER_OBSERVATION_WINDOW` (``snapkv``) the mean attention row of an
+observation window per layer and key/value head, read from the reference pass's own attention calls
+(:meth:`~truncsens.engine.semantics.base.Semantics.scores`); their per-layer, per-head kept sets
+decode against a gathered cache (:mod:`truncsens.engine.rerotation`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from truncsens.engine.reference_pass import ReferencePass
 from truncsens.engine.rerotation import decode_gathered
 from truncsens.engine.semantics.base import Semantics, SemanticsError, windows_of
 from truncsens.policies.base import (
-    ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS, Kept, Policy,
+    ATTENTION_SCORES, KEY_NORM_SCORES, LAYER_OBSERVATION_WINDOW, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
+    Kept, Policy,
 )
 from truncsens.policies.kept import HeadKept
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
@@ -41,8 +45,8 @@ class PrefillEvict(Semantics):
     keeps_cache = True
     per_layer = True
     positions = ("original", "reindexed")
-    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
-                          PREFILL_LAYERS})
+    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, LAYER_OBSERVATION_WINDOW,
+                          PER_QUERY_DRAWS, PREFILL_LAYERS})
     policy_blocks = True
     score_source = "the full-context prefill (reference pass)"
     block_passes = "one prefill per block, one decode of its targets per budget"
