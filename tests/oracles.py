@@ -350,6 +350,7 @@ def evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, seeds: li
             cache = _new_cache(model)
             cached: list[int] = []  # positions held by the cache, increasing
             offsets, drawn = torch.zeros(T), torch.zeros(T, dtype=torch.bool)
+            pi = torch.ones(T, dtype=torch.float64)  # inclusion probability of each cached key (thinning designs)
             acc, last, norms = torch.zeros(T), torch.zeros(T), torch.zeros(T)
             evict = torch.full((T,), T, dtype=torch.long)
             u = uniforms([seeds[b]], (T,), "cpu")  # [1, T]
@@ -378,9 +379,11 @@ def evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, seeds: li
                 alive[0, cols] = True
                 view = StreamView(alive, offsets[:e].unsqueeze(0).clone(), drawn[:e].unsqueeze(0).clone(), budget, e,
                                   u[:, :e], accumulated=acc[:e].unsqueeze(0).clone(), last=last[:e].unsqueeze(0).clone(),
-                                  key_norm=norms[:e].unsqueeze(0).clone())
+                                  key_norm=norms[:e].unsqueeze(0).clone(), pi=pi[:e].unsqueeze(0).clone())
                 step = policy.evict(view)
                 keep = step.keep[0]
+                if step.pi is not None:
+                    pi[:e] = torch.where(keep, step.pi[0].double(), torch.ones(e, dtype=torch.float64))
                 for j in cols:
                     if not keep[j]:
                         evict[j] = e
@@ -457,6 +460,7 @@ def head_evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, row_
             cache = _new_cache(model)
             alive = torch.zeros(kv, T, dtype=torch.bool)
             offsets, drawn = torch.zeros(kv, T), torch.zeros(kv, T, dtype=torch.bool)
+            pi = torch.ones(kv, T, dtype=torch.float64)  # inclusion probability of each cached key (thinning designs)
             acc, last, norms = torch.zeros(kv, T), torch.zeros(kv, T), torch.zeros(kv, T)
             evict = torch.full((kv, T), T, dtype=torch.long)
             u = uniforms(row_seeds[b * kv : (b + 1) * kv], (T,), "cpu")  # [Hkv, T]
@@ -485,8 +489,10 @@ def head_evicting_loop(model, input_ids: torch.Tensor, policy, budget: int, row_
                     norms[:, s:e] = torch.stack(per_layer).mean(0)  # [Hkv, c]
                 view = StreamView(alive[:, :e].clone(), offsets[:, :e].clone(), drawn[:, :e].clone(), budget, e,
                                   u[:, :e], accumulated=acc[:, :e].clone(), last=last[:, :e].clone(),
-                                  key_norm=norms[:, :e].clone())
+                                  key_norm=norms[:, :e].clone(), pi=pi[:, :e].clone())
                 step = policy.evict(view)
+                if step.pi is not None:
+                    pi[:, :e] = torch.where(step.keep, step.pi.double(), torch.ones(kv, e, dtype=torch.float64))
                 for h in range(kv):
                     for j in range(e):
                         if alive[h, j] and not step.keep[h, j]:

@@ -148,26 +148,37 @@ def test_one_eviction_step_by_hand():
     assert torch.equal(make_policy("h2o").evict(view(few, 4, accumulated=acc)).keep, few)
 
 
-def test_poisson_streaming_draws_once_with_fixed_offsets():
-    """k = 8, 2 sinks: slices r = 2, t = 2, m = 2. A key that leaves the certain set is drawn once:
-    its offset log(1/pi) is set then and kept for its life (run_stream refuses any change), and the
-    tail never holds more than m drawn keys."""
+def test_poisson_streaming_thins_its_tail_with_known_probabilities():
+    """k = 8, 2 sinks: slices r = 2, t = 2, m = 2. Every step thins the tail to m keys in
+    expectation: the inclusion probabilities of the tail sum to m after a step that thins, a kept
+    key's pi never rises, and its offset is log(1/pi) at every step (run_stream refuses anything else)."""
     policy = make_policy("poisson", n_sink=2)
     assert policy.slices(8) == (2, 2, 2)
     g = torch.Generator().manual_seed(0)
+    seen = []
+
+    class Recorder(type(policy)):
+        def evict(self, view):
+            step = super().evict(view)
+            seen.append((view.inclusion().clone(), view.drawn.clone(), step))
+            return step
 
     def observe(s, e, alive, offset):
         w = torch.rand(2, e - s, e, generator=g)
         return ChunkStats(attention=w / w.sum(-1, keepdim=True))
 
-    ev = run_stream(policy, 8, 40, 1, [1, 2], observe)
-    kept = ev.kept()
-    counts = kept.keep.sum(-1)  # [B, T]
-    assert int(counts.max()) <= 8
-    drawn = ev.offset != 0
-    assert bool(drawn.any()) and bool((ev.offset[drawn] > 0).all())  # log(1/pi) > 0 for pi < 1
-    tail = kept.keep & (kept.offset != 0)  # [B, T, T] drawn keys read by each query
-    assert int(tail.sum(-1).max()) <= 2
+    ev = run_stream(Recorder(n_sink=2), 8, 40, 1, [1, 2], observe)
+    thinned = 0
+    for before, drawn, step in seen:
+        tail = step.drawn & step.keep  # kept tail keys
+        assert bool((step.pi[step.keep & drawn] <= before[step.keep & drawn] + 1e-15).all())
+        assert torch.allclose(step.offset[tail].double(), -torch.log(step.pi[tail]), atol=1e-6)
+        if bool(tail.any()):
+            thinned += 1
+    assert thinned > 20
+    tail_count = torch.stack([(st.drawn & st.keep).sum(-1) for _, _, st in seen[8:]]).float()  # [steps, B]
+    assert abs(float(tail_count.mean()) - 2.0) < 0.4  # m = 2 kept tail keys on average
+    assert bool((ev.offset >= 0).all())
 
 
 def test_streaming_hybrid_window_model_sequential(tmp_path):

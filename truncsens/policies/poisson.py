@@ -14,13 +14,19 @@ full-context reference pass, accumulated over layers, heads and the queries up t
 (H2O-style, Zhang et al. arXiv 2306.14048); ``key_norm`` uses the key's L2 norm instead.
 
 Streaming [ours] (:meth:`PoissonPolicy.evict`, scores online: the evicted run's own accumulated
-attention or key norms): the certain set is the sinks, the r - 1 most recent cached keys and the
-top t cached keys by score that were never drawn. A key is drawn once, at the chunk end where it
-leaves the certain set: ``π_j = min(1, c·score_j)`` with ``c`` such that the π of the drawn-and-kept
-tail keys plus those leaving now sum to the tail budget m (:func:`inclusion_probabilities`); it is
-kept with probability π_j, and its offset ``log(1/π_j)`` is fixed for its life in the cache. When
-more than m drawn keys are cached, those of lowest score are evicted (deterministically; the offsets
-then describe the draw, not the later capacity eviction).
+attention or key norms), a design whose inclusion probabilities stay known (docs/method.md,
+"Streaming design"): the certain set is the sinks, the r - 1 most recent cached keys and the top t
+cached keys by score that were never drawn. Every other cached key is a tail key with a current
+inclusion probability π_j (1 when it has just left the certain set). At each chunk end where more
+than m tail keys are cached, key j survives with probability ``ρ_j = min(1, c·score_j/π_j)``, ``c``
+such that ``Σ ρ_j = m`` (:func:`~truncsens.policies.poisson_design.inclusion_probabilities` of the
+scores score/π): m tail keys stay in expectation given the run so far. Key j stays where its one
+uniform ``u_j < ρ_j·π_j``: since the run so far depends on u_j only through whether j was kept, u_j
+is uniform on [0, π_j) given the run, so j survives with probability ρ_j and its inclusion
+probability becomes ``π_j ← ρ_j·π_j = min(π_j, c·score_j)``, known at every step, and
+``E[I_j/π_j] = 1`` (tests/test_stream_design.py). Its offset is ``log(1/π_j)`` at every step. The
+budget holds in expectation: k - 1 keys between queries on average, the certain ones surely (the
+paper's Poisson design, arXiv 2607.21475, also holds its budget in expectation).
 
 Nested budgets [ours] (:meth:`PoissonPolicy.keep`, per-query kept sets: ``reencode``,
 ``prefill_evict``): the engine's seeds do not depend on the budget, so key j of query q reads the
@@ -36,12 +42,15 @@ there; what holds is that every budget reads the same uniform per key (tests/tes
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 import torch
 
-from truncsens.policies.poisson_design import PoissonDesignError, draw, hajek_offsets, inclusion_probabilities
+from truncsens.policies.poisson_design import (
+    PoissonDesignError, draw, hajek_offsets, inclusion_probabilities,
+)
 from truncsens.policies.base import (
     LOGIT_OFFSETS, Kept, Policy, PolicyError, StreamStep, StreamView, causal, not_full, recent, sinks, smallest_k,
     top_per_row, uniforms,
@@ -74,6 +83,7 @@ class PoissonPolicy(Policy):
 
     name: ClassVar[str] = "poisson"
     randomized: ClassVar[bool] = True  # measured once per draw (truncsens.engine.kernel.measure_draws)
+    expected_budget: ClassVar[bool] = True  # streaming: the tail is thinned to m keys in expectation
     n_sink: int = 4
     recent_fraction: float = 0.25
     top_fraction: float = 0.25
@@ -176,40 +186,52 @@ class PoissonPolicy(Policy):
         return pi, tail
 
     def evict(self, view: StreamView) -> StreamStep:
-        """One streaming step (module docstring): certain keys kept, keys leaving the certain set drawn
-        once with fixed π and offset, the drawn tail capped at m keys by score.
+        """One streaming step (module docstring): certain keys kept, every tail key thinned with
+        known probability, ``Σ π = m`` over the tail after the step.
 
         Args:
-            view: :class:`~truncsens.policies.base.StreamView` with online scores of :meth:`score_kind`.
+            view: :class:`~truncsens.policies.base.StreamView` with online scores of :meth:`score_kind`
+                and the tail's inclusion probabilities (``pi``).
 
         Returns:
-            :class:`~truncsens.policies.base.StreamStep`: rows holding at most k - 1 keys unchanged.
+            :class:`~truncsens.policies.base.StreamStep` with the new ``pi`` (1 on certain keys; on
+            the tail keys dropped now, the probability they had to stay); rows holding at most m tail
+            keys are unchanged.
 
         Raises:
-            PolicyError: scores negative or not finite, or all zero on a tail that must be drawn from.
+            PolicyError: scores negative or not finite, or all zero on a tail that must be thinned.
         """
         k = view.budget
         r, t, m = self.slices(k)
-        score = view.scores(self.score)  # [B, e]
+        score = view.scores(self.score).to(torch.float64)  # [B, e]
+        if not bool(torch.isfinite(score).all()) or bool((score < 0).any()):
+            raise PolicyError("poisson scores must be finite and non-negative")
         pos = torch.arange(view.end, device=score.device)
         base = ((pos < self.n_sink) | (pos >= view.end - (r - 1))).unsqueeze(0) & view.alive  # [B, e] certain
         undrawn = view.alive & ~base & ~view.drawn  # [B, e]
-        top = top_per_row(score, undrawn, t)  # [B, e]
-        leaving = undrawn & ~top  # [B, e] drawn now
-        pool = view.alive & ~base & ~top  # [B, e] drawn tail keys and the keys leaving now
-        positive = (pool & (score > 0)).sum(-1)  # [B]
-        full = (view.alive.sum(-1) > k - 1).unsqueeze(-1)  # [B, 1] rows that must evict
-        if m > 0 and bool((full[:, 0] & pool.any(-1) & (positive == 0)).any()):
+        top = top_per_row(score, undrawn, t)  # [B, e] certain
+        tail = view.alive & ~base & ~top  # [B, e] drawn keys and the keys leaving the certain set now
+        caps = torch.where(view.drawn, view.inclusion(), torch.ones_like(score))  # [B, e] current π
+        thin = tail.sum(-1) > m  # [B] rows holding more than m tail keys
+        positive = tail & (score > 0)
+        if m > 0 and bool((thin & ~positive.any(-1)).any()):
             raise PolicyError("poisson scores are all zero: no tail token can be drawn; use --score attention, or a "
                               "model whose keys are not all zero")
-        expected = torch.clamp(positive.to(torch.float64), max=float(m))  # [B]
-        try:
-            pi = inclusion_probabilities(score, pool, expected)  # [B, e]
+        # a zero score on a tail key gives it the smallest positive score of its row times 1e-6
+        smallest = torch.where(positive, score, torch.full_like(score, math.inf)).amin(-1, keepdim=True)  # [B, 1]
+        floor = torch.where(torch.isfinite(smallest), smallest * 1e-6, torch.ones_like(smallest))
+        s = torch.where(tail & (score <= 0), floor.expand_as(score), score)  # [B, e]
+        try:  # survival probability ρ_j = min(1, c·s_j/π_j), Σ ρ = m over the tail: m kept in expectation
+            rho = inclusion_probabilities(s / caps, tail, torch.where(thin, float(m), 0.0).to(torch.float64))  # [B, e]
         except PoissonDesignError as exc:
             raise PolicyError(str(exc)) from None
-        new = draw(torch.where(leaving, pi, torch.zeros_like(pi)), view.uniforms) & leaving  # [B, e]
-        offset = torch.where(new, hajek_offsets(pi, new).to(torch.float32), view.offset)  # [B, e]
-        tail = top_per_row(score, (view.alive & view.drawn) | new, m)  # [B, e] at most m drawn keys, by score
-        keep = base | top | tail
-        return StreamStep(torch.where(full, keep, view.alive), torch.where(full, offset, view.offset),
-                          torch.where(full, view.drawn | leaving, view.drawn))
+        pi = caps * rho  # [B, e] new inclusion probability min(π_j, c·s_j)
+        survive = torch.where(tail, draw(pi, view.uniforms) & (pi > 0), torch.zeros_like(tail))  # [B, e]
+        keep = base | top | survive
+        new_pi = torch.where(tail, pi, torch.ones_like(pi))  # [B, e] 1 on certain keys; dropped ones: the π they had
+        offset = torch.where(survive, hajek_offsets(new_pi, survive).to(torch.float32), torch.zeros_like(view.offset))
+        drawn = view.drawn | tail
+        rows = thin.unsqueeze(-1)  # [B, 1]
+        old_pi = view.inclusion()
+        return StreamStep(torch.where(rows, keep, view.alive), torch.where(rows, offset, view.offset),
+                          torch.where(rows, drawn, view.drawn), torch.where(rows, new_pi, old_pi))

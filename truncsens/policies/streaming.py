@@ -5,7 +5,8 @@ order; the prompt x[0..T-2] in chunks of C tokens, then the target's query x[T-1
 step). Before a chunk the cache holds at most k - 1 keys (k: the budget, the query's own token
 included); the chunk's tokens read the cache and the chunk's earlier tokens (the chunked-prefill
 convention: the cache holds up to C - 1 extra keys during a chunk); at the chunk's end the policy
-evicts down to k - 1 keys (:meth:`truncsens.policies.base.Policy.evict`). With C = 1 every decision
+evicts down to k - 1 keys, in expectation for an expected-budget design such as ``poisson``
+(:meth:`truncsens.policies.base.Policy.evict`). With C = 1 every decision
 is taken token by token, and the target's query reads at most k keys for every C.
 
 A decision is recorded as ``evict[b, j]``: key j is read by the queries q with ``j <= q < evict[b, j]``
@@ -114,6 +115,7 @@ def run_stream(policy: Policy, budget: int, context_len: int, chunk: int, seeds:
     drawn = torch.zeros(B, T, dtype=torch.bool, device=device)
     offset = torch.zeros(B, T, dtype=torch.float32, device=device)
     evict = torch.full((B, T), T, dtype=torch.long, device=device)
+    pi = torch.ones(B, T, dtype=torch.float64, device=device)  # inclusion probability of each cached key
     u = uniforms(seeds, (T,), device)  # [B, T]
     acc = torch.zeros(B, T, dtype=torch.float32, device=device)
     last = torch.zeros(B, T, dtype=torch.float32, device=device)
@@ -132,18 +134,42 @@ def run_stream(policy: Policy, budget: int, context_len: int, chunk: int, seeds:
         view = StreamView(alive[:, :e], offset[:, :e], drawn[:, :e], budget, e, u[:, :e],
                           accumulated=acc[:, :e] if kind == "attention" else None,
                           last=last[:, :e] if kind == "last_attention" else None,
-                          key_norm=norms[:, :e] if kind == "key_norm" else None)
+                          key_norm=norms[:, :e] if kind == "key_norm" else None, pi=pi[:, :e])
         step = policy.evict(view)
-        before = alive[:, :e]
-        if bool((step.keep & ~before).any()):
-            raise PolicyError(f"policy {policy.name} kept a key it had evicted: a streaming cache cannot bring it back")
-        if bool((step.keep.sum(-1) > budget - 1).any()):
-            raise PolicyError(f"policy {policy.name} kept more than budget - 1 = {budget - 1} keys between queries")
-        redrawn = drawn[:, :e] & step.keep & (step.offset != offset[:, :e])
-        if bool(redrawn.any()):
-            raise PolicyError(f"policy {policy.name} changed the offset of a key drawn earlier (fixed for its life)")
-        evict[:, :e] = torch.where(before & ~step.keep, torch.full_like(evict[:, :e], e), evict[:, :e])
+        check_step(policy, budget, view, step)
+        evict[:, :e] = torch.where(alive[:, :e] & ~step.keep, torch.full_like(evict[:, :e], e), evict[:, :e])
         alive[:, :e] = step.keep
         offset[:, :e] = torch.where(step.keep, step.offset.float(), torch.zeros_like(offset[:, :e]))
         drawn[:, :e] = step.drawn
+        if step.pi is not None:
+            pi[:, :e] = torch.where(step.keep, step.pi.to(torch.float64), torch.ones_like(pi[:, :e]))
     return Evictions(evict, offset)
+
+
+def check_step(policy: Policy, budget: int, view: StreamView, step) -> None:
+    """Refuse a streaming step no real cache could take: keeping a key already evicted; for a policy
+    with a hard budget, more than k - 1 keys or a changed offset of a drawn key (fixed for its life);
+    for an :attr:`~truncsens.policies.base.Policy.expected_budget` design, a drawn key whose inclusion
+    probability rises (a thinned key cannot regain probability) or an offset other than log(1/π).
+
+    Raises:
+        PolicyError: naming the policy and the rule broken.
+    """
+    before = view.alive
+    if bool((step.keep & ~before).any()):
+        raise PolicyError(f"policy {policy.name} kept a key it had evicted: a streaming cache cannot bring it back")
+    if getattr(policy, "expected_budget", False):
+        if step.pi is None:
+            raise PolicyError(f"policy {policy.name} thins its tail but returned no inclusion probabilities")
+        kept_drawn = view.drawn & step.keep
+        if bool((kept_drawn & (step.pi.to(torch.float64) > view.inclusion() * (1 + 1e-12))).any()):
+            raise PolicyError(f"policy {policy.name} raised the inclusion probability of a key drawn earlier")
+        want = torch.where(step.keep, -torch.log(step.pi.to(torch.float64)), torch.zeros_like(step.pi, dtype=torch.float64))
+        if bool(((step.offset.double() - want).abs() > 1e-5 * (1 + want.abs())).any()):
+            raise PolicyError(f"policy {policy.name} gave a kept key an offset other than log(1/pi)")
+        return
+    if bool((step.keep.sum(-1) > budget - 1).any()):
+        raise PolicyError(f"policy {policy.name} kept more than budget - 1 = {budget - 1} keys between queries")
+    redrawn = view.drawn & step.keep & (step.offset != view.offset)
+    if bool(redrawn.any()):
+        raise PolicyError(f"policy {policy.name} changed the offset of a key drawn earlier (fixed for its life)")
