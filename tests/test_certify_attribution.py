@@ -327,3 +327,26 @@ def test_the_trajectory_budget_is_checked_only_with_a_trajectory(tiny_llama_dir,
         in with_trajectory.stderr, with_trajectory.output
     without = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "n.nc")])
     assert without.exit_code == 0 and (tmp_path / "n.nc").is_file(), without.output
+
+
+def test_a_streaming_run_with_a_streamed_trajectory(tmp_path, tiny_llama_dir, corpus_dir):
+    """Under streaming the comparison is sink_recent, the attrs name the process, and the trajectory
+    is the streamed one (its prefix and steps as asked)."""
+    import json
+
+    from truncsens import results
+
+    out = tmp_path / "s.nc"
+    res = CliRunner().invoke(app, [
+        "certify-attribution", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", "48",
+        "--budgets", "16", "--copy-rule", "token", "--kv-docs", "0", "--max-docs", "2", "--copy-per-doc", "1",
+        "--semantics", "streaming", "--trajectory", "2", "--trajectory-budget", "16", "--out", str(out),
+        "--no-progress", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{"):])
+    ds = results.load(out)
+    assert list(ds["policy"].values) == ["poisson", "sink_recent"] and ds.attrs["semantics"] == "streaming"
+    assert ds.attrs["certified_process"].startswith("streaming: ")
+    assert np.isnan(ds["radius_eb"].sel(policy="sink_recent")).all()
+    traj = summary["trajectory"]
+    assert traj["n_steps"] == 2 and traj["prefix_tokens"] == 46 and traj["budget"] == 16

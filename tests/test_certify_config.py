@@ -13,7 +13,7 @@ from truncsens.engine.config import MeasureError
 
 SHARED = ["model", "domain", "corpus", "split", "reference_context", "budgets", "delta", "n_sink", "max_docs", "seed",
           "device", "dtype", "max_batch_tokens", "out", "overwrite", "progress", "command", "granularity", "score",
-          "obs_window", "temper", "top_fraction"]
+          "obs_window", "temper", "top_fraction", "semantics", "policies"]
 
 
 def test_the_shared_fields_are_declared_once_in_the_base():
@@ -55,6 +55,11 @@ def test_the_resume_fingerprint_keeps_its_keys():
         "dd717ecef9e158bc89ca3523c0e7f5c7fc48fb7fabdbf9c864410081ab1c7565")
     assert fingerprint_hash(CertifyConfig(seed=3, budgets="40", n_sink=2).fingerprint(budgets_tokens=[40])) == (
         "7eefad68479a54e568b8708b599cf4ad1e0c66c9f4246f0fac001390e80f03bc")
+    # the options added later enter only away from their defaults: a streaming run never resumes a
+    # prefill-evict one, and a prefill-evict run keeps the fingerprint it had before
+    streaming = CertifyConfig(semantics="streaming").fingerprint(budgets_tokens=[8])
+    assert streaming["semantics"] == "streaming" and "policies" not in streaming
+    assert CertifyConfig(policies="poisson,topk").fingerprint(budgets_tokens=[8])["policies"] == "poisson,topk"
 
 
 @pytest.mark.parametrize("cls", [CertifyConfig, AttributionConfig])

@@ -24,6 +24,10 @@ runner = CliRunner()
     (["--budgets", "64", "--reference-context", "64"], "at or above the reference context of 64 tokens"),
     (["--budgets", "100%", "--reference-context", "64"], "at or above the reference context"),
     (["--model", "synthetic:1.0"], "does not use transformers' attention interface"),
+    (["--semantics", "reencode"], "--semantics reencode: a re-encoded context has no cache to certify"),
+    (["--semantics", "streaming", "--policies", "poisson,h2o"],
+     "--policies h2o under --semantics streaming: a certificate needs a known sampling design"),
+    (["--policies", "topk,random"], "--policies must include poisson"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama_dir, corpus_dir, args, message):
     base = ["certify", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--out", str(tmp_path / "c.nc"), "--no-progress"]
@@ -124,3 +128,24 @@ def test_results_file_and_figure_refused_together_and_a_folder_named_as_one(tmp_
     folder.mkdir()
     res = runner.invoke(app, base + ["--out", str(folder), "--overwrite"])  # --overwrite cannot help: say so
     assert res.exit_code == 2 and f"{folder} is a folder" in res.output and "--overwrite" not in res.output
+
+
+def test_streaming_run_records_its_process_and_certifies_from_the_cache(tmp_path, tiny_llama_dir, corpus_dir):
+    """A small streaming run: the attrs say which process was simulated; poisson's records have a
+    design (finite radii where it drew), sink_recent's radii are NaN, and the summary's coverage is
+    that of the file's records."""
+    out = tmp_path / "s.nc"
+    res = runner.invoke(app, ["certify", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", "48",
+                              "--budgets", "16", "--targets-per-doc", "1", "--max-docs", "2", "--semantics", "streaming",
+                              "--policies", "poisson,sink_recent", "--out", str(out), "--no-progress", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output[res.output.index("{"):])
+    ds = results.load(out)
+    assert ds.attrs["semantics"] == "streaming" and ds.attrs["certified_process"].startswith("streaming: ")
+    assert list(ds["policy"].values) == ["poisson", "sink_recent"]
+    assert np.isnan(ds["radius_eb"].sel(policy="sink_recent")).all() and np.isfinite(ds["attn_error"]).all()
+    sel = ds.sel(policy="poisson", budget=16)
+    tail = sel["has_tail"].values > 0
+    assert tail.any() and np.isfinite(sel["radius_eb"].values[tail]).all()
+    expected = coverage(sel["attn_error"].values[tail], sel["radius_eb"].values[tail])
+    assert summary["budgets"][0]["coverage_eb"]["covered"] == expected["covered"]

@@ -77,7 +77,8 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
                    device: str = DEFAULT_DEVICE, dtype: str = "float32", batch_tokens: int | None = None,
                    out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
                    granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
-                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
+                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25, semantics: str = "prefill_evict",
+                   policies: str | None = None,
                    command: str = "") -> CertifyConfig:
     """The validated :class:`~truncsens.certificates.config.CertifyConfig` from ``truncsens certify``'s options
     (``out=None``: ``results/<model>-<corpus or domain>-certify.nc``).
@@ -118,9 +119,10 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
             device: str | None = None, dtype: str | None = None, batch_tokens: int | None = None, out: str | Path | None = None,
             plot_out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
             granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
-                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
+                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25, semantics: str = "prefill_evict",
+                   policies: str | None = None,
             command: str | None = None) -> Certification:
-    """Measure the certificates of poisson eviction (and topk, random) at every budget.
+    """Measure the certificates of poisson eviction (and its comparisons) at every budget.
 
     Args:
         model: a spec ("reference", a hub id, a checkpoint folder) or a transformers causal LM object
@@ -130,6 +132,11 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
         granularity, score, obs_window: the sampling design (:mod:`truncsens.certificates.designs`): one
             per layer and key/value head from its ``score`` ("window" of the last ``obs_window`` prefill
             queries, "h2o", "key_norm"), or ``granularity="token"``: one shared design (the ablation).
+        semantics: "prefill_evict" (keys computed with the full prompt, then evicted) or "streaming"
+            (a cache that evicts as the stream goes, per layer and key/value head; poisson thins its
+            tail with known inclusion probabilities); "reencode" is refused (no cache to certify).
+        policies: comma-separated, poisson among them (None: poisson, topk, random under
+            prefill_evict; poisson under streaming, where sink_recent is the comparison).
         out: keep the results file here; plot_out: write the figures as ``<plot_out>-*.png``.
         the others: ``truncsens certify``'s options (``truncsens certify --help``).
 

@@ -80,7 +80,8 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
                        device: str = DEFAULT_DEVICE, dtype: str = "float32", batch_tokens: int | None = None,
                        out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
                        granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
-                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
+                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25, semantics: str = "prefill_evict",
+                   policies: str | None = None,
                        command: str = "") -> AttributionConfig:
     """The validated :class:`~truncsens.certificates.attribution_driver.AttributionConfig` from the command's
     options (``out=None``: ``results/<model>-<corpus or domain>-attribution.nc``).
@@ -124,12 +125,15 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
                         batch_tokens: int | None = None, out: str | Path | None = None,
                         plot_out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
                         granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
-                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25,
+                   temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25, semantics: str = "prefill_evict",
+                   policies: str | None = None,
                         command: str | None = None) -> Attribution:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random).
 
     Args:
-        model, tokenizer, device, dtype: as :func:`truncsens.certify`.
+        model, tokenizer, device, dtype, semantics: as :func:`truncsens.certify`.
+        policies: comma-separated, poisson among them (None: poisson, topk, random under prefill_evict;
+            poisson, sink_recent under streaming).
         out: keep the results file here; plot_out: write the curves to ``<plot_out>-curves.png``.
         the others: ``truncsens certify-attribution``'s options (``--help``).
 

@@ -37,7 +37,7 @@ from truncsens.certificates.driver import (
     certify_sweep, certify_tokens_per_target, compute_arrays, design_attrs, shard_dataset,
 )
 from truncsens.certificates.tasks import COPY_RULES, build_task_set, copy_vocabulary, default_min_distance
-from truncsens.certificates.trajectory import greedy_trajectory, trajectory_summary
+from truncsens.certificates.trajectory import greedy_trajectory, streamed_trajectory, trajectory_summary
 from truncsens.engine.config import MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
 from truncsens.engine.options import recorded_attrs
@@ -84,6 +84,7 @@ class AttributionConfig(AttributionOptions, CertifyBase):  # the options first: 
     """
 
     OUT_SUFFIX: ClassVar[str] = "-attribution"
+    POLICY_SET: ClassVar[str] = "attribution_policies"
 
     def __post_init__(self) -> None:
         for name in ("copy_per_doc", "kv_docs", "trajectory"):
@@ -106,7 +107,8 @@ class AttributionConfig(AttributionOptions, CertifyBase):  # the options first: 
     def certify_config(self) -> CertifyConfig:
         """The equivalent :class:`CertifyConfig` (documents, policies, budgets): the shared fields,
         one target per document (unused: the task set picks the targets)."""
-        return CertifyConfig(**{**self.shared_fields(), "out": self.out or "unused.nc"}, targets_per_doc=1)
+        return CertifyConfig(**{**self.shared_fields(), "out": self.out or "unused.nc",
+                                "policies": ",".join(self.policy_names())}, targets_per_doc=1)
 
 
 @dataclass
@@ -154,13 +156,15 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
              "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs,
              "failure_nll": FAILURE_NLL,
              "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",
+             "certified_process": cfg.rule.process,
              "created": results.utc_now()}
     plan = tasks.targets
     batch_tokens = mcfg.batch_tokens(loaded.device)
+    per_target = certify_tokens_per_target(N, sweep, cfg.rule.streams)
 
     def compute_shard(plan, on_tokens):
         arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens,
-                                cfg.design)
+                                cfg.design, cfg.rule.batch(), per_target)
         return add_server_vars(shard_dataset(arrays, plan, sweep, attrs), arrays["records"])
 
     def finish(ds):  # the task set's variables and the trajectory, outside the progress
@@ -172,8 +176,8 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
             poisson = next(p for p in sweep.policies if p.name == "poisson")
             first = docs.used[0]
             prefix = first.ids[: N - cfg.trajectory].to(loaded.device)  # the trajectory ends within N tokens
-            traj = greedy_trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed,
-                                     cfg.design)
+            trajectory = streamed_trajectory if cfg.rule.streams else greedy_trajectory
+            traj = trajectory(loaded.model, prefix, poisson, traj_budget, cfg.trajectory, cfg.delta, cfg.seed, cfg.design)
             ds.attrs["trajectory"] = json.dumps({"doc": first.id, **trajectory_summary(traj)})
             for name, values in (("trajectory_error", traj.error), ("trajectory_radius_step", traj.radius_step),
                                  ("trajectory_radius_naive", traj.radius_naive)):
@@ -181,6 +185,6 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
             ds["trajectory_token"] = (("step",), traj.tokens.numpy())
         return ds
 
-    work = ShardWork(compute_shard, certify_tokens_per_target(N, sweep), "certify-attribution")
+    work = ShardWork(compute_shard, per_target, "certify-attribution")
     path = run_single_piece(SinglePieceRun(cfg.out, plan, work, cfg.overwrite, cfg.progress, finish))
     return AttributionRun(path, results.load(path))

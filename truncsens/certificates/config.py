@@ -13,10 +13,10 @@ from typing import ClassVar
 
 from truncsens.certificates.designs import CertifyDesign, DesignError
 from truncsens.certificates.options import CertifyCommandOptions, CertifyOptions
+from truncsens.certificates.semantics import CertifySemantics, CertifySemanticsError, certify_semantics
 from truncsens.engine.config import MeasureConfig, default_out, resolved_paths
-from truncsens.engine.options import run_only_fields
+from truncsens.engine.options import later_options, run_only_fields
 
-POLICIES = ("poisson", "topk", "random")
 MEASURE_FIELDS = frozenset(f.name for f in fields(MeasureConfig) if f.init)  # what a certify field passes on
 
 
@@ -100,6 +100,7 @@ class CertifyBase(CertifyOptions):
     """
 
     OUT_SUFFIX: ClassVar[str] = ""  # the default results file's suffix, per command
+    POLICY_SET: ClassVar[str] = "certify_policies"  # the semantics' default policies of this command
 
     parsed_budgets: list = field(default_factory=list, init=False, repr=False)
 
@@ -110,6 +111,10 @@ class CertifyBase(CertifyOptions):
             self.design
         except DesignError as exc:
             raise CertifyError(str(exc)) from None
+        try:
+            self.rule.check_policies(self.policy_names())
+        except CertifySemanticsError as exc:
+            raise CertifyError(str(exc)) from None
         if not 0 <= self.top_fraction <= 0.75:
             raise CertifyError(f"--top-fraction must lie in [0, 0.75] (the recent keys take the first quarter of the "
                                f"budget), got {self.top_fraction}")
@@ -117,6 +122,20 @@ class CertifyBase(CertifyOptions):
         self.check_run_options()
         if self.out is None:
             self.out = str(default_out(self.model, self.corpus, self.domain, self.OUT_SUFFIX))
+
+    @property
+    def rule(self) -> CertifySemantics:
+        """The semantics of the run (:mod:`truncsens.certificates.semantics`; raises CertifyError for reencode or an unknown name)."""
+        try:
+            return certify_semantics(self.semantics)
+        except CertifySemanticsError as exc:
+            raise CertifyError(str(exc)) from None
+
+    def policy_names(self) -> list[str]:
+        """``--policies`` as a list, or the semantics' default for this command."""
+        if self.policies is None:
+            return list(getattr(self.rule, self.POLICY_SET))
+        return [t.strip() for t in self.policies.split(",") if t.strip()]
 
     @property
     def design(self) -> CertifyDesign:
@@ -160,7 +179,7 @@ class CertifyConfig(CertifyCommandOptions, CertifyBase):
 
     OUT_SUFFIX: ClassVar[str] = "-certify"
     # fields named as MeasureConfig's that mean something else there (a budgets text; the sampling design's)
-    OTHER_MEANING: ClassVar[tuple[str, ...]] = ("budgets", "granularity", "score")
+    OTHER_MEANING: ClassVar[tuple[str, ...]] = ("budgets", "granularity", "score", "policies")
 
     def check_run_options(self) -> None:
         """Checked by building :meth:`measure_config`."""
@@ -168,15 +187,16 @@ class CertifyConfig(CertifyCommandOptions, CertifyBase):
 
     def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:
         """The equivalent :class:`MeasureConfig` (documents, targets and provenance are shared with
-        ``truncsens measure``): policies poisson, topk, random under prefill_evict."""
+        ``truncsens measure``): the run's policies under its semantics."""
         shared = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.init and f.name in MEASURE_FIELDS and f.name not in self.OTHER_MEANING}
-        return MeasureConfig(**{**shared, "out": self.out or "unused.nc"}, policies=list(POLICIES), budgets=budgets,
-                             semantics="prefill_evict")
+        return MeasureConfig(**{**shared, "out": self.out or "unused.nc"}, policies=self.policy_names(), budgets=budgets)
 
     def fingerprint(self, **resolved) -> dict:
         """What must match for ``--resume``: every field but those of where/how it runs, plus ``resolved``."""
-        keep = {k: v for k, v in asdict(self).items() if k not in (*run_only_fields(self), "parsed_budgets")}
+        later = later_options(type(self))  # at their defaults, options added later leave earlier runs resumable
+        keep = {k: v for k, v in asdict(self).items() if k not in (*run_only_fields(self), "parsed_budgets")
+                and not (k in later and v == later[k])}
         keep["model"], keep["corpus"] = resolved_paths(self.model, self.corpus)  # from any working directory
         keep.update(resolved)
         return keep

@@ -11,8 +11,10 @@ layer, head) for the attention-level records of the target's query (``attn_error
 ``radius_certificate`` = ``radius_eb`` + b·‖ô‖ (:mod:`truncsens.certificates.arithmetic`); radii NaN for
 topk and random); the top-1 token id and
 its probability (the output confidence) under the full cache (``argmax_ref``, ``confidence_ref``,
-dim target) and under each policy (``argmax_kept``, ``confidence_kept``). Policies poisson, topk,
-random; semantics prefill_evict; attrs add ``delta``.
+dim target) and under each policy (``argmax_kept``, ``confidence_kept``). Policies and semantics:
+poisson, topk, random under prefill_evict, or poisson (and sink_recent) under streaming
+(:mod:`truncsens.certificates.semantics`); attrs add ``delta`` and ``certified_process`` (the process
+simulated, in words).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from truncsens import results
 from truncsens.certificates.arithmetic import ARITH_REFERENCE, LEGACY_FLOOR_FACTOR, declared_bound, emitted_radius
 from truncsens.certificates.config import CertifyConfig
 from truncsens.certificates.designs import CertifyDesign
-from truncsens.certificates.passes import certify_batch
 from truncsens.certificates.probe import check_model
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.documents import prepare_documents
@@ -91,10 +92,18 @@ def shard_dataset(batches: dict, plan: TargetSet, sweep: Sweep, attrs: dict):
 
 
 def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float, device: str, batch_tokens: int,
-                   on_tokens: Callable[[int], None], design: CertifyDesign = CertifyDesign()) -> dict:
+                   on_tokens: Callable[[int], None], design: CertifyDesign = CertifyDesign(),
+                   batch: Callable | None = None, tokens_per_target: int | None = None) -> dict:
     """Every pass of the targets of ``plan``: metrics [P, n, K], kept_tokens [P, n, K], records
     name -> [P, n, K, L, H] (float64), argmax_ref / confidence_ref [n] (top-1 id and its probability
-    under the full cache), argmax_kept / confidence_kept [P, n, K], n_clamped."""
+    under the full cache), argmax_kept / confidence_kept [P, n, K], n_clamped.
+
+    ``batch`` is the semantics' batch function (:meth:`truncsens.certificates.semantics.CertifySemantics.batch`;
+    None: prefill-evict's ``certify_batch``) and ``tokens_per_target`` its forward tokens per target
+    (the progress; None: prefill-evict's)."""
+    if batch is None:
+        from truncsens.certificates.passes import certify_batch as batch
+    per_target = tokens_per_target or certify_tokens_per_target(plan.context.shape[1], sweep)
     n, N = plan.context.shape
     P, K = len(sweep.policies), len(sweep.budgets)
     metrics = metric_arrays((P, n, K))
@@ -110,7 +119,7 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
         # one independent draw per budget, as certify has always drawn: the budget stands in the seed's
         # draw slot (the seed string "doc:position:policy:budget" of the results published before)
         seeds = [[policy_seeds(plan, sl, seed, p.name, draw=k) for k in sweep.budgets] for p in sweep.policies]
-        out = certify_batch(model, context[sl], sweep.policies, sweep.budgets, seeds, delta, design)
+        out = batch(model, context[sl], sweep.policies, sweep.budgets, seeds, delta, design)
         for p in range(P):
             for j in range(K):
                 state["n_clamped"] += store_metrics(metrics, (p, sl, j), out.ref_logprobs, out.logprobs[p, j], token_id[sl])
@@ -125,7 +134,7 @@ def compute_arrays(model, plan: TargetSet, sweep: Sweep, seed: int, delta: float
                 records[name] = np.full((P, n, K, *v.shape[3:]), np.nan)
             records[name][:, sl] = v.permute(0, 2, 1, 3, 4).numpy()  # [P, K, b, L, H] -> [P, b, K, L, H]
         floor.append(out.floor.numpy())  # [b, L, H], batches in target order
-        on_tokens((sl.stop - sl.start) * certify_tokens_per_target(N, sweep))
+        on_tokens((sl.stop - sl.start) * per_target)
 
     run_in_batches(step, n, N, batch_tokens)
     return {"metrics": metrics, "kept_tokens": kept_tokens, "records": records, **top, "n_clamped": state["n_clamped"],
@@ -141,15 +150,17 @@ def design_attrs(design: CertifyDesign, dtype: str) -> dict:
             "arithmetic_bound_of": ARITH_REFERENCE, "error_floor_relative": declared_bound(dtype, LEGACY_FLOOR_FACTOR)}
 
 
-def certify_tokens_per_target(N: int, sweep: Sweep) -> int:
-    """Forward tokens of one target's certify passes (the progress estimate): its N-token prefill and
-    one decode per (policy, budget), as :func:`compute_arrays` reports them."""
-    return N + len(sweep.policies) * len(sweep.budgets)
+def certify_tokens_per_target(N: int, sweep: Sweep, streams: bool = False) -> int:
+    """Forward tokens of one target's certify passes (the progress estimate): its N-token prefill and,
+    per (policy, budget), one decode (prefill-evict) or an N-token streaming run (``streams``), as
+    :func:`compute_arrays` reports them."""
+    return N + len(sweep.policies) * len(sweep.budgets) * (N if streams else 1)
 
 
 def certify_sweep(cfg: CertifyConfig, loaded: LoadedModel, N: int, budgets: list[int]):
-    """(measure config, sweep, documents) of a certify run: poisson, topk and random under
-    ``prefill_evict`` at ``budgets`` (each checked against N), and the documents long enough for N.
+    """(measure config, sweep, documents) of a certify run: the run's policies under its semantics
+    (``cfg.semantics``: prefill_evict or streaming) at ``budgets`` (each checked against N), and the
+    documents long enough for N.
 
     Raises:
         PolicyError: a budget a policy cannot run at N.
@@ -159,7 +170,7 @@ def certify_sweep(cfg: CertifyConfig, loaded: LoadedModel, N: int, budgets: list
     for p in policies:
         for k in budgets:
             p.check(k, N)
-    sweep = Sweep("budget", budgets, budgets, policies, SEMANTICS["prefill_evict"])
+    sweep = Sweep("budget", budgets, budgets, policies, SEMANTICS[cfg.rule.name])
     return mcfg, sweep, prepare_documents(mcfg, loaded, N)
 
 
@@ -181,15 +192,17 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
     budgets = cfg.resolve_budgets(N)
     mcfg, sweep, docs = certify_sweep(cfg, loaded, N, budgets)
     attrs = {**provenance(mcfg, loaded, N, docs, sweep), **recorded_attrs(cfg), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype),
-             "certify": "attention-level certificates of the target query, arXiv 2607.21475 (truncsens certify)"}
+             "certify": "attention-level certificates of the target query, arXiv 2607.21475 (truncsens certify)",
+             "certified_process": cfg.rule.process}
     batch_tokens = mcfg.batch_tokens(loaded.device)
+    per_target = certify_tokens_per_target(N, sweep, cfg.rule.streams)
 
     def compute_shard(plan: TargetSet, on_tokens: Callable[[int], None]):
         arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens,
-                                cfg.design)
+                                cfg.design, cfg.rule.batch(), per_target)
         return shard_dataset(arrays, plan, sweep, attrs)
 
-    work = ShardWork(compute_shard, certify_tokens_per_target(N, sweep), "certify")
+    work = ShardWork(compute_shard, per_target, "certify")
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, budgets_tokens=budgets,
                                   model_sha256=loaded.content_sha256, model_revision=loaded.revision)
     done = run_sharded(ShardedRun.of(cfg, docs.used, N, fingerprint, work))

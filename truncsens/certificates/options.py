@@ -46,6 +46,8 @@ class CertifyOptions:
     obs_window: int = option(DEFAULT_OBS_WINDOW, "W: prefill queries of the 'window' score.", metavar="W")
     temper: float = option(DEFAULT_TEMPER, "gamma > 0: inclusion probabilities from score^gamma (below 1 spreads them).", metavar="GAMMA")
     top_fraction: float = option(0.25, "Share of the budget poisson and topk keep surely as the top keys by score.", metavar="FRACTION")
+    semantics: str = option("prefill_evict", "prefill_evict (keys computed with the full prompt, evicted before the target's query) or streaming (every layer and key/value head evicts as the stream goes; reencode has no cache to certify).", metavar="NAME", later=True)
+    policies: str | None = option(None, "Comma-separated policies: poisson (certified) and its comparisons: topk, random under prefill_evict; sink_recent under streaming (default: all of them; certify under streaming: poisson).", metavar="LIST", later=True)
 
 
 @dataclass

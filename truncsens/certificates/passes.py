@@ -87,6 +87,34 @@ def head_design_of(policy: Policy, context_len: int, budget: int, seeds: Sequenc
     return tuple(t.reshape(B, L, Hkv, T) for t in out)  # type: ignore[return-value]
 
 
+def full_cache_pass(model, input_ids: torch.Tensor, delta: float, design: CertifyDesign):
+    """The probed prefill of tokens 0..T − 2 and the full-cache decode of the target's query T − 1
+    (call inside :func:`~truncsens.certificates.probe.probed`).
+
+    Args:
+        input_ids: [B, T] int64.
+
+    Returns:
+        (probe, cache, heads, ref_logprobs): the :class:`CertifyProbe` (scores, ``floor``), the cache
+        of the prefill (truncated back to T − 1 keys), the layer × head count of one forward, and the
+        full-cache next-token log-probabilities [B, V] float64.
+    """
+    B, T = input_ids.shape
+    pos = torch.arange(T, device=input_ids.device).expand(B, T)  # [B, T]
+    ones = torch.ones(B, T, dtype=torch.long, device=input_ids.device)
+    cache = kvcache.new_cache(model)
+    kw = {kvcache.cache_keyword(model): cache}
+    probe = CertifyProbe(mode="prefill", delta=delta, obs_window=design.obs_window)
+    model(input_ids=input_ids[:, : T - 1], position_ids=pos[:, : T - 1], attention_mask=ones[:, : T - 1],
+          use_cache=True, logits_to_keep=1, certify_probe=probe, **kw)
+    heads = probe.n_heads_seen  # L x H: every forward adds each layer's heads once
+    probe.mode = "reference"
+    out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=ones, use_cache=True,
+                logits_to_keep=1, certify_probe=probe, **kw)
+    kvcache.truncate(cache, T - 1)
+    return probe, cache, heads, last_logprobs(out.logits[:, -1, :])
+
+
 SCORE_FLOOR = 1e-6  # added to every key's score, relative to the row's mean score
 
 
@@ -134,20 +162,11 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
     B, T = input_ids.shape
     device = input_ids.device
     pos = torch.arange(T, device=device).expand(B, T)  # [B, T]
-    cache = kvcache.new_cache(model)
-    kw = {kvcache.cache_keyword(model): cache}
-    probe = CertifyProbe(mode="prefill", delta=delta, obs_window=design.obs_window)
     ones = torch.ones(B, T, dtype=torch.long, device=device)
     P, K = len(policies), len(budgets)
     with probed(model):
-        model(input_ids=input_ids[:, : T - 1], position_ids=pos[:, : T - 1], attention_mask=ones[:, : T - 1],
-              use_cache=True, logits_to_keep=1, certify_probe=probe, **kw)
-        heads = probe.n_heads_seen  # L x H: every forward adds each layer's heads once
-        probe.mode = "reference"
-        out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=ones, use_cache=True,
-                    logits_to_keep=1, certify_probe=probe, **kw)
-        kvcache.truncate(cache, T - 1)
-        ref_lp = last_logprobs(out.logits[:, -1, :])  # [B, V]
+        probe, cache, heads, ref_lp = full_cache_pass(model, input_ids, delta, design)
+        kw = {kvcache.cache_keyword(model): cache}
         scores = probe.received / heads  # [B, T] mean over layers and heads, summed over query rows
         head_scores = _head_scores(probe, design, T) if design.per_head else None  # [B, L, Hkv, T]
         if design.per_head:  # the untempered design score of each key, as a share of its row

@@ -181,7 +181,9 @@ def certify_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                       **kwargs) -> tuple[torch.Tensor, None]:
     """The attention function (transformers' interface): query [B, H, Tq, d], key/value
-    [B, H_kv, Tk, d] -> ([B, Tq, H, d], None). Without a ``certify_probe`` keyword it is ``sdpa``.
+    [B, H_kv, Tk, d] -> ([B, Tq, H, d], None). With a ``certify_stream`` keyword, the streaming run's
+    attention (:meth:`truncsens.certificates.stream_probe.StreamState.attend`); without it or a
+    ``certify_probe`` keyword it is ``sdpa``.
 
     Raises:
         CertifyModelError: soft-capping, learned sinks or a sliding window (the records would not be
@@ -190,7 +192,8 @@ def certify_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     probe: CertifyProbe | None = kwargs.pop("certify_probe", None)
-    if probe is None:
+    stream = kwargs.pop("certify_stream", None)  # a streaming run's state (truncsens.certificates.stream_probe)
+    if probe is None and stream is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     for arg, feature in (("softcap", "attention-logit soft-capping"), ("s_aux", "learned attention-sink logits"),
                          ("sliding_window", "a sliding-window layer")):
@@ -198,6 +201,8 @@ def certify_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
             raise CertifyModelError(f"certify: the model passed {feature} ({arg}) to its attention, which the "
                                     "certificate probe does not reproduce; truncsens measure applies it")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if stream is not None:
+        return stream.attend(module, query, key, value, scale), None
     n_rep = query.shape[1] // key.shape[1]
     if probe.mode == "evict":
         return _evict(probe, module, query, key, value, scale), None

@@ -13,6 +13,9 @@ at δ at every step. The radii at any level follow from the stored V̂, B̂ and 
 (:func:`truncsens.certificates.statistics.radii_at`), since δ does not enter the forward pass.
 A stream whose design has no random key at a step has radius 0 there, so any error of that step
 counts as a miss (a deterministic loss is not certified).
+
+Under streaming (:func:`streamed_trajectory`) one cache streams the prefix and the generated tokens,
+evicting as it goes; each step's record is read from that step's cache.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from truncsens.certificates.eprocess import e_process, rejects, step_levels
 from truncsens.certificates.designs import CertifyDesign
 from truncsens.certificates.passes import certify_batch
 from truncsens.certificates.statistics import radii_at
+from truncsens.certificates.stream_passes import stream_run
 from truncsens.policies import Policy
 from truncsens.targets import doc_seed
 
@@ -86,29 +90,56 @@ def greedy_trajectory(model, prefix: torch.Tensor, policy: Policy, budget: int, 
         ValueError: n < 1, δ outside (0, 1), a budget at or above the prefix, or a policy without a
             random design (its certificate is always 0).
     """
-    if not hasattr(policy, "design"):
-        raise ValueError(f"policy {policy.name!r} has no random design: its certificate radius is 0 at every step")
-    if budget >= prefix.numel():
-        raise ValueError(f"the trajectory budget {budget} must lie below the prefix length {prefix.numel()}")
+    _check(policy, budget, prefix)
     levels = step_levels(n_steps, delta)  # [n]; also checks n and δ
     seq = prefix.clone()
-    error, variance, value_range, n_random, has_tail, tokens = [], [], [], [], [], []
+    steps, tokens = [], []
     for t in range(1, n_steps + 1):
         out = certify_batch(model, seq.unsqueeze(0), [policy], [budget], [[[doc_seed(seed, f"trajectory:{t}")]]], delta,
                             design)
         nxt = out.logprobs[0, 0, 0].argmax()
         tokens.append(int(nxt))
-        rec = {name: v[0, 0, 0].numpy() for name, v in out.records.items()}  # each [L, H]
-        error.append(rec["error"])
-        variance.append(rec["variance"])
-        value_range.append(rec["value_range"])
-        n_random.append(rec["n_random"])
-        has_tail.append(rec["has_tail"])
+        steps.append({name: v[0, 0, 0].numpy() for name, v in out.records.items()})  # each [L, H]
         seq = torch.cat([seq, nxt.view(1).to(seq.device)])
-    var, rng_, n_r, tail = (np.stack(a) for a in (variance, value_range, n_random, has_tail))  # [n, L, H]
-    step_radius = np.stack([radii_at(var[i], rng_[i], n_r[i], tail[i], float(levels[i]))[0] for i in range(n_steps)])
+    return _trajectory(prefix, tokens, budget, delta, steps, levels)
+
+
+@torch.no_grad()
+def streamed_trajectory(model, prefix: torch.Tensor, policy: Policy, budget: int, n_steps: int, delta: float,
+                        seed: int = 0, design: CertifyDesign = CertifyDesign()) -> Trajectory:
+    """As :func:`greedy_trajectory`, under streaming: one cache streams ``prefix`` and then its own
+    greedy tokens, evicting per layer and key/value head as it goes (never re-admitting a key), with
+    one draw per key for the whole run (seed ``doc_seed(seed, "trajectory:stream")``); step t's
+    record is that of the query of the t-th generated position, read from the cache of that step
+    (:func:`truncsens.certificates.stream_passes.stream_run` with ``generate = n``).
+
+    Raises:
+        ValueError: as :func:`greedy_trajectory`.
+    """
+    _check(policy, budget, prefix)
+    levels = step_levels(n_steps, delta)  # [n]; also checks n and δ
+    run = stream_run(model, prefix.unsqueeze(0), policy, budget, [doc_seed(seed, "trajectory:stream")], delta, design,
+                     generate=n_steps)
+    steps = [{name: v[0].cpu().numpy() for name, v in step.items()} for step in run.steps]  # each [L, H]
+    return _trajectory(prefix, run.generated[0].tolist(), budget, delta, steps, levels)
+
+
+def _check(policy: Policy, budget: int, prefix: torch.Tensor) -> None:
+    if not hasattr(policy, "design"):
+        raise ValueError(f"policy {policy.name!r} has no random design: its certificate radius is 0 at every step")
+    if budget >= prefix.numel():
+        raise ValueError(f"the trajectory budget {budget} must lie below the prefix length {prefix.numel()}")
+
+
+def _trajectory(prefix: torch.Tensor, tokens: list[int], budget: int, delta: float, steps: list[dict],
+                levels: np.ndarray) -> Trajectory:
+    """The :class:`Trajectory` of n step records (name -> [L, H]) at step levels ``levels`` [n]."""
+    var, rng_, n_r, tail = (np.stack([s[name] for s in steps]) for name in
+                            ("variance", "value_range", "n_random", "has_tail"))  # [n, L, H]
+    step_radius = np.stack([radii_at(var[i], rng_[i], n_r[i], tail[i], float(levels[i]))[0] for i in range(len(steps))])
     naive, _ = radii_at(var, rng_, n_r, tail, delta)
-    return Trajectory(prefix.cpu(), torch.tensor(tokens, dtype=torch.long), budget, delta, np.stack(error), step_radius,
+    error = np.stack([s["error"] for s in steps])
+    return Trajectory(prefix.cpu(), torch.tensor(tokens, dtype=torch.long), budget, delta, error, step_radius,
                       naive, tail > 0)
 
 
