@@ -350,3 +350,7 @@ def test_a_streaming_run_with_a_streamed_trajectory(tmp_path, tiny_llama_dir, co
     assert np.isnan(ds["radius_eb"].sel(policy="sink_recent")).all()
     traj = summary["trajectory"]
     assert traj["n_steps"] == 2 and traj["prefix_tokens"] == 46 and traj["budget"] == 16
+    # answerable: the targets the full cache gets right, from the file
+    nll_ref = ds["nll_ref"].sel(policy="poisson", budget=16).values
+    fail_ref = (ds["argmax_ref"].values != ds["token_id"].values) | (nll_ref > FAILURE_NLL)
+    assert summary["answerable"] == int((~fail_ref).sum())

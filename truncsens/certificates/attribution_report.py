@@ -93,9 +93,11 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
         "model": ds.attrs.get("model"), "corpus": ds.attrs.get("corpus"), "reference_context": N,
         "delta": float(ds.attrs["delta"]), "failure_nll": float(ds.attrs["failure_nll"]),
         "min_distance": int(ds.attrs["min_distance"]), "n_targets": int(ds.sizes["target"]),
+        "process": ds.attrs.get("certified_process"),  # None: a file from before streaming certificates (prefill-evict)
         "n_docs": len(set(np.asarray(ds["doc"].values, dtype=str))),
         "n_targets_by_kind": {k: int((kind == k).sum()) for k in sorted(set(kind))},
         "full_cache_failures": {k: int(fail_ref[kind == k].sum()) for k in sorted(set(kind))},
+        "answerable": int((~fail_ref).sum()),  # targets the full cache gets right: what eviction can break
         "budgets": rows, "pooled": {"poisson": pooled, "verdicts": _verdicts(pooled)},
         "pooled_by_kind": by_kind,
         "paper": {"auc_attribution_certificate": PAPER_AUC,
@@ -113,13 +115,20 @@ def format_attribution(s: dict) -> str:
     lines = [f"certify-attribution: {s['model']} on {s['corpus']}, N = {s['reference_context']}, {s['n_targets']} "
              f"targets ({kinds}) from {s['n_docs']} documents; D = {s['min_distance']}; failure: wrong top-1 or NLL > "
              f"{s['failure_nll']:.3f} nats; full cache fails on "
-             + ", ".join(f"{n} {k}" for k, n in s["full_cache_failures"].items()), ""]
+             + ", ".join(f"{n} {k}" for k, n in s["full_cache_failures"].items()),
+             *([f"process: {s['process']}"] if s.get("process") else []), ""]
     policies = list(s["budgets"][0]["counts"]) if s["budgets"] else []
     cols = [Column("budget", ">")] + [Column(f"{p}: fail / evict / inherent", ">") for p in policies]
     rows = [[f"{b['budget']} ({b['percent']:.1f}%)"] + [
         f"{c['failures']} / {c['eviction_caused']} / {c['inherent']}" for c in (b["counts"][p] for p in policies)]
         for b in s["budgets"]]
     lines += [render_table(cols, rows), ""]
+    if s.get("answerable"):  # (files summarised before the count have none)
+        cols = [Column("budget", ">")] + [Column(p, ">") for p in policies]
+        rows = [[f"{b['budget']} ({b['percent']:.1f}%)"] + [
+            f"{100 * b['counts'][p]['eviction_caused'] / s['answerable']:.1f}%" for p in policies] for b in s["budgets"]]
+        lines += [f"share of the {s['answerable']} answerable targets (full cache right) that fail under eviction",
+                  render_table(cols, rows), ""]
     table = [*((f"{b['budget']}", b["poisson"]) for b in s["budgets"]), ("pooled", s["pooled"]["poisson"])]
     by_kind = s["pooled_by_kind"]
     kinds_table = [(f"pooled, {k} only", t["poisson"]) for k, t in by_kind.items()] if len(by_kind) > 1 else []

@@ -85,6 +85,7 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
     measured_max = float(np.nanmax(measured)) if measured is not None else None
     return {
         "model": ds.attrs.get("model"), "corpus": ds.attrs.get("corpus"), "reference_context": N, "delta": delta,
+        "process": ds.attrs.get("certified_process"),  # None: a file from before streaming certificates (prefill-evict)
         "design": ds.attrs.get("design", "one design shared by every layer and head (a file from before per-head designs)"),
         "floor": {"declared_relative": bound,
                   "relative_to": "||o||, oracle (computed on load: this file has no ||o^||)" if oracle_norm else "||o^||",
@@ -143,6 +144,7 @@ def format_summary(s: dict) -> str:
                 f"max {fmt_num(fl['measured_relative_max'], 2)}")
     lines = [f"certify: {s['model']} on {s['corpus']}, N = {s['reference_context']}, {s['n_targets']} targets from "
              f"{s['n_docs']} documents, delta = {s['delta']:g} (nominal coverage {100 * (1 - s['delta']):.1f}%)",
+             *([f"process: {s['process']}"] if s.get("process") else []),
              f"design: {s['design']}",
              f"certificate: r_EB + b ||o^||, b = {fmt_num(fl['declared_relative'], 3)} (arithmetic bound declared from the "
              f"dtype, relative to {fl['relative_to']}); coverage counts every record, those with ||o^-o|| <= b ||o^|| "
