@@ -94,6 +94,12 @@ STEPS = [
          ("results/certify-fresh-47.nc", "results/certify-fresh-47-reliability.png", "results/certify-fresh-47-scatter.png")),
     Step("certify-heldout", "python benchmarks/certify_heldout.py results/certify-fresh-47.nc --skip-docs 8",
          needs=("certify-fresh-run",)),
+    Step("certify-stream-fresh-run", "truncsens certify --semantics streaming --domain code --reference-context 1024 "
+                                     "--max-docs 47 --seed 1 --batch-tokens 49152 --out results/certify-stream-fresh-47.nc",
+         ("results/certify-stream-fresh-47.nc", "results/certify-stream-fresh-47-reliability.png",
+          "results/certify-stream-fresh-47-scatter.png")),
+    Step("certify-stream-heldout", "python benchmarks/certify_heldout.py results/certify-stream-fresh-47.nc --skip-docs 8",
+         needs=("certify-stream-fresh-run",)),
     Step("certify-designs", "python benchmarks/certify_designs.py --reference-context 1024 --out results/certify-designs.json",
          ("results/certify-designs.json",)),
     Step("certify-designs-2", "python benchmarks/certify_designs.py --reference-context 1024 --round 2 "
