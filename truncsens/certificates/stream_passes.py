@@ -66,7 +66,7 @@ def stream_run(model, input_ids: torch.Tensor, policy: Policy, budget: int, seed
     n_layers, n_kv = int(config.num_hidden_layers), head_counts(model)[1]
     device = input_ids.device
     state = StreamState.new(policy, budget, design, delta, seeds, n_layers, n_kv, T, device)
-    cache = kvcache.new_cache(model)
+    cache = kvcache.new_preallocated_cache(model, n_layers, T)  # one copy per new key, not per step
     kw = {kvcache.cache_keyword(model): cache}
     steps: list[dict[str, torch.Tensor]] = []
     generated = []

@@ -30,6 +30,50 @@ def new_cache(model):
         return DynamicCache()
 
 
+def new_preallocated_cache(model, n_layers: int, capacity: int):
+    """An empty cache of ``n_layers`` full-attention layers whose keys and values are written into
+    buffers of ``capacity`` positions allocated at the first token, so a token-by-token run copies
+    each new key once instead of the whole cache at every step (``DynamicCache`` concatenates:
+    O(T) per step, O(T²) over a run). Each layer's ``keys`` and ``values`` are views [B, H, n, d] of
+    the first n positions written, as ``DynamicCache`` returns them; the values are the same.
+
+    Falls back to :func:`new_cache` on a transformers whose caches have no ``layers`` (4.x before
+    the cache layers), where the run is slower but equal.
+
+    Raises:
+        ValueError: a write past ``capacity`` positions.
+    """
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:  # older transformers
+        return new_cache(model)
+
+    class PreallocatedLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.device = key_states.device
+                B = key_states.shape[0]
+                self._keys = key_states.new_empty(B, key_states.shape[1], capacity, key_states.shape[3])
+                self._values = value_states.new_empty(B, value_states.shape[1], capacity, value_states.shape[3])
+                self._length = 0
+                self.is_initialized = True
+            start, c = self._length, key_states.shape[-2]
+            if start + c > capacity:
+                raise ValueError(f"the cache holds {capacity} positions; writing {c} at {start} would pass it")
+            self._keys[:, :, start : start + c] = key_states
+            self._values[:, :, start : start + c] = value_states
+            self._length = start + c
+            self.keys = self._keys[:, :, : self._length]  # [B, H_k, n, d_k] a view
+            self.values = self._values[:, :, : self._length]  # [B, H_v, n, d_v] a view
+            return self.keys, self.values
+
+    cache = DynamicCache()
+    if not hasattr(cache, "layers"):
+        return new_cache(model)
+    cache.layers = [PreallocatedLayer() for _ in range(n_layers)]
+    return cache
+
+
 def layer_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(keys, values) of one layer, each [B, H_kv, T, d]."""
     if hasattr(cache, "layers"):
