@@ -132,6 +132,13 @@ STEPS = [
                                     "--out results/reference-code-attribution-2048.nc",
          ("results/reference-code-attribution-2048.nc", "results/reference-code-attribution-2048-recomputation.png",
          "results/reference-code-attribution-2048-attribution-heads.png", "results/reference-code-attribution-2048-attribution-heads.pdf")),
+    Step("certify-attribution-stream", "truncsens certify-attribution --domain code --reference-context 2048 --kv-docs 64 "
+                                       "--semantics streaming --batch-tokens 262144 "
+                                       "--out results/reference-code-attribution-2048-stream.nc",
+         ("results/reference-code-attribution-2048-stream.nc",
+          "results/reference-code-attribution-2048-stream-recomputation.png",
+          "results/reference-code-attribution-2048-stream-attribution-heads.png",
+          "results/reference-code-attribution-2048-stream-attribution-heads.pdf")),
     Step("policies-streaming-a", "truncsens measure --policy suffix,sink_recent,h2o,tova,key_norm,topk "
                                  f"--semantics streaming {POLICY_OPTS} --out results/stream-a.nc", ("results/stream-a.nc",)),
     Step("policies-streaming-b", f"truncsens measure --policy random,poisson --semantics streaming {POLICY_OPTS} "

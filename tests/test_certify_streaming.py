@@ -173,3 +173,39 @@ def test_a_streamed_trajectory_is_the_stream_of_its_own_tokens():
         torch.testing.assert_close(torch.as_tensor(traj.error[t]), run.steps[-1]["error"][0].cpu(), rtol=1e-9, atol=1e-12)
         seq = torch.cat([seq, traj.tokens[t : t + 1]])
     assert traj.has_tail.any()  # random keys were kept at some step: the radii are not all zero
+
+
+
+def test_kept_tokens_are_each_sequences_mean_over_its_layers_and_heads():
+    """``kept_per_sequence`` reads row ``b·Hkv + h`` of every layer as sequence b's head h: here
+    sequence b keeps b + 1 keys in layer 0 and b + 3 in layer 1 on each of its 3 heads (mean b + 2),
+    with more rows (5 · 3) than positions (12), where slicing rows for positions once failed."""
+    from truncsens.certificates.stream_passes import kept_per_sequence
+
+    L, B, Hkv, T = 2, 5, 3, 12
+    alive = torch.zeros(L, B * Hkv, T, dtype=torch.bool)
+    for layer in range(L):
+        for b in range(B):
+            alive[layer, b * Hkv : (b + 1) * Hkv, : b + 1 + 2 * layer] = True
+    assert kept_per_sequence(alive, B).tolist() == [2, 3, 4, 5, 6]
+
+
+def test_a_batch_of_more_rows_than_positions_streams_as_its_sequences_alone():
+    """Many short targets in one batch (B·Hkv > T): every sequence's log-probabilities and kept-token
+    counts equal those of its own stream run alone (the same seeds)."""
+    from truncsens.certificates.stream_passes import certify_stream_batch
+
+    model = sharp_tiny_llama().double()
+    B, T, budget = 10, 16, 6  # 10 sequences x 2 KV heads = 20 rows > 16 positions
+    ids = torch.randint(0, 64, (B, T), generator=torch.Generator().manual_seed(5))
+    policies = [make_policy("poisson", n_sink=1), make_policy("sink_recent", n_sink=1)]
+    seeds = [[list(range(100 + 10 * p, 100 + 10 * p + B))] for p in range(len(policies))]
+    design = CertifyDesign(obs_window=4, temper=0.5)
+    batch = certify_stream_batch(model, ids, policies, [budget], seeds, 0.1, design)
+    assert batch.kept_tokens.shape == (2, 1, B)
+    for b in range(0, B, 3):
+        one = certify_stream_batch(model, ids[b : b + 1], policies, [budget],
+                                   [[[seeds[p][0][b]]] for p in range(len(policies))], 0.1, design)
+        assert batch.kept_tokens[:, 0, b].tolist() == one.kept_tokens[:, 0, 0].tolist()
+        torch.testing.assert_close(batch.logprobs[:, 0, b], one.logprobs[:, 0, 0], rtol=1e-9, atol=1e-9)
+    assert batch.kept_tokens[1].unique().tolist() == [budget]  # sink_recent: exactly k keys in every head

@@ -97,6 +97,15 @@ def stream_run(model, input_ids: torch.Tensor, policy: Policy, budget: int, seed
     return StreamRun(logprobs, steps, state, torch.cat(generated, 1) if generated else torch.zeros(B, 0, dtype=torch.long))
 
 
+def kept_per_sequence(alive: torch.Tensor, B: int) -> torch.Tensor:
+    """Keys a sequence's cache holds, per head: ``alive`` [L, B·Hkv, T] (row ``b·Hkv + h`` of each
+    layer, as :class:`~truncsens.certificates.stream_probe.StreamState` keeps it) -> [B] long, the
+    mean over the L·Hkv (layer, key/value head) caches of sequence b, rounded."""
+    L, R, T = alive.shape
+    per_head = alive.view(L, B, R // B, T).sum(-1)  # [L, B·Hkv, T] -> [L, B, Hkv, T] -> [L, B, Hkv]
+    return per_head.to(torch.float64).mean((0, 2)).round().long()  # [B]
+
+
 @torch.no_grad()
 def certify_stream_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], budgets: Sequence[int],
                          seeds: Sequence[Sequence[Sequence[int]]], delta: float,
@@ -128,8 +137,7 @@ def certify_stream_batch(model, input_ids: torch.Tensor, policies: Sequence[Poli
         for j, k in enumerate(budgets):
             run = stream_run(model, input_ids, policy, k, seeds[p][j], delta, design)
             logprobs[p, j] = run.logprobs
-            alive = run.state.alive[:, :T].view(B, -1)  # [B, L·Hkv·T] (rows of a sequence are contiguous)
-            kept_tokens[p, j] = (alive.sum(-1).to(torch.float64) / (L * run.state.n_kv)).round().long().cpu()
+            kept_tokens[p, j] = kept_per_sequence(run.state.alive[:, :, :T], B).cpu()
             drawn = run.state.design_records(B, T)  # name -> [B, L, Hkv]
             for name in PROBE_RECORDS:
                 values = run.steps[-1][name].cpu()
