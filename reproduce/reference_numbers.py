@@ -132,13 +132,18 @@ STEPS = [
                                     "--out results/reference-code-attribution-2048.nc",
          ("results/reference-code-attribution-2048.nc", "results/reference-code-attribution-2048-recomputation.png",
          "results/reference-code-attribution-2048-attribution-heads.png", "results/reference-code-attribution-2048-attribution-heads.pdf")),
-    Step("certify-attribution-stream", "truncsens certify-attribution --domain code --reference-context 2048 --kv-docs 64 "
-                                       "--semantics streaming --batch-tokens 262144 "
-                                       "--out results/reference-code-attribution-2048-stream.nc",
-         ("results/reference-code-attribution-2048-stream.nc",
-          "results/reference-code-attribution-2048-stream-recomputation.png",
-          "results/reference-code-attribution-2048-stream-attribution-heads.png",
-          "results/reference-code-attribution-2048-stream-attribution-heads.pdf")),
+    # the agent-memory setting: streaming caches on the task set of certify-attribution (token by token,
+    # one thread per process: a second thread of such small steps only waits on the other core)
+    *(Step(f"certify-attribution-stream-{n}", f"OMP_NUM_THREADS=1 truncsens certify-attribution --domain code "
+                                              f"--reference-context {n} --kv-docs 64 --semantics streaming "
+                                              f"--batch-tokens 262144 --out results/reference-code-attribution-{n}-stream.nc",
+           tuple(f"results/reference-code-attribution-{n}-stream{suffix}" for suffix in
+                 (".nc", "-recomputation.png", "-attribution-heads.png", "-attribution-heads.pdf")))
+      for n in (1024, 2048)),
+    Step("certify-attribution-prefill-1024", "truncsens certify-attribution --domain code --reference-context 1024 "
+                                             "--kv-docs 64 --out results/reference-code-attribution-1024.nc",
+         tuple(f"results/reference-code-attribution-1024{suffix}" for suffix in
+               (".nc", "-recomputation.png", "-attribution-heads.png", "-attribution-heads.pdf"))),
     Step("policies-streaming-a", "truncsens measure --policy suffix,sink_recent,h2o,tova,key_norm,topk "
                                  f"--semantics streaming {POLICY_OPTS} --out results/stream-a.nc", ("results/stream-a.nc",)),
     Step("policies-streaming-b", f"truncsens measure --policy random,poisson --semantics streaming {POLICY_OPTS} "
