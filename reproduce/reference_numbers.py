@@ -134,12 +134,12 @@ STEPS = [
          "results/reference-code-attribution-2048-attribution-heads.png", "results/reference-code-attribution-2048-attribution-heads.pdf")),
     # the agent-memory setting: streaming caches on the task set of certify-attribution (token by token,
     # one thread per process: a second thread of such small steps only waits on the other core)
-    *(Step(f"certify-attribution-stream-{n}", f"OMP_NUM_THREADS=1 truncsens certify-attribution --domain code "
-                                              f"--reference-context {n} --kv-docs 64 --semantics streaming "
-                                              f"--batch-tokens 262144 --out results/reference-code-attribution-{n}-stream.nc",
-           tuple(f"results/reference-code-attribution-{n}-stream{suffix}" for suffix in
+    *(Step(f"certify-attribution-{name}", f"OMP_NUM_THREADS=1 truncsens certify-attribution --domain code "
+                                          f"--reference-context {n} --kv-docs 64 --semantics streaming{budgets} "
+                                          f"--batch-tokens 262144 --out results/reference-code-attribution-{name}.nc",
+           tuple(f"results/reference-code-attribution-{name}{suffix}" for suffix in
                  (".nc", "-recomputation.png", "-attribution-heads.png", "-attribution-heads.pdf")))
-      for n in (1024, 2048)),
+      for name, n, budgets in (("1024-stream", 1024, ""), ("2048-stream-12", 2048, " --budgets 12.5%"))),
     Step("certify-attribution-prefill-1024", "truncsens certify-attribution --domain code --reference-context 1024 "
                                              "--kv-docs 64 --out results/reference-code-attribution-1024.nc",
          tuple(f"results/reference-code-attribution-1024{suffix}" for suffix in
@@ -190,6 +190,7 @@ STEPS = [
     Step("throughput-policies", "python benchmarks/policies_throughput.py --sequences 32 --threads 2"),
     Step("throughput-policies-sink-recent", "python benchmarks/policies_throughput.py --policy sink_recent"),
     Step("throughput-certify", "python benchmarks/certify_throughput.py"),
+    Step("throughput-certify-streaming", "OMP_NUM_THREADS=1 python benchmarks/certify_streaming_cost.py"),
     Step("kvpress-parity", f"PYTHONPATH=. {KVPRESS_PYTHON} benchmarks/kvpress_parity.py"),
     Step("golden", "python -m pytest -q -p no:cacheprovider tests/test_cli_golden.py",
          env={"TRUNCSENS_GOLDEN_WRITE": "1"}),
