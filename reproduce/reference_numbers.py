@@ -140,6 +140,9 @@ STEPS = [
            tuple(f"results/reference-code-attribution-{name}{suffix}" for suffix in
                  (".nc", "-recomputation.png", "-attribution-heads.png", "-attribution-heads.pdf")))
       for name, n, budgets in (("1024-stream", 1024, ""), ("2048-stream-12", 2048, " --budgets 12.5%"))),
+    Step("check-attribution-1024-stream", "python reproduce/independent_streaming_check.py "
+                                          "results/reference-code-attribution-1024-stream.nc --targets 6",
+         needs=("certify-attribution-1024-stream",)),
     Step("certify-attribution-prefill-1024", "truncsens certify-attribution --domain code --reference-context 1024 "
                                              "--kv-docs 64 --out results/reference-code-attribution-1024.nc",
          tuple(f"results/reference-code-attribution-1024{suffix}" for suffix in
