@@ -139,7 +139,8 @@ STEPS = [
                                           f"--batch-tokens 262144 --out results/reference-code-attribution-{name}.nc",
            tuple(f"results/reference-code-attribution-{name}{suffix}" for suffix in
                  (".nc", "-recomputation.png", "-attribution-heads.png", "-attribution-heads.pdf")))
-      for name, n, budgets in (("1024-stream", 1024, ""), ("2048-stream-12", 2048, " --budgets 12.5%"))),
+      for name, n, budgets in (("1024-stream", 1024, ""), ("2048-stream-12", 2048, " --budgets 12.5%"),
+                               ("2048-stream-25", 2048, " --budgets 25%"), ("2048-stream-50", 2048, " --budgets 50%"))),
     Step("check-attribution-1024-stream", "python reproduce/independent_streaming_check.py "
                                           "results/reference-code-attribution-1024-stream.nc --targets 6",
          needs=("certify-attribution-1024-stream",)),
