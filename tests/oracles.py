@@ -594,3 +594,61 @@ def head_prefill_evict_surgery(model, input_ids: torch.Tensor, keep_last: torch.
                     logits_to_keep=1, **{kw: pruned})
         rows.append(_logprobs(out.logits[:, -1, :]))
     return torch.cat(rows)
+
+
+@torch.no_grad()
+def layer_head_prefill_evict(model, input_ids: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+    """Prefill-evict with a kept set per layer and key/value head, written for caches that cannot be
+    cut per head (multi-head latent attention caches one latent per position for every head): per
+    sequence, full prefill of T - 1 tokens, then the last token decoded against the full cache while a
+    forward pre-hook on each layer's attention module (``layer_idx``) swaps its ``attention_mask`` for
+    an explicit [1, H, 1, T] mask, query head i of layer l reading the keys ``heads[l, b, i // G]`` and
+    its own (``-inf`` elsewhere).
+
+    Args:
+        input_ids: [B, T]; heads: [L, B, Hkv, n] int64 kept prefix positions (in 0 .. T - 2).
+
+    Returns:
+        [B, V] float64 log-probabilities after the last token.
+    """
+    B, T = input_ids.shape
+    H, kv = _heads(model)
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    modules = {}
+    for module in model.modules():
+        if isinstance(getattr(module, "layer_idx", None), int) and type(module).__name__.endswith("Attention"):
+            modules.setdefault(module.layer_idx, module)
+    assert sorted(modules) == list(range(heads.shape[0])), sorted(modules)
+    rows = []
+    for b in range(B):
+        cache = _new_cache(model)
+        ids = input_ids[b : b + 1]
+        model(input_ids=ids[:, : T - 1], position_ids=torch.arange(T - 1).unsqueeze(0),
+              attention_mask=torch.ones_like(ids[:, : T - 1]), use_cache=True, logits_to_keep=1, **{kw: cache})
+        calls = []
+        handles = []
+        for layer, module in modules.items():
+            visible = torch.zeros(kv, 1, T, dtype=torch.bool)
+            for h in range(kv):
+                for j in heads[layer, b, h].tolist():
+                    visible[h, 0, j] = True
+                visible[h, 0, T - 1] = True
+            mask = _head_mask(torch.zeros(kv, 1, T), visible, H, dtype)  # [1, H, 1, T]
+
+            def swap(mod, args, kwargs, mask=mask, layer=layer):
+                assert "attention_mask" in kwargs, f"layer {layer} is called without an attention_mask keyword"
+                calls.append(layer)
+                return args, {**kwargs, "attention_mask": mask}
+
+            handles.append(module.register_forward_pre_hook(swap, with_kwargs=True))
+        try:
+            out = model(input_ids=ids[:, T - 1 :], position_ids=torch.tensor([[T - 1]]),
+                        attention_mask=torch.zeros(1, 1, 1, T, dtype=dtype), use_cache=True, logits_to_keep=1,
+                        **{kw: cache})
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert sorted(calls) == sorted(modules), calls
+        rows.append(_logprobs(out.logits[:, -1, :]))
+    return torch.cat(rows)

@@ -10,6 +10,10 @@ evicts as it goes. DeepSeek-V2/V3 (multi-head latent attention: cached keys and 
 widths) and StableLM and Falcon (decoder layers that do not pass the call's keyword arguments on to
 attention: the one-pass path falls back to the dense mask) are among the families. What a path
 cannot reproduce is refused with one error naming the feature.
+
+Every registered policy that a semantics accepts runs on every family (a new policy cannot skip
+one): before, only sink_recent, random and h2o did, and ``snapkv`` (kept sets per layer and key/value
+head) crashed under prefill_evict on DeepSeek-V2/V3, whose cache holds one latent head for all heads.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import pytest
 import torch
 
 from engine_calls import prefill_evict_logprobs, retention_targets
-from oracles import evicting_loop, windowed_prefill_evict, windowed_streaming_loop
+from oracles import evicting_loop, layer_head_prefill_evict, windowed_prefill_evict, windowed_streaming_loop
 from truncsens.engine.attention_features import attention_features
 from truncsens.engine.attention_windows import layer_windows
 from truncsens.engine.evict_attention import EvictAttentionError, evict_attention, evict_kwargs
 from truncsens.engine.reference_pass import reference_pass
-from truncsens.engine.semantics import SEMANTICS
-from truncsens.policies import make_policy
+from truncsens.engine.semantics import SEMANTICS, SemanticsError
+from truncsens.policies import POLICIES, make_policy
+from truncsens.policies.kept import HeadKept
 from truncsens.targets import TargetSet
 
 V = 64
@@ -104,6 +109,28 @@ def family_model(request):
     return request.param, build(request.param)
 
 
+def accepted_policies(semantics: str) -> list:
+    """Every registered policy whose needs ``semantics`` provides (2 sinks; SnapKV's observation window
+    of 4 queries, so that at k = 6 of 16 it votes for prefix keys), in registry order."""
+    out = []
+    for name in POLICIES:
+        policy = make_policy(name, n_sink=2, window=4)
+        if policy.requirements() <= SEMANTICS[semantics].provides:
+            out.append(policy)
+    return out
+
+
+def refused_on(model, semantics: str, policy) -> bool:
+    """Kept sets per layer and key/value head are refused on sliding-window layers (prefill_evict)."""
+    return semantics == "prefill_evict" and policy.layer_heads and layer_windows(model).windowed
+
+
+def test_every_registered_policy_is_accepted_somewhere():
+    accepted = {p.name for s in ("streaming", "prefill_evict") for p in accepted_policies(s)}
+    assert accepted == set(POLICIES)
+    assert {p.name for p in accepted_policies("prefill_evict")} == set(POLICIES)
+
+
 def test_the_families_have_the_features_they_are_built_for(family_model):
     family, model = family_model
     names = {f.name for f in attention_features(model)}
@@ -112,16 +139,24 @@ def test_the_families_have_the_features_they_are_built_for(family_model):
 
 @pytest.mark.parametrize("semantics", ["streaming", "prefill_evict"])
 def test_nothing_evicted_is_the_models_own_output(family_model, semantics):
-    """k = N: sink_recent (streaming: the one-pass path from eviction steps), random (with Hájek-free
-    kept sets) and h2o (streaming: the online path with the model's eager attention) all give KL < 1e-8
-    to the full context; at k = 3 eviction moves (inside the windows of 4 too) the output (the check can fail)."""
+    """k = N: every registered policy the semantics accepts (streaming: the one-pass path from eviction
+    steps, or the online path with the model's eager attention; prefill_evict: the masked decode, or the
+    decode of per-layer, per-head kept sets) gives KL < 1e-8 to the full context; at k = 3 eviction
+    moves (inside the windows of 4 too) the output (the check can fail). ``snapkv`` on sliding-window
+    layers is refused, naming snapkv_shared, which runs there."""
     family, model = family_model
-    policies = [make_policy("sink_recent", n_sink=2), make_policy("random", n_sink=2), make_policy("h2o", n_sink=2)]
-    metrics, _, _ = retention_targets(model, targets_of(random_ids(3, 1)), policies, [3, T], semantics, "original", 0,
-                                      "cpu", 10_000)
+    policies = accepted_policies(semantics)
+    runs = [p for p in policies if not refused_on(model, semantics, p)]
+    targets = targets_of(random_ids(3, 1))
+    metrics, _, _ = retention_targets(model, targets, runs, [3, T], semantics, "original", 0, "cpu", 10_000)
     kl = metrics["kl"]  # [P, n, K]
-    assert kl[:, :, 1].max() < 1e-8, (family, kl[:, :, 1].max(axis=1))
+    assert kl[:, :, 1].max() < 1e-8, (family, dict(zip([p.name for p in runs], kl[:, :, 1].max(axis=1))))
     assert kl[0, :, 0].min() > 1e-4
+    for policy in policies:
+        if policy not in runs:
+            with pytest.raises(SemanticsError, match=rf"policy {policy.name} keeps a kept set per layer and key/value "
+                                                     rf"head.*use --policy {policy.shared_variant} "):
+                retention_targets(model, targets, [policy], [3, T], semantics, "original", 0, "cpu", 10_000)
 
 
 def test_streaming_one_pass_equals_a_cache_of_the_kept_keys(family_model):
@@ -176,6 +211,35 @@ def test_prefill_evict_equals_a_pruned_cache(family_model):
     fast = prefill_evict_logprobs(model, ref.cache, ids, keep_last, None)
     assert_same(fast, windowed_prefill_evict(model, ids, keep_last, None, list(windows.layer_types),
                                              windows.type_windows()))
+
+
+def test_every_prefill_evict_policy_equals_its_naive_reference(family_model):
+    """k = 6 of 16: the kept set every accepted policy decides (from the engine's own scores) decodes
+    under prefill_evict to what a naive run over that kept set gives, one sequence at a time: a
+    token-level set (with its Hájek offsets) against a cache that holds only its keys within each
+    layer's window; ``snapkv``'s sets per layer and key/value head against a decode whose layers each
+    mask every query head with its key/value head's set (on DeepSeek-V2/V3, whose cache holds one
+    latent head for all heads, the engine crashed with a raw gather error before)."""
+    family, model = family_model
+    ids = random_ids(2, 3)
+    semantics = SEMANTICS["prefill_evict"]
+    windows = layer_windows(model)
+    queries = semantics.queries(T, "cpu")
+    for policy in accepted_policies("prefill_evict"):
+        if refused_on(model, "prefill_evict", policy):
+            continue
+        ref = semantics.reference(model, ids, [policy])
+        kept = policy.keep(T, 6, queries, [5, 6], semantics.scores(policy, ref, queries))
+        fast = semantics.kept_logprobs(model, ids, kept, ref, "original")
+        if isinstance(kept, HeadKept):
+            sets = {tuple(kept.heads[layer, b, h].tolist()) for layer in range(kept.heads.shape[0])
+                    for b in range(2) for h in range(kept.heads.shape[2])}
+            assert len(sets) > 1, (family, policy.name)  # the sets differ between layers and heads
+            slow = layer_head_prefill_evict(model, ids, kept.heads)
+        else:
+            slow = windowed_prefill_evict(model, ids, kept.keep[:, 0], kept.offset[:, 0], list(windows.layer_types),
+                                          windows.type_windows())
+        assert_same(fast, slow)
 
 
 def test_attention_from_eviction_steps_refuses_what_it_cannot_apply():

@@ -203,3 +203,26 @@ def test_snapkv_shared_gives_the_earlier_snapkv_values(tmp_path):
     assert result.exit_code == 0, result.output
     means = [float(line.split()[2]) for line in result.stdout.splitlines() if line.strip().startswith(("8 ", "16 "))]
     assert means == pytest.approx([0.40819, 0.17529, 0.933, 0.14633], rel=2e-3)
+
+
+def test_refused_on_sliding_window_layers_naming_snapkv_shared(tmp_path, corpus_dir):
+    """A model with sliding-window layers: ``snapkv`` (a kept set per layer and key/value head) is refused
+    before any document is read, in one ``error:`` line that names the windows and ``snapkv_shared``;
+    ``snapkv_shared`` runs on the same model."""
+    from conftest import build_tokenizer, hybrid_qwen2
+    from truncsens.cli.main import app
+
+    folder = tmp_path / "qwen2"
+    hybrid_qwen2().save_pretrained(folder)
+    build_tokenizer(300).save_pretrained(folder)
+    common = ["measure", "--model", str(folder), "--corpus", corpus_dir, "--reference-context", "32", "--max-docs", "2",
+              "--targets-per-doc", "1", "--budgets", "8", "--semantics", "prefill_evict", "--no-progress"]
+    result = CliRunner().invoke(app, common + ["--policy", "snapkv", "--out", str(tmp_path / "a.nc")])
+    assert result.exit_code != 0
+    assert result.output.strip() == (
+        "error: policy snapkv keeps a kept set per layer and key/value head, which prefill_evict cannot combine "
+        "with sliding-window layers; this model has sliding-window layers of 5 tokens (2 of 3 layers): use --policy "
+        "snapkv_shared (the same rule, one kept set for every layer and head), which runs there")
+    assert not (tmp_path / "a.nc").exists()
+    result = CliRunner().invoke(app, common + ["--policy", "snapkv_shared", "--out", str(tmp_path / "b.nc")])
+    assert result.exit_code == 0, result.output

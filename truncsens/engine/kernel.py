@@ -165,8 +165,12 @@ def measure_draws(
 
     Raises:
         ValueError: ``draws`` below 1.
+        truncsens.engine.semantics.SemanticsError: a policy whose kept sets cannot run on ``model``
+            (:meth:`~truncsens.engine.semantics.base.Semantics.check_policy_model`), before any pass.
     """
     semantics.check_granularity(granularity)  # head granularity needs per-head caches (not reencode)
+    for policy in policies:  # before any pass (snapkv on sliding-window layers)
+        semantics.check_policy_model(policy, model)
     if draws < 1:
         raise ValueError(f"draws must be at least 1, got {draws}")
     n, N = targets.context.shape

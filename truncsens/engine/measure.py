@@ -174,7 +174,8 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
         truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.
         truncsens.engine.run.distributed.LaunchError: the launch environment and the process group disagree.
         PolicyError: a budget a policy cannot take, poisson scores all zero.
-        truncsens.engine.semantics.SemanticsError: a model that cannot run the semantics.
+        truncsens.engine.semantics.SemanticsError: a model that cannot run the semantics, or one of its
+            policies (``snapkv`` on sliding-window layers).
         truncsens.models.ModelLoadError, truncsens.corpora.CorpusError: loading failed.
         truncsens.engine.batching.OutOfMemoryAtBatchSizeOne, NonFiniteLogitsError: the pass failed
             (shards already written are kept). Nothing is written before the checks pass.
@@ -188,6 +189,8 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     N = resolve_reference_context(cfg, loaded)
     sweep = resolve_sweep(cfg, N)
     sweep.semantics.check_model(loaded.model, loaded.name)
+    for policy in sweep.policies:  # before the documents are read
+        sweep.semantics.check_policy_model(policy, loaded.model)
     docs = prepare_documents(cfg, loaded, N, on_stage=lambda text: say("measure", text, speak))
     attrs = provenance(cfg, loaded, N, docs, sweep)
 

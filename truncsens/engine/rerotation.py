@@ -15,6 +15,11 @@ both the stored key and the re-rotated one, so the pure rotation by ``inv_freq``
 Kept sets come either per token (:class:`~truncsens.policies.base.Kept`, one set for every layer and
 head, possibly of different sizes per row: padded and masked) or per layer and key/value head
 (:class:`~truncsens.policies.kept.HeadKept`, the same number per head, as score-based presses keep).
+A cache that holds fewer heads than the kept sets name (multi-head latent attention, DeepSeek-V2/V3:
+one compressed latent per position, from which every head's keys and values are expanded) cannot be
+gathered per head: its per-layer, per-head kept sets are applied instead as masks over the full cache,
+one [B, H, 1, T] mask per layer (:func:`decode_head_masks`), query head ``h·G + i`` reading the kept
+keys of head h, which is what a per-head cache of those keys computes.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import torch
 
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs, model_dtype
-from truncsens.engine.masks import additive_mask
+from truncsens.engine.layer_windows_pass import LayerMaskError, per_layer_masks
+from truncsens.engine.masks import additive_mask, masked_value
+from truncsens.engine.reference_pass import head_counts
 from truncsens.policies.kept import HeadKept, Kept  # (HeadKept: plain data of the policies, imported from here too)
 
 # rotary types whose inv_freq depends on the sequence length (a key's rotation is not R(p) for a fixed inv_freq)
@@ -121,7 +128,8 @@ def decode_gathered(model, input_ids: torch.Tensor, kept: Kept, cache, reindex: 
         kept: :class:`HeadKept` (per-head sets, ``heads`` [L, B, H_kv, n]) or
             :class:`~truncsens.policies.base.Kept` (one set per row from ``keep[:, -1, :T-1]``, with
             its offsets as additive logit offsets).
-        cache: the prefill cache (T - 1 positions per layer).
+        cache: the prefill cache (T - 1 positions per layer); when it holds fewer heads than ``kept.heads``
+            (multi-head latent attention), per-head sets are applied as masks (:func:`decode_head_masks`).
         reindex: re-rotate the kept keys to positions 0..n_b - 1 and decode the query at n_b (n_b: kept
             keys of row b); else keys keep their positions and the query is at T - 1.
 
@@ -137,6 +145,8 @@ def decode_gathered(model, input_ids: torch.Tensor, kept: Kept, cache, reindex: 
     L = kvcache.n_layers(cache)
     own_offset = kept.offset[:, -1, T - 1 :].float()  # [B, 1] the query's own key
     if isinstance(kept, HeadKept) and kept.heads is not None:
+        if kvcache.layer_kv(cache, 0)[0].shape[1] != kept.heads.shape[2] and not reindex:
+            return decode_head_masks(model, input_ids, kept.heads, cache)
         index = kept.heads  # [L, B, H, n]
         valid = torch.ones(B, index.shape[-1], dtype=torch.bool, device=index.device)  # [B, n]
         offset = torch.zeros(valid.shape, dtype=torch.float32, device=index.device)
@@ -168,4 +178,50 @@ def decode_gathered(model, input_ids: torch.Tensor, kept: Kept, cache, reindex: 
     mask = additive_mask(keep, off, model_dtype(model))  # [B, 1, 1, n+1]
     out = model(input_ids=input_ids[:, T - 1 :], position_ids=q_pos, attention_mask=mask, use_cache=True,
                 logits_to_keep=1, **{kvcache.cache_keyword(model): small})
+    return last_logprobs(out.logits[:, -1, :])  # [B, V]
+
+
+@torch.no_grad()
+def decode_head_masks(model, input_ids: torch.Tensor, heads: torch.Tensor, cache) -> torch.Tensor:
+    """Log-probabilities of the token after ``input_ids`` [B, T], decoding token T - 1 against the full
+    prefill ``cache`` (T - 1 positions, truncated back afterwards) with one [B, H, 1, T] mask per layer:
+    query head ``h·G + i`` of layer l reads the prefix keys ``heads[l, b, h]`` and its own key (G = H /
+    Hkv). For caches that hold fewer heads than the kept sets (multi-head latent attention: one latent
+    per position, every head's keys and values expanded from it), where a gathered cache cannot differ
+    per head.
+
+    Args:
+        heads: [L, B, Hkv, n] int64 kept prefix positions (in 0..T - 2) of each layer and key/value head.
+
+    Returns:
+        [B, V] float64 log-probabilities.
+
+    Raises:
+        LayerMaskError: the masks cannot reach every layer's attention (a module called without an
+            ``attention_mask`` keyword, or not exactly once).
+    """
+    B, T = input_ids.shape
+    L, _, Hkv, _ = heads.shape
+    groups = head_counts(model)[0] // Hkv
+    dtype = model_dtype(model)
+    zero = torch.zeros((), dtype=dtype, device=heads.device)
+    masked = torch.tensor(masked_value(dtype), dtype=dtype, device=heads.device)
+    masks = {}
+    for layer in range(L):
+        keep = torch.zeros(B, Hkv, T, dtype=torch.bool, device=heads.device)
+        keep.scatter_(2, heads[layer], True)
+        keep[..., T - 1] = True  # the query's own key
+        keep = keep.repeat_interleave(groups, dim=1)  # [B, H, T]: query head h·G + i reads head h's keys
+        masks[layer] = torch.where(keep, zero, masked).unsqueeze(2)  # [B, H, 1, T]
+    q_pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)
+    plain = torch.zeros(B, 1, 1, T, dtype=dtype, device=input_ids.device)  # replaced in every layer
+    try:
+        with per_layer_masks(model, masks) as calls:
+            out = model(input_ids=input_ids[:, T - 1 :], position_ids=q_pos, attention_mask=plain, use_cache=True,
+                        logits_to_keep=1, **{kvcache.cache_keyword(model): cache})
+    finally:
+        kvcache.truncate(cache, T - 1)
+    skipped = sorted(layer for layer, n in calls.items() if n != 1)
+    if skipped:
+        raise LayerMaskError(f"layers {skipped} were not called exactly once with their per-head mask")
     return last_logprobs(out.logits[:, -1, :])  # [B, V]

@@ -70,6 +70,9 @@ class Policy:
         layer_heads: whether :meth:`keep` returns kept sets per layer and key/value head
             (:class:`~truncsens.policies.kept.HeadKept`: ``snapkv``, kvpress presses); such a policy
             sets its own granularity (``--granularity token`` only) and runs the exact protocol only.
+        shared_variant: for a ``layer_heads`` policy, the registered policy that decides by the same
+            rule with one kept set for every layer and head (``snapkv``: ``snapkv_shared``), named
+            where per-layer, per-head sets cannot run (sliding-window layers); None when there is none.
     """
 
     name: ClassVar[str] = ""
@@ -78,6 +81,7 @@ class Policy:
     # offsets of drawn keys follow their inclusion probabilities as they are thinned (poisson)
     expected_budget: ClassVar[bool] = False
     layer_heads: ClassVar[bool] = False  # kept sets per layer and key/value head (HeadKept)
+    shared_variant: ClassVar[str | None] = None  # the same rule with one kept set for all layers and heads
 
     def score_kind(self) -> str | None:
         """Which ``scores`` :meth:`keep` and :meth:`evict` need (a key of :data:`SCORE_KINDS`), or None:

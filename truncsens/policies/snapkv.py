@@ -101,6 +101,7 @@ class SnapKVPolicy(Policy):
 
     name: ClassVar[str] = "snapkv"
     layer_heads: ClassVar[bool] = True
+    shared_variant: ClassVar[str | None] = "snapkv_shared"
     window: int = 64
     kernel: int = 5
 

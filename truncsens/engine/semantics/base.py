@@ -128,6 +128,10 @@ class Semantics:
                                      "combine with a mask of kept keys; use --semantics reencode")
             windows_of(model, self.name, name)
 
+    def check_policy_model(self, policy: Policy, model) -> None:
+        """Raise :class:`SemanticsError` when ``policy``'s kept sets cannot run on ``model`` under this
+        semantics (checked before any pass; the base refuses nothing)."""
+
     def check_granularity(self, granularity: str) -> None:
         """Raise :class:`~truncsens.policies.PolicyError` for an unknown granularity, or
         :class:`SemanticsError` for ``head`` under a semantics without per-head caches."""

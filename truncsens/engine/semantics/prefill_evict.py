@@ -51,6 +51,21 @@ class PrefillEvict(Semantics):
     score_source = "the full-context prefill (reference pass)"
     block_passes = "one prefill per block, one decode of its targets per budget"
 
+    def check_policy_model(self, policy: Policy, model) -> None:
+        """Refuse a policy with kept sets per layer and key/value head (``layer_heads``: ``snapkv``,
+        kvpress presses) on a model with sliding-window layers: those sets decode against a cache
+        gathered per head, where a layer's window cannot be applied.
+
+        Raises:
+            SemanticsError: naming the policy, the model's windows and the policy's
+                :attr:`~truncsens.policies.base.Policy.shared_variant` (which runs there), if any.
+        """
+        if not policy.layer_heads or not hasattr(model, "set_attn_implementation"):
+            return
+        windows = windows_of(model, self.name)
+        if windows.windowed:
+            raise SemanticsError(layer_heads_refusal(policy.name, policy.shared_variant, self.name, windows.describe()))
+
     def cost(self, context_len: int, budget: int) -> int:
         """One token: the target's query is decoded against the prefilled cache."""
         return 1
@@ -84,16 +99,22 @@ class PrefillEvict(Semantics):
         the cache is truncated back to T - 1 tokens afterwards, so one prefill serves every pass.
         Per-layer, per-head kept sets (:class:`~truncsens.policies.kept.HeadKept`, kvpress presses)
         and ``reindexed`` positions decode against a cache gathered from ``ref.cache`` instead
-        (:func:`~truncsens.engine.rerotation.decode_gathered`; ``ref.cache`` is left unchanged).
+        (:func:`~truncsens.engine.rerotation.decode_gathered`; ``ref.cache`` is left unchanged), or,
+        where the cache holds fewer heads than the sets (multi-head latent attention, DeepSeek-V2/V3),
+        against ``ref.cache`` with one per-head mask per layer (:func:`~truncsens.engine.rerotation.decode_head_masks`).
 
         Raises:
-            SemanticsError: gathered decoding on a model with sliding-window layers; ``reindexed``
+            SemanticsError: gathered decoding on a model with sliding-window layers (for per-layer, per-head
+                sets: :func:`layer_heads_refusal`); ``reindexed``
                 positions with ``--granularity head``.
             truncsens.engine.rerotation.RotaryError: ``reindexed`` on a model without a fixed RoPE.
         """
         B, T = input_ids.shape
         windows = windows_of(model, self.name)
         if positions == "reindexed" or isinstance(kept, HeadKept):
+            if windows.windowed and isinstance(kept, HeadKept):
+                raise SemanticsError(layer_heads_refusal("a policy with kept sets per layer and head", None, self.name,
+                                                         windows.describe()))
             if windows.windowed:
                 raise SemanticsError(f"per-head kept sets and --positions reindexed under {self.name} need a model "
                                      f"without sliding-window layers; this one has {windows.describe()}")
@@ -103,6 +124,17 @@ class PrefillEvict(Semantics):
             return decode_gathered(model, input_ids, kept, ref.cache, positions == "reindexed")
         keep_last, offset_last = kept.keep[..., -1:, :], kept.offset[..., -1:, :]  # [B, (Hkv,) 1, T] each
         return decode_kept(model, input_ids, ref.cache, keep_last, offset_last, groups_of(model, kept.per_head))[:, 0]
+
+
+def layer_heads_refusal(policy: str, shared: str | None, semantics: str, windows: str) -> str:
+    """The refusal of kept sets per layer and key/value head on a model with sliding-window layers
+    (``windows``: :meth:`~truncsens.engine.attention_windows.LayerWindows.describe`), naming ``shared``,
+    the policy that keeps one set for every layer and head by the same rule, when there is one."""
+    name = policy if " " in policy else f"policy {policy}"  # a name, or a phrase where the policy is not known
+    fix = (f"use --policy {shared} (the same rule, one kept set for every layer and head), which runs there"
+           if shared else "use a policy with one kept set for every layer and head")
+    return (f"{name} keeps a kept set per layer and key/value head, which {semantics} cannot combine with "
+            f"sliding-window layers; this model has {windows}: {fix}")
 
 
 @torch.no_grad()
