@@ -18,67 +18,15 @@ otherwise the run stops (:class:`LayerMaskError`) instead of measuring an unmask
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 
 from truncsens.engine import evict_attention, kvcache
 from truncsens.engine.attention_windows import layer_windows
 from truncsens.engine.forward import last_logprobs
+from truncsens.engine.layer_masks import LayerMaskError, attention_modules, per_layer_masks  # (imported from here too)
 from truncsens.engine.masks import masked_value
-
-
-class LayerMaskError(ValueError):
-    """Per-layer masks cannot reach this model's attention modules; the message says why."""
-
-
-def attention_modules(model) -> dict[int, torch.nn.Module]:
-    """Layer index -> the attention module of that layer (modules with an int ``layer_idx`` and a
-    ``*Attention`` class name; the outermost one per layer index).
-
-    Raises:
-        LayerMaskError: no such modules.
-    """
-    found: dict[int, torch.nn.Module] = {}
-    for _, module in model.named_modules():
-        layer = getattr(module, "layer_idx", None)
-        if isinstance(layer, int) and type(module).__name__.endswith("Attention") and layer not in found:
-            found[layer] = module
-    if not found:
-        raise LayerMaskError(f"{type(model).__name__} has no attention modules with a layer index (layer_idx): "
-                             "per-layer windows cannot be applied")
-    return found
-
-
-@contextlib.contextmanager
-def per_layer_masks(model, masks: dict[int, torch.Tensor]) -> Iterator[dict[int, int]]:
-    """Inside the block, layer l's attention reads ``masks[l]`` (additive, [B, 1 | H, Tq, Tk]) instead
-    of the mask the model built; yields the count of hooked calls per layer.
-
-    Raises:
-        LayerMaskError: a layer index without an attention module, or (on the call) a module called
-            without an ``attention_mask`` keyword.
-    """
-    modules = attention_modules(model)
-    missing = sorted(set(masks) - set(modules))
-    if missing:
-        raise LayerMaskError(f"no attention module for layers {missing} (the model has {len(modules)})")
-    calls = {layer: 0 for layer in masks}
-    handles = []
-    for layer, mask in masks.items():
-        def hook(module, args, kwargs, layer=layer, mask=mask):
-            if "attention_mask" not in kwargs:
-                raise LayerMaskError(f"{type(module).__name__} (layer {layer}) is called without an attention_mask "
-                                     "keyword: per-layer windows cannot be applied to this model")
-            calls[layer] += 1
-            return args, {**kwargs, "attention_mask": mask}
-        handles.append(modules[layer].register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        yield calls
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def window_masks(model, T: int, windows: Sequence[int | None], n_sink: int, batch: int,

@@ -28,7 +28,7 @@ import torch
 
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs, model_dtype
-from truncsens.engine.layer_windows_pass import LayerMaskError, per_layer_masks
+from truncsens.engine.layer_masks import LayerMaskError, per_layer_masks
 from truncsens.engine.masks import additive_mask, masked_value
 from truncsens.engine.reference_pass import head_counts
 from truncsens.policies.kept import HeadKept, Kept  # (HeadKept: plain data of the policies, imported from here too)
