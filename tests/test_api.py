@@ -114,6 +114,60 @@ def test_measure_refuses_unclear_input(tiny):
         truncsens.measure(model, tok, texts=["too short"], reference_context=N, progress=False)
 
 
+def test_a_model_object_comes_back_as_it_was(tiny, monkeypatch):
+    """The caller's model, in train() mode with one decoder layer in eval(), keeps those modes after a
+    run (which measures in eval mode) and after a run that stops with an error once the model is in
+    eval mode; an attention implementation the run switches (the block protocol picks a CUDA kernel:
+    here a stand-in switches to eager) is switched back, and no hook stays behind."""
+    from truncsens.engine.block import runs as block_runs
+
+    model, tok = tiny
+    model.train()
+    model.model.layers[0].eval()
+    modes = {name: m.training for name, m in model.named_modules()}
+    assert modes[""] and not modes["model.layers.0"]
+    implementation = model.config._attn_implementation
+    seen = []
+
+    def switch(m, device):
+        seen.append(m.training)
+        m.set_attn_implementation("eager" if implementation != "eager" else "sdpa")
+        m.model.layers[1].self_attn.register_forward_hook(lambda *args: None)
+        return m.config._attn_implementation
+
+    monkeypatch.setattr(block_runs, "choose_attention", switch)
+    try:
+        truncsens.measure(model, tok, texts=_texts(), reference_context=N, windows=[4], targets_per_doc=2,
+                          protocol="block", progress=False)
+        assert seen == [False]  # measured in eval mode
+        assert {name: m.training for name, m in model.named_modules()} == modes
+        assert model.config._attn_implementation == implementation
+        assert not any(m._forward_hooks for m in model.modules())
+        with pytest.raises(ValueError, match="no document is long enough"):
+            truncsens.measure(model, tok, texts=["too short"], reference_context=N, progress=False)
+        assert {name: m.training for name, m in model.named_modules()} == modes
+    finally:
+        model.eval()
+
+
+@pytest.mark.parametrize("function,options,message", [
+    ("certify", dict(corpus="/nonexistent/folder"), "does not exist"),
+    ("certify_attribution", dict(), "beyond the model's position limit"),
+    ("plan", dict(corpus="/nonexistent/folder"), "does not exist"),
+])
+def test_the_other_commands_give_the_model_back_in_its_mode(tiny, function, options, message):
+    """The other API functions that take a model object put it in eval mode too: a call that stops
+    with an error after that gives the model back in train() mode."""
+    model, tok = tiny
+    model.train()
+    try:
+        with pytest.raises(ValueError, match=message):
+            getattr(truncsens, function)(model, tok, progress=False, **options)
+        assert all(m.training for m in model.modules())
+    finally:
+        model.eval()
+
+
 def test_fit_table_is_what_the_cli_prints_and_recommend_reads_it(runs):
     _, out, _, root = runs
     cli = CliRunner().invoke(app, ["fit", str(out), "--metric", "tv,kl", "--bootstrap", "20",

@@ -25,6 +25,7 @@ from truncsens.certificates.driver import run_certify
 from truncsens.engine.options import config_fields
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel
+from truncsens.models.caller_state import keeps_caller_state
 
 
 @dataclass
@@ -113,6 +114,7 @@ def run_certification(cfg: CertifyConfig, plot_out: str | Path | None = None, lo
     return Certification(ds, summary, Path(done.path) if keep else None, figures)
 
 
+@keeps_caller_state
 def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code", corpus: str | None = None,
             split: str = "auto", reference_context: int | None = None, budgets: str = "12.5%,25%,50%",
             delta: float = 0.05, sinks: int = 4, targets_per_doc: int = 2, max_docs: int | None = 16, seed: int = 0,

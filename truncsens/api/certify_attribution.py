@@ -25,6 +25,7 @@ from truncsens.certificates.attribution_driver import AttributionConfig, run_att
 from truncsens.engine.options import config_fields
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel
+from truncsens.models.caller_state import keeps_caller_state
 
 
 @dataclass
@@ -116,6 +117,7 @@ def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None =
     return Attribution(done.dataset, summary, Path(done.path) if keep else None, figure, heads)
 
 
+@keeps_caller_state
 def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code",
                         corpus: str | None = None, split: str = "auto", reference_context: int = 512,
                         budgets: str = "12.5%,25%,50%", delta: float = 0.05, sinks: int = 4, max_docs: int | None = 16,

@@ -31,6 +31,7 @@ from truncsens.engine.config import MeasureConfig
 from truncsens.engine.measure import MeasureSummary, run_measure
 from truncsens.engine.options import MeasureOptions, config_fields
 from truncsens.models import LoadedModel, in_memory_model
+from truncsens.models.caller_state import keeps_caller_state
 
 
 def _names(values: str | Sequence[str] | None) -> list[str] | None:
@@ -98,6 +99,7 @@ def run_measurement(cfg: MeasureConfig, loaded: LoadedModel | None = None) -> Me
     return run_measure(cfg, loaded)
 
 
+@keeps_caller_state
 def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[str] | None = None,
             corpus: str | None = None, domain: str = "code", split: str = "auto", text_field: str = "text",
             reference_context: int | None = None, windows: Sequence[int] | None = None, sinks: int | None = None,
@@ -117,6 +119,8 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
         model: a spec ("reference", "synthetic:ALPHA", a hub id, a checkpoint folder), or a transformers
             causal LM object (then ``tokenizer`` is required; it runs where it is, in its own dtype, in
             eval mode; the ``model`` attr is its ``config._name_or_path`` or class name + " (passed in memory)").
+            The object is given back as it came, errors included: its modules' train / eval mode, its
+            attention implementation and its hooks (:func:`~truncsens.models.caller_state.caller_state`).
         tokenizer: the tokenizer of a model object (a spec loads its own).
         texts: documents as strings (ids ``text-00000``, ...; attrs ``corpus`` and ``domain`` "texts"),
             instead of ``corpus`` / ``domain``.

@@ -33,6 +33,7 @@ from truncsens.budget.allocation import (
 from truncsens.fits.fit_file import check_new_files
 from truncsens.report.plots import figure_paths
 from truncsens.fits.per_layer import floor_window, layer_power_laws
+from truncsens.models.caller_state import keeps_caller_state
 from truncsens.stats import cluster_mean_se, percentile_interval, resample_weights
 
 
@@ -95,6 +96,7 @@ def bytes_per_token(model, dtype: str) -> int:
     return int(2 * kv * dim * BYTES_PER_ELEMENT.get(dtype, 4))
 
 
+@keeps_caller_state
 def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code", corpus: str | None = None,
          split: str = "auto", reference_context: int | None = None, average_windows: Sequence[float] | None = None,
          kv_bytes: Sequence[int] | None = None, eps: Sequence[float] | None = None, sweep: Sequence[int] | None = None, sinks: int = 4, metric: str = "kl",

@@ -179,7 +179,8 @@ def check_materialized(model, name: str) -> None:
 def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | None = None) -> LoadedModel:
     """A :class:`LoadedModel` of a causal LM object already loaded (``AutoModelForCausalLM.from_pretrained``)
     and its tokenizer, measured where it is and in the precision it has: it is put in eval mode
-    (dropout off) but neither moved nor cast.
+    (dropout off) but neither moved nor cast (the API functions give the caller's mode back on the way
+    out: :func:`~truncsens.models.caller_state.caller_state`).
 
     Recorded as ``model`` = ``config._name_or_path`` (the class name when empty) followed by
     :data:`~truncsens.models.loaded.IN_MEMORY`, ``model_revision`` = ``config._commit_hash`` or "",
