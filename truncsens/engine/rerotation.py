@@ -139,6 +139,7 @@ def decode_gathered(model, input_ids: torch.Tensor, kept: Kept, cache, reindex: 
     Raises:
         RotaryError: ``reindex`` and a model whose keys cannot be re-rotated (:func:`rope_inv_freq`).
         ValueError: a row of ``keep`` drops the query's own key.
+        LayerMaskError: per-head masks that cannot reach every layer (:func:`decode_head_masks`).
     """
     B, T = input_ids.shape
     inv_freq = rope_inv_freq(model) if reindex else None
