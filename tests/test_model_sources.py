@@ -107,6 +107,51 @@ def test_check_logits_to_keep():
         check_logits_to_keep(_NoKeep(), "old")
 
 
+def test_a_checkpoint_folder_without_tokenizer_files_is_refused_saying_what_is_missing(tmp_path, corpus_dir):
+    """transformers 5.x builds, for a GPT-2 folder without tokenizer files, a tokenizer of one special
+    token that turns every text into 0 tokens: the run said "no document is long enough ... the longest
+    has 0 tokens". Now loading stops with one error naming the missing files and the model's vocabulary;
+    the same folder with its tokenizer saved measures."""
+    from typer.testing import CliRunner
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from conftest import build_tokenizer
+    from truncsens.cli.main import app
+
+    folder = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(folder)
+    args = ["measure", "--model", str(folder), "--corpus", corpus_dir, "--reference-context", "32", "--max-docs", "2",
+            "--targets-per-doc", "1", "--windows", "4", "--no-progress", "--out", str(tmp_path / "r.nc")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0
+    assert result.output.strip() == (
+        f"error: the tokenizer of model {str(folder)!r} has no tokens besides its 1 special one (<|endoftext|>) and would "
+        "turn every text into 0 tokens, while the model embeds 300 tokens: the folder has none of the files a "
+        "tokenizer's vocabulary is read from (tokenizer.json, vocab.json + merges.txt, vocab.txt, tokenizer.model); "
+        "save the model's tokenizer beside the weights (tokenizer.save_pretrained(folder))")
+    build_tokenizer(300).save_pretrained(folder)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+
+
+def test_a_tokenizer_whose_ids_pass_the_embedding_is_refused():
+    """A model object of 64 embedding rows with a tokenizer of 300 tokens (another model's): refused
+    by name before any pass (the run would index past the embedding); the empty tokenizer too."""
+    from conftest import build_tokenizer, sharp_tiny_llama
+    from truncsens.models import in_memory_model
+
+    with pytest.raises(ModelLoadError, match=r"^the tokenizer of model 'LlamaForCausalLM \(passed in memory\)' has "
+                                             r"token ids up to 299, past the 64 rows of the model's input embedding"):
+        in_memory_model(sharp_tiny_llama(), build_tokenizer(300))
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tokenizer(300)
+    own = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                       num_attention_heads=4))
+    assert in_memory_model(own, tok).tokenizer is tok  # its own vocabulary: accepted
+
+
 @pytest.mark.parametrize("first, second", [("truncsens.models.synthetic", "truncsens.models"),
                                            ("truncsens.models", "truncsens.models.synthetic")])
 def test_no_circular_import(first, second):

@@ -6,7 +6,10 @@ Version compatibility (see the README's "Tested versions"): the precision keywor
 for ``logits_to_keep=1``; a model class whose ``forward`` does not take it (GPT-2 before
 transformers 4.53, for instance) would silently compute logits at every position ([B, T, V]), so
 :func:`check_logits_to_keep` refuses it with the fix. Tokenizers saved by transformers 5.x load
-under 4.x through :func:`load_tokenizer`.
+under 4.x through :func:`load_tokenizer`. A checkpoint folder without tokenizer files loads, under
+transformers 5.x, a tokenizer that holds only its special tokens, which turns every text into no
+tokens at all; :func:`check_tokenizer` refuses it (and a tokenizer whose ordinary ids pass the
+model's embedding) when the model is loaded, naming what is missing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from safetensors import SafetensorError
 from truncsens.models.identity import checkpoint_sha256
 from truncsens.models.loaded import LoadedModel, ModelLoadError, max_context_of
 
+# the files a tokenizer is read from (Hugging Face tokenizers, byte-level BPE, WordPiece, SentencePiece)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model")
 DTYPE_KEYWORD_SINCE = (4, 56)  # transformers version that renamed from_pretrained(torch_dtype=) to dtype=
 
 
@@ -68,8 +73,8 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
         source: the kind recorded in ``LoadedModel.source``.
 
     Raises:
-        ModelLoadError: unreadable config, unreachable hub, not a causal LM, damaged weights file, or
-            no ``logits_to_keep``.
+        ModelLoadError: unreadable config, unreachable hub, not a causal LM, damaged weights file, no
+            ``logits_to_keep``, or a tokenizer without a vocabulary for the model (:func:`check_tokenizer`).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -93,6 +98,7 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
         raise ModelLoadError(f"cannot read the weights of {name}: the .safetensors file is damaged ({exc}); "
                              "download or save the checkpoint again") from exc
     check_logits_to_keep(model, name)
+    check_tokenizer(model, tokenizer, name, path if Path(path).is_dir() else None)
     model.to(device).eval()
     commit = getattr(config, "_commit_hash", None) or ""
     local = Path(path).is_dir()
@@ -102,6 +108,50 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
         max_context=max_context_of(config), device=device, dtype=dtype, source=source,
         content_sha256=checkpoint_sha256(path) if local else "",
     )
+
+
+def check_tokenizer(model: Any, tokenizer: Any, name: str, folder: str | None = None) -> None:
+    """Refuse a tokenizer that cannot feed ``model``: one whose vocabulary holds no ordinary token
+    (only special or added tokens: what transformers 5.x builds for a folder without tokenizer files,
+    which turns every text into 0 tokens), or whose ordinary token ids reach past the model's input
+    embedding (the tokenizer of another model). A tokenizer without ``get_vocab`` or a model without
+    ``get_input_embeddings`` is not checked.
+
+    Args:
+        folder: the checkpoint folder the tokenizer was read from (the message lists its tokenizer
+            files), or None (a hub id, or a tokenizer object passed in).
+
+    Raises:
+        ModelLoadError: naming the tokenizer's tokens, the model's embedding rows and what is missing.
+    """
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if not callable(get_vocab):
+        return
+    vocab = get_vocab()  # token -> id
+    get_added = getattr(tokenizer, "get_added_vocab", None)
+    special = set(getattr(tokenizer, "all_special_tokens", None) or ()) | set(get_added() if callable(get_added) else ())
+    ordinary = [i for token, i in vocab.items() if token not in special]
+    try:
+        rows = int(model.get_input_embeddings().num_embeddings)
+    except (AttributeError, NotImplementedError, TypeError):
+        rows = None
+    embeds = f"the model embeds {rows} tokens" if rows is not None else "the model has a vocabulary"
+    if not ordinary:
+        shown = ", ".join(sorted(vocab)[:4]) or "none"
+        if folder is not None:
+            present = [f for f in TOKENIZER_FILES if (Path(folder) / f).is_file()]
+            missing = ("the folder has none of the files a tokenizer's vocabulary is read from (tokenizer.json, "
+                       "vocab.json + merges.txt, vocab.txt, tokenizer.model)" if not present else
+                       f"the folder's tokenizer files ({', '.join(present)}) hold no vocabulary")
+            fix = "save the model's tokenizer beside the weights (tokenizer.save_pretrained(folder))"
+        else:
+            missing, fix = "the tokenizer holds no vocabulary", "pass the tokenizer the model was trained with"
+        raise ModelLoadError(f"the tokenizer of model {name!r} has no tokens besides its {len(vocab)} special one"
+                             f"{'' if len(vocab) == 1 else 's'} ({shown}) and would turn every text into 0 tokens, "
+                             f"while {embeds}: {missing}; {fix}")
+    if rows is not None and max(ordinary) >= rows:
+        raise ModelLoadError(f"the tokenizer of model {name!r} has token ids up to {max(ordinary)}, past the {rows} rows of the "
+                             "model's input embedding: it is not this model's tokenizer; use the one saved with the model")
 
 
 def load_tokenizer(path: str, revision: str | None):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from truncsens.models.huggingface import check_hub_or_cache, check_logits_to_keep, load_hf_checkpoint
+from truncsens.models.huggingface import check_hub_or_cache, check_logits_to_keep, check_tokenizer, load_hf_checkpoint
 from truncsens.models.identity import state_sha256
 from truncsens.models.loaded import (
     DTYPES, IN_MEMORY, LoadedModel, ModelLoadError, max_context_of, resolve_device, resolve_dtype,
@@ -196,7 +196,8 @@ def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | No
     Raises:
         ValueError: no tokenizer; a device or dtype other than the model's (the message says how to move it).
         ModelLoadError: an object without a transformers ``config``, with weights on the ``meta``
-            device (:func:`check_materialized`), or a ``forward`` without ``logits_to_keep``.
+            device (:func:`check_materialized`), a ``forward`` without ``logits_to_keep``, or a
+            tokenizer without a vocabulary for the model (:func:`~truncsens.models.huggingface.check_tokenizer`).
     """
     import torch
 
@@ -211,6 +212,7 @@ def in_memory_model(model, tokenizer, device: str | None = None, dtype: str | No
     name = (getattr(config, "_name_or_path", "") or type(model).__name__) + IN_MEMORY
     check_materialized(model, name)
     check_logits_to_keep(model, name)
+    check_tokenizer(model, tokenizer, name)
     first = next(iter(model.parameters()), None)
     where = first.device if first is not None else torch.device("cpu")
     if device not in (None, "auto"):
