@@ -122,3 +122,25 @@ def test_a_layer_at_the_noise_floor_is_kept_at_its_floor_window(tiny_llama_dir, 
     assert b["uniform"]["windows"] == [16, 16]
     assert b["uniform"]["predicted"] == pytest.approx(law1["C"]["value"] * 16 ** -law1["alpha"]["value"])
     assert "layer 0: too few windows above the noise floor" in report.table()
+
+
+def _plan_cli(tiny_llama_dir, corpus_dir, *extra):
+    return CliRunner().invoke(app, ["plan", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context", "64",
+                                    "--average-window", "8", "--sweep", "2,4,8,16", "--sinks", "2", "--targets-per-doc",
+                                    "2", "--max-docs", "4", "--bootstrap", "0", *extra])
+
+
+def test_plan_progress_on_stderr_and_none_with_no_progress(tiny_llama_dir, corpus_dir):
+    """In a log (stderr not a terminal) ``plan`` says what it loads and one line per pass with the
+    forward tokens done of the total: the fit set's sweep, 4 targets x (64 + 2 layers x 4 windows
+    decodes) = 288, then the held-out set's 1 budget x (3 schedules + 2 layers alone), 4 x (64 + 5) =
+    276. The table on stdout is the same with --no-progress, which prints nothing else."""
+    loud = _plan_cli(tiny_llama_dir, corpus_dir)
+    assert loud.exit_code == 0, loud.output
+    lines = loud.stderr.splitlines()
+    assert lines[0] == f"plan: loading model {tiny_llama_dir}" and lines[1].startswith("plan: tokenizing 6 documents"), lines
+    assert [ln.split(", ")[:2] for ln in lines[2:]] == [["plan: pass 1/2 done", "288/564 tokens"],
+                                                        ["plan: pass 2/2 done", "564/564 tokens"]]
+    quiet = _plan_cli(tiny_llama_dir, corpus_dir, "--no-progress")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    assert quiet.stdout == loud.stdout

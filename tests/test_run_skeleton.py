@@ -9,9 +9,9 @@ import torch
 from truncsens import results
 from truncsens.divergences import METRICS
 from truncsens.engine.config import MeasureError
-from truncsens.engine.run.lock import OutputLock, OutputLockedError
+from truncsens.engine.run.lock import OutputLock
 from truncsens.engine.run.shards import MeasureInterrupted, shard_dir_for
-from truncsens.engine.run.skeleton import ShardedRun, ShardWork, SinglePieceRun, run_sharded, run_single_piece
+from truncsens.engine.run.skeleton import ShardedRun, ShardWork, run_sharded
 from truncsens.targets import TokenDoc, select_targets
 
 N = 8
@@ -98,23 +98,29 @@ def test_a_finished_file_is_refused_and_a_failed_first_shard_leaves_nothing(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.nc"]
 
 
-def test_a_single_piece_run_is_locked_checked_and_finished(tmp_path, capsys):
-    out = tmp_path / "one.nc"
-    plan = select_targets(docs(2), N, 3, 0)
+def test_finish_runs_on_the_merged_file_under_the_lock_and_an_interrupted_finish_resumes(tmp_path):
+    """``finish`` sees the merged Dataset with the lock held and the shards still there; an
+    interruption inside it keeps every shard, and ``resume`` then computes no shard again."""
+    out = tmp_path / "f.nc"
     seen = {}
 
+    def interrupted(ds):
+        raise KeyboardInterrupt
+
     def finish(ds):
-        seen["locked"] = OutputLock(out).path.is_file()
-        ds.attrs["n_docs"] = 2
+        seen.update(locked=OutputLock(out).path.is_file(), shards=len(list(shard_dir_for(out).glob("shard-*.nc"))),
+                    targets=int(ds.sizes["target"]), n_docs=ds.attrs["n_docs"])
+        ds["extra"] = (("step",), np.arange(3.0))
         return ds
 
-    work = ShardWork(FakeShards(), tokens_per_target=3, label="one")
-    path = run_single_piece(SinglePieceRun(out, plan, work, progress=True, finish=finish))
-    assert path == out and seen["locked"] and not OutputLock(out).path.exists()
+    with pytest.raises(KeyboardInterrupt):
+        run_sharded(sharded(out, FakeShards(), progress=False, finish=interrupted))
+    assert sorted(p.name for p in shard_dir_for(out).glob("shard-*.nc")) == [
+        "shard-00000.nc", "shard-00001.nc", "shard-00002.nc"] and not out.exists()
+    again = FakeShards()
+    done = run_sharded(sharded(out, again, resume=True, progress=False, finish=finish))
+    assert done == (out, 3, 10) and again.computed == []
+    assert seen == {"locked": True, "shards": 3, "targets": 10, "n_docs": 5}
     ds = results.load(out)
-    assert ds.sizes["target"] == 6 and ds.attrs["n_docs"] == 2 and ds.attrs["n_clamped"] == 6
-    assert capsys.readouterr().err.startswith("one: shard 1/1 done, 18/18 tokens")
-    with pytest.raises(MeasureError, match="already exists"):
-        run_single_piece(SinglePieceRun(out, plan, work, progress=False))
-    with OutputLock(tmp_path / "busy.nc"), pytest.raises(OutputLockedError):
-        run_single_piece(SinglePieceRun(tmp_path / "busy.nc", plan, work, progress=False))
+    np.testing.assert_array_equal(ds["extra"].values, [0.0, 1.0, 2.0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.nc"]

@@ -79,7 +79,8 @@ def attribution_config(model: str = "reference", *, domain: str = "code", corpus
                        max_docs: int | None = 16, copy_per_doc: int = 4, copy_rule: str = "induction", kv_docs: int = 8,
                        min_distance: int | None = None, trajectory: int = 0, trajectory_budget: str = "25%", seed: int = 0,
                        device: str = DEFAULT_DEVICE, dtype: str = "float32", batch_tokens: int | None = None,
-                       out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
+                       out: str | Path | None = None, resume: bool = False,
+                       overwrite: bool = False, progress: bool = True,
                        granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
                    temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25, semantics: str = "prefill_evict",
                    policies: str | None = None,
@@ -103,11 +104,12 @@ def run_attribution_report(cfg: AttributionConfig, plot_out: str | Path | None =
         keep: whether ``cfg.out`` is kept (False: a temporary file, recorded nowhere).
 
     Raises:
-        FileExistsError: the results file or a figure exists and not ``cfg.overwrite``, checked first.
+        FileExistsError: the results file (unless resuming) or a figure exists and not ``cfg.overwrite``,
+            checked first.
         as :func:`truncsens.certificates.attribution_driver.run_attribution`.
     """
     figures = [curves_path(plot_out), *heads_paths(plot_out)] if plot_out is not None else []
-    check_new_files([cfg.out, *figures], cfg.overwrite)
+    check_new_files([*([] if cfg.resume else [cfg.out]), *figures], cfg.overwrite)
     done = run_attribution(cfg, loaded)
     summary = summarize_attribution(done.dataset, seed=cfg.seed)
     figure = save_curves(done.dataset, plot_out) if plot_out is not None else None
@@ -125,7 +127,8 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
                         min_distance: int | None = None, trajectory: int = 0, trajectory_budget: str = "25%",
                         seed: int = 0, device: str | None = None, dtype: str | None = None,
                         batch_tokens: int | None = None, out: str | Path | None = None,
-                        plot_out: str | Path | None = None, overwrite: bool = False, progress: bool = True,
+                        plot_out: str | Path | None = None, resume: bool = False,
+                        overwrite: bool = False, progress: bool = True,
                         granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
                    temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25, semantics: str = "prefill_evict",
                    policies: str | None = None,
@@ -137,13 +140,14 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
         policies: comma-separated, poisson among them (None: poisson, topk, random under prefill_evict;
             poisson, sink_recent under streaming).
         out: keep the results file here; plot_out: write the curves to ``<plot_out>-curves.png``.
+        resume: continue an interrupted run from the shards it left next to ``out`` (needs ``out``).
         the others: ``truncsens certify-attribution``'s options (``--help``).
 
     Returns:
         an :class:`Attribution`.
 
     Raises:
-        ValueError: as :func:`truncsens.measure` for the model.
+        ValueError: as :func:`truncsens.measure` for the model; ``resume`` without ``out``.
         as :func:`run_attribution_report` and :func:`attribution_config`.
     """
     options = {k: v for k, v in locals().items() if k not in ("model", "tokenizer", "command", "plot_out")}
@@ -154,6 +158,8 @@ def certify_attribution(model: Any = "reference", tokenizer: Any = None, *, doma
     options["device"] = device or DEFAULT_DEVICE
     if out is not None:
         return run_attribution_report(attribution_config(model, command=command, **options), plot_out, loaded)
+    if resume:
+        raise ValueError("resume continues an interrupted results file: give out=PATH")
     with tempfile.TemporaryDirectory(prefix="truncsens-attribution-") as folder:
         options["out"] = Path(folder) / "attribution.nc"
         return run_attribution_report(attribution_config(model, command=command, **options), plot_out, loaded, keep=False)

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from truncsens import DEFAULT_DEVICE
+from truncsens.api.plan_passes import PlanPasses
 from truncsens.api.plan_report import PlanReport  # (defined there, imported from here too)
 from truncsens.budget.allocation import (
     allocation_with_fixed, budget_for, kvpress_ratios, linear_schedule, predicted_with_fixed, uniform_windows,
@@ -133,6 +134,8 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
     """
     from truncsens.api.measure import measure_config, model_argument
     from truncsens.engine.measure import resolve_reference_context
+    from truncsens.engine.run.progress import say
+    from truncsens.engine.run.shards import ShardProgress
     from truncsens.models import load_model
 
     average_windows, defaulted = _check_request(metric, semantics, average_windows, kv_bytes, eps)
@@ -142,14 +145,22 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
                          windows=[1], sinks=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
                          device=device or DEFAULT_DEVICE, dtype=dtype_ or "float32", batch_tokens=batch_tokens, out="unused.nc",
                          progress=progress)
-    loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
+    if loaded is None:
+        say("plan", f"loading model {cfg.model}", progress)
+        loaded = load_model(cfg.model, cfg.device, cfg.dtype)
     N = resolve_reference_context(cfg, loaded)
-    docs, fit_targets, held_targets = _split_targets(cfg, loaded, N)
+    docs, fit_targets, held_targets = _split_targets(cfg, loaded, N, lambda text: say("plan", text, progress))
     windows = _sweep_windows(sweep, N, sinks, average_windows, defaulted)
-    run = _Passes(loaded, sinks, cfg.batch_tokens(loaded.device), semantics, metric)
-    laws, layers = _fit_layers(run, fit_targets, windows, n_boot, seed, level)
-    budgets_bytes = _budgets_in_bytes(layers, N, sinks, average_windows, kv_bytes, eps)
-    budgets_out = _validate(run, layers, held_targets, _schedules(layers, budgets_bytes, N, sinks), N, n_boot, seed, level)
+    run = PlanPasses(loaded, sinks, cfg.batch_tokens(loaded.device), semantics, metric)
+    n_budgets = len(next(b for b in (average_windows, kv_bytes, eps) if b))
+    total = run.tokens(fit_targets, run.n_layers * len(windows)) + run.tokens(held_targets, n_budgets * (3 + run.n_layers))
+    with ShardProgress(total, "plan", progress, 2, unit="pass") as bar:  # the fit set's sweep, then the held-out set
+        run.on_tokens = bar.update
+        laws, layers = _fit_layers(run, fit_targets, windows, n_boot, seed, level)
+        bar.shard_done(0)
+        budgets_bytes = _budgets_in_bytes(layers, N, sinks, average_windows, kv_bytes, eps)
+        budgets_out = _validate(run, layers, held_targets, _schedules(layers, budgets_bytes, N, sinks), N, n_boot, seed, level)
+        bar.shard_done(0)
     doc = {"kind": "truncsens-plan", "schema": 1, "model": loaded.name, "model_revision": loaded.revision,
            "model_sha256": loaded.content_sha256, "corpus": docs.corpus, "corpus_sha256": docs.sha256,
            "domain": docs.domain, "semantics": semantics, "positions": "original", "reference_context": N,
@@ -198,9 +209,9 @@ def _check_request(metric: str, semantics: str, average_windows, kv_bytes, eps) 
     return average_windows, defaulted
 
 
-def _split_targets(cfg, loaded, N: int):
+def _split_targets(cfg, loaded, N: int, on_stage=None):
     """The run's documents, and the targets of their first half (the fit set; by run order) and of the rest
-    (held out): ``(docs, fit_targets, held_targets)``.
+    (held out): ``(docs, fit_targets, held_targets)``; ``on_stage``: progress of loading the documents.
 
     Raises:
         PlanError: fewer than 2 documents long enough for N.
@@ -208,7 +219,7 @@ def _split_targets(cfg, loaded, N: int):
     from truncsens.engine.documents import prepare_documents
     from truncsens.targets import select_targets
 
-    docs = prepare_documents(cfg, loaded, N)
+    docs = prepare_documents(cfg, loaded, N, on_stage)
     if len(docs.used) < 2:
         raise PlanError(f"a plan needs at least 2 documents long enough for N = {N} (half fit, half validate); "
                         f"found {len(docs.used)}")
@@ -235,29 +246,6 @@ def _sweep_windows(sweep, N: int, sinks: int, average_windows, defaulted: bool) 
 
 
 @dataclass
-class _Passes:
-    """How every per-layer measurement of a plan runs: the model, the sinks, the token budget of a
-    pass, the semantics and the metric planned for."""
-
-    loaded: Any
-    sinks: int
-    batch: int
-    semantics: str
-    metric: str
-
-    def measure(self, targets, configs: list) -> np.ndarray:
-        """The metric of every target under every window configuration (one window or None per layer): [configs, n]."""
-        import torch
-
-        from truncsens.engine.layer_windows_pass import measure_layer_windows
-
-        with torch.no_grad():
-            values, _ = measure_layer_windows(self.loaded.model, targets, configs, self.sinks, self.loaded.device,
-                                              self.batch, semantics=self.semantics)
-        return values[self.metric].astype(np.float64)
-
-
-@dataclass
 class _Layers:
     """Each layer's law and KV cost: C and alpha ([L], NaN where fixed), the window a layer is fixed at
     ([L], 0: planned by its law), bytes per token per layer and the cost vector ([L], bytes)."""
@@ -274,16 +262,15 @@ class _Layers:
         return self.fixed == 0
 
 
-def _fit_layers(run: _Passes, fit_targets, windows: list[int], n_boot: int, seed: int, level: float):
+def _fit_layers(run: PlanPasses, fit_targets, windows: list[int], n_boot: int, seed: int, level: float):
     """Each layer alone windowed on the fit set, and its power law: ``(laws, layers)``.
 
     Raises:
         PlanError: a layer without a decaying law, or every layer at the noise floor.
     """
-    from truncsens.engine.attention_windows import layer_windows
     from truncsens.engine.layer_windows_pass import layer_sweep_configurations
 
-    n_layers = len(layer_windows(run.loaded.model).windows)
+    n_layers = run.n_layers
     values = run.measure(fit_targets, layer_sweep_configurations(n_layers, windows))
     values = values.reshape(n_layers, len(windows), -1).transpose(0, 2, 1)  # [L, n, W]
     laws = layer_power_laws(values, windows, list(fit_targets.doc), n_boot, seed, level, run.metric)
@@ -354,7 +341,7 @@ def _schedules(layers: _Layers, budgets_bytes: list[int], N: int, sinks: int) ->
     return out
 
 
-def _validate(run: _Passes, layers: _Layers, held_targets, schedules: list[tuple[int, dict]], N: int, n_boot: int,
+def _validate(run: PlanPasses, layers: _Layers, held_targets, schedules: list[tuple[int, dict]], N: int, n_boot: int,
               seed: int, level: float) -> list[dict]:
     """Each budget's schedules measured on the held-out set, with each layer alone at its planned window
     (the additivity check): the ``budgets`` entries of the plan."""

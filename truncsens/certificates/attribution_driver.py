@@ -8,9 +8,10 @@ head]) plus, per target, ``task_kind`` ("copy" or "kv") and ``source_position`` 
 occurrence of the target token); attrs add ``min_distance``, ``copy_per_doc``, ``kv_docs``,
 ``failure_nll`` and, with a trajectory, ``trajectory`` (its summary as JSON) and the variables
 ``trajectory_error``, ``trajectory_radius_step`` (EB radius at δ_t), ``trajectory_radius_naive``
-(at δ), dims (step, layer, head), and ``trajectory_token`` (dim step). The run is small (a few
-minutes on 2 CPU cores), so it is written at the end in one piece, not in resumable shards
-(:func:`truncsens.engine.run.skeleton.run_single_piece`: the output is locked while the run writes it).
+(at δ), dims (step, layer, head), and ``trajectory_token`` (dim step). The run is written in
+resumable shards of ``docs_per_shard`` task documents each (a key-value document is one), as
+``truncsens certify`` is (:func:`truncsens.engine.run.skeleton.run_sharded`: lock, shards, ``resume``,
+merge); the trajectory is computed once, on the merged file, before the shards are removed.
 
 Beside the certify variables, dims (policy, target, budget, layer, head), the server-side records of
 the realizable attribution scores (:data:`SERVER_VARS`): ``attn_hat_norm`` ‖ô‖₂, ``kept_share_hat``
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+import torch
 
 from truncsens import results
 from truncsens.certificates.attribution import FAILURE_NLL
@@ -41,9 +43,11 @@ from truncsens.certificates.trajectory import greedy_trajectory, streamed_trajec
 from truncsens.engine.config import MeasureError
 from truncsens.engine.measure import provenance, resolve_reference_context
 from truncsens.engine.options import recorded_attrs
+from truncsens.engine.run.progress import say
 from truncsens.engine.run.shards import check_output
-from truncsens.engine.run.skeleton import ShardWork, SinglePieceRun, run_single_piece
+from truncsens.engine.run.skeleton import SelectTargets, ShardedRun, ShardWork, run_sharded
 from truncsens.models import LoadedModel, load_model
+from truncsens.targets import TargetSet, TokenDoc
 
 
 SERVER_VARS = {  # results variable -> record name of certify_batch: what a server that drew the design knows
@@ -111,6 +115,28 @@ class AttributionConfig(AttributionOptions, CertifyBase):  # the options first: 
                                 "policies": ",".join(self.policy_names())}, targets_per_doc=1)
 
 
+def task_documents(targets: TargetSet) -> tuple[list[TokenDoc], SelectTargets]:
+    """The documents of a task set's targets, in order, and how a group of them selects its targets
+    (the run skeleton's ``docs`` and ``select``): the targets of consecutive documents are one slice
+    of ``targets``. The documents carry their ids only (no tokens): the targets are already drawn.
+
+    Raises:
+        ValueError: the targets of a document are not consecutive.
+    """
+    spans: dict[str, list[int]] = {}  # doc id -> [first, stop) of its targets
+    for i, d in enumerate(targets.doc):
+        span = spans.setdefault(d, [i, i])
+        if span[1] != i:
+            raise ValueError(f"the targets of document {d!r} are not consecutive in the task set")
+        span[1] = i + 1
+    docs = [TokenDoc(d, torch.zeros(0, dtype=torch.long)) for d in spans]
+
+    def select(group: list[TokenDoc], reference_context: int, targets_per_doc: int | None, seed: int) -> TargetSet:
+        return targets.subset(slice(spans[group[0].id][0], spans[group[-1].id][1]))
+
+    return docs, select
+
+
 @dataclass
 class AttributionRun:
     """What a finished run wrote: the results file and its Dataset (task set, budgets, N and the
@@ -121,19 +147,24 @@ class AttributionRun:
 
 
 def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -> AttributionRun:
-    """Build the task set, run the certify passes on every target, write ``cfg.out``.
+    """Build the task set, run the certify passes on every target shard by shard, merge them into
+    ``cfg.out`` (with the trajectory, if asked for); progress on stderr unless ``cfg.progress`` is off.
 
     Raises:
         CertifyError: a budget at or above N or at most the sinks (also the trajectory's).
         truncsens.certificates.probe.CertifyModelError: a model without the attention interface.
         truncsens.certificates.tasks.TaskError: D outside [1, N], no target found.
         MeasureError: ``cfg.out`` exists (without ``--overwrite``), bad N or corpus, a model
-            without a tokenizer. Nothing is written before every check has passed.
+            without a tokenizer, shards of another run (or without ``--resume``). Nothing is written
+            before every check has passed; an interrupted run keeps its finished shards.
         truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.
     """
-    check_output(cfg.out, cfg.overwrite, False)
+    check_output(cfg.out, cfg.overwrite, cfg.resume)
     ccfg = cfg.certify_config()
-    loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
+    label = "certify-attribution"
+    if loaded is None:
+        say(label, f"loading model {cfg.model}", cfg.progress)
+        loaded = load_model(cfg.model, cfg.device, cfg.dtype)
     check_model(loaded.model, loaded.name)
     if loaded.tokenizer is None:
         raise MeasureError(f"model {loaded.name!r} has no tokenizer: the attribution tasks are text")
@@ -146,9 +177,11 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
         raise CertifyError(f"--trajectory {cfg.trajectory} leaves a prefix of {N - cfg.trajectory} tokens, not above "
                            f"the trajectory budget of {traj_budget} tokens; use fewer steps or a smaller "
                            "--trajectory-budget")
-    mcfg, sweep, docs = certify_sweep(ccfg, loaded, N, budgets)
+    mcfg, sweep, docs = certify_sweep(ccfg, loaded, N, budgets, on_stage=lambda text: say(label, text, cfg.progress))
     tok = loaded.tokenizer
     D = cfg.min_distance or default_min_distance(N)
+    say(label, f"building the task set: copy targets of {len(docs.used)} document{'s' * (len(docs.used) != 1)}, "
+               f"{cfg.kv_docs} key-value document{'s' * (cfg.kv_docs != 1)}", cfg.progress)
     eligible = copy_vocabulary(tok.convert_ids_to_tokens(list(range(len(tok)))))
     tasks = build_task_set(docs.used, eligible, lambda s: tok(s, add_special_tokens=False)["input_ids"], N, D,
                            cfg.copy_per_doc, cfg.kv_docs, cfg.seed, COPY_RULES[cfg.copy_rule])
@@ -156,23 +189,25 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
              "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs,
              "failure_nll": FAILURE_NLL,
              "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",
-             "certified_process": cfg.rule.process,
-             "created": results.utc_now()}
+             "certified_process": cfg.rule.process}
     plan = tasks.targets
+    index = {(d, int(t)): i for i, (d, t) in enumerate(zip(plan.doc, plan.position))}  # a target's row in the task set
     batch_tokens = mcfg.batch_tokens(loaded.device)
     per_target = certify_tokens_per_target(N, sweep, cfg.rule.streams)
 
-    def compute_shard(plan, on_tokens):
-        arrays = compute_arrays(loaded.model, plan, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens,
+    def compute_shard(part: TargetSet, on_tokens):
+        arrays = compute_arrays(loaded.model, part, sweep, cfg.seed, cfg.delta, loaded.device, batch_tokens, on_tokens,
                                 cfg.design, cfg.rule.batch(), per_target)
-        return add_server_vars(shard_dataset(arrays, plan, sweep, attrs), arrays["records"])
-
-    def finish(ds):  # the task set's variables and the trajectory, outside the progress
-        ds["task_kind"] = (("target",), np.asarray(tasks.kind, dtype=str))
-        ds["source_position"] = (("target",), tasks.source)
+        ds = add_server_vars(shard_dataset(arrays, part, sweep, attrs), arrays["records"])
+        rows = [index[(d, int(t))] for d, t in zip(part.doc, part.position)]
+        ds["task_kind"] = (("target",), np.asarray(tasks.kind, dtype=str)[rows])
+        ds["source_position"] = (("target",), tasks.source[rows])
         ds["source_position"].attrs["description"] = "position of the most recent earlier occurrence of the target token"
-        ds.attrs["n_docs"] = len(set(plan.doc))
+        return ds
+
+    def finish(ds):  # the trajectory, once, on the merged file
         if cfg.trajectory:
+            say(label, f"greedy trajectory of {cfg.trajectory} steps", cfg.progress)
             poisson = next(p for p in sweep.policies if p.name == "poisson")
             first = docs.used[0]
             prefix = first.ids[: N - cfg.trajectory].to(loaded.device)  # the trajectory ends within N tokens
@@ -185,6 +220,12 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
             ds["trajectory_token"] = (("step",), traj.tokens.numpy())
         return ds
 
-    work = ShardWork(compute_shard, per_target, "certify-attribution")
-    path = run_single_piece(SinglePieceRun(cfg.out, plan, work, cfg.overwrite, cfg.progress, finish))
-    return AttributionRun(path, results.load(path))
+    task_docs, select = task_documents(plan)
+    work = ShardWork(compute_shard, per_target, label, select)
+    fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, budgets_tokens=budgets,
+                                  min_distance_tokens=D, model_sha256=loaded.content_sha256,
+                                  model_revision=loaded.revision)
+    run = ShardedRun(Path(cfg.out), task_docs, N, fingerprint, work, None, cfg.seed, cfg.docs_per_shard, cfg.resume,
+                     cfg.overwrite, cfg.progress, finish)
+    done = run_sharded(run)
+    return AttributionRun(done.path, results.load(done.path))

@@ -87,6 +87,9 @@ class CertifyBase(CertifyOptions):
         max_docs, seed: documents used (at most; None: all) and the seed of targets and Poisson draws.
         device, dtype, max_batch_tokens, out, overwrite, progress, command: where and how it runs;
             ``out`` defaults to ``results/<model>-<corpus or domain><OUT_SUFFIX>.nc``.
+        docs_per_shard, resume: the run is written in shards of this many documents next to ``out``
+            (:func:`truncsens.engine.run.skeleton.run_sharded`); ``resume`` continues an interrupted
+            run from them.
         top_fraction: share of the budget poisson and topk keep surely as the top keys by score (the
             poisson policy's ``top_fraction``; the recent share stays 1/4).
         granularity, score, obs_window, temper: the sampling design (:class:`~truncsens.certificates.designs.CertifyDesign`:
@@ -160,6 +163,15 @@ class CertifyBase(CertifyOptions):
         """
         return resolve_budgets(self.parsed_budgets, reference_context, self.n_sink)
 
+    def fingerprint(self, **resolved) -> dict:
+        """What must match for ``--resume``: every field but those of where/how it runs, plus ``resolved``."""
+        later = later_options(type(self))  # at their defaults, options added later leave earlier runs resumable
+        keep = {k: v for k, v in asdict(self).items() if k not in (*run_only_fields(self), "parsed_budgets")
+                and not (k in later and v == later[k])}
+        keep["model"], keep["corpus"] = resolved_paths(self.model, self.corpus)  # from any working directory
+        keep.update(resolved)
+        return keep
+
 
 @dataclass
 class CertifyConfig(CertifyCommandOptions, CertifyBase):
@@ -168,9 +180,8 @@ class CertifyConfig(CertifyCommandOptions, CertifyBase):
     Attributes:
         the fields of :class:`CertifyBase` (reference_context default: the model's maximum), and
         text_field: as in :class:`~truncsens.engine.config.MeasureConfig`.
-        targets_per_doc: targets drawn per document (a small default: 2 per document, 16 documents).
-        docs_per_shard, resume: shards of the results file and continuing an interrupted run; ``out``
-            defaults to ``results/<model>-<corpus or domain>-certify.nc``.
+        targets_per_doc: targets drawn per document (a small default: 2 per document, 16 documents);
+            ``out`` defaults to ``results/<model>-<corpus or domain>-certify.nc``.
 
     Raises:
         CertifyError: δ outside (0, 1), a bad budget.
@@ -191,12 +202,3 @@ class CertifyConfig(CertifyCommandOptions, CertifyBase):
         shared = {f.name: getattr(self, f.name) for f in fields(self)
                   if f.init and f.name in MEASURE_FIELDS and f.name not in self.OTHER_MEANING}
         return MeasureConfig(**{**shared, "out": self.out or "unused.nc"}, policies=self.policy_names(), budgets=budgets)
-
-    def fingerprint(self, **resolved) -> dict:
-        """What must match for ``--resume``: every field but those of where/how it runs, plus ``resolved``."""
-        later = later_options(type(self))  # at their defaults, options added later leave earlier runs resumable
-        keep = {k: v for k, v in asdict(self).items() if k not in (*run_only_fields(self), "parsed_budgets")
-                and not (k in later and v == later[k])}
-        keep["model"], keep["corpus"] = resolved_paths(self.model, self.corpus)  # from any working directory
-        keep.update(resolved)
-        return keep

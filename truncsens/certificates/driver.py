@@ -157,10 +157,12 @@ def certify_tokens_per_target(N: int, sweep: Sweep, streams: bool = False) -> in
     return N + len(sweep.policies) * len(sweep.budgets) * (N if streams else 1)
 
 
-def certify_sweep(cfg: CertifyConfig, loaded: LoadedModel, N: int, budgets: list[int]):
+def certify_sweep(cfg: CertifyConfig, loaded: LoadedModel, N: int, budgets: list[int],
+                  on_stage: Callable[[str], None] | None = None):
     """(measure config, sweep, documents) of a certify run: the run's policies under its semantics
     (``cfg.semantics``: prefill_evict or streaming) at ``budgets`` (each checked against N), and the
-    documents long enough for N.
+    documents long enough for N (``on_stage``: progress of loading them, as
+    :func:`truncsens.engine.documents.prepare_documents`).
 
     Raises:
         PolicyError: a budget a policy cannot run at N.
@@ -171,7 +173,7 @@ def certify_sweep(cfg: CertifyConfig, loaded: LoadedModel, N: int, budgets: list
         for k in budgets:
             p.check(k, N)
     sweep = Sweep("budget", budgets, budgets, policies, SEMANTICS[cfg.rule.name])
-    return mcfg, sweep, prepare_documents(mcfg, loaded, N)
+    return mcfg, sweep, prepare_documents(mcfg, loaded, N, on_stage)
 
 
 def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> CertifySummary:

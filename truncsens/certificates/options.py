@@ -38,6 +38,8 @@ class CertifyOptions:
     dtype: str = option("float32", "float32, bfloat16, float16 or float64.", metavar="DTYPE")
     max_batch_tokens: int | None = option(None, "Token budget of one forward pass.", keyword="batch_tokens", run_only=True)
     out: str | None = option(None, "Results file (default results/<model>-<domain>-certify.nc).", metavar="PATH", run_only=True)
+    docs_per_shard: int = 8  # the run is written in shards of this many documents next to --out
+    resume: bool = option(False, "Continue an interrupted run from its shards.", run_only=True)
     overwrite: bool = option(False, "Replace an existing results file.", run_only=True)
     progress: bool = option(True, "Progress on stderr.", run_only=True)
     command: str = option("", "The command line recorded in the results.", cli=False, run_only=True)
@@ -56,8 +58,6 @@ class CertifyCommandOptions(CertifyOptions):
 
     text_field: str = "text"
     targets_per_doc: int = option(2, "Targets drawn per document.")
-    docs_per_shard: int = 8
-    resume: bool = option(False, "Continue an interrupted run from its shards.", run_only=True)
 
 
 @dataclass

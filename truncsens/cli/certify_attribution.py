@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from truncsens.certificates.options import AttributionOptions
-from truncsens.cli.errors import user_errors
+from truncsens.cli.errors import kept_shards_note, user_errors
 from truncsens.cli.options import AsJson, run_command
 
 
@@ -23,8 +23,9 @@ def certify_attribution(as_json: AsJson = False, **options: Any) -> None:
 
     with user_errors():
         cfg = attribution_config(**options, command="truncsens " + " ".join(sys.argv[1:]))
-        # the results file and its figure are checked together before anything is computed
-        done = run_attribution_report(cfg, Path(cfg.out).with_suffix(""))
+        # the results file (unless resuming) and its figures are checked together before anything is computed
+        with kept_shards_note(cfg.out):
+            done = run_attribution_report(cfg, Path(cfg.out).with_suffix(""))
         if as_json:
             typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:

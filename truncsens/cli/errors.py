@@ -80,3 +80,20 @@ def user_errors() -> Iterator[None]:
         message = exc.args[0] if len(exc.args) == 1 else (str(exc) or type(exc).__name__)
         typer.echo(f"error: {message}", err=True)
         raise typer.Exit(code=2) from None
+
+
+@contextlib.contextmanager
+def kept_shards_note(out) -> Iterator[None]:
+    """Run the body of a command that writes results file ``out`` in shards; when it fails or is
+    interrupted (Ctrl-C included) after some shards were finished, say on stderr that they were kept
+    and how to continue (``--resume``); the exception goes on (to :func:`user_errors` or the shell)."""
+    try:
+        yield
+    except BaseException:
+        from truncsens.engine.run.shards import kept_shards, shard_dir_for
+
+        kept = kept_shards(out)
+        if kept:
+            typer.echo(f"note: {len(kept)} finished shard(s) kept in {shard_dir_for(out)}; "
+                       "rerun the same command with --resume to continue", err=True)
+        raise

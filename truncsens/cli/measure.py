@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from truncsens.cli.errors import user_errors
+from truncsens.cli.errors import kept_shards_note, user_errors
 from truncsens.cli.options import run_command
 from truncsens.engine.options import MeasureOptions
 
@@ -25,18 +25,11 @@ def measure(**options: Any) -> None:
 def _run_and_report(run, cfg) -> None:
     """Run ``run(cfg)``; on failure say which shards were kept; on success print a summary table."""
     from truncsens.api.load import load
-    from truncsens.engine.run.shards import kept_shards, shard_dir_for
     from truncsens.report.summary import format_table, summarize
     from truncsens.metrics import DEFAULT_METRICS, present
 
-    try:
+    with kept_shards_note(cfg.out):
         summary = run(cfg)
-    except BaseException:
-        kept = kept_shards(cfg.out)
-        if kept:
-            typer.echo(f"note: {len(kept)} finished shard(s) kept in {shard_dir_for(cfg.out)}; "
-                       "rerun the same command with --resume to continue", err=True)
-        raise
     if summary.n_targets < 0:  # not rank 0 of a multi-process run: rank 0 reports
         return
     extra = summary.extra

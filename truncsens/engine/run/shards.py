@@ -125,10 +125,11 @@ def _values(fingerprint: dict | None, keys: list[str]) -> str:
 
 class ShardProgress:
     """Progress of a run: a tqdm bar (tokens, ETA) on a terminal; one line per shard on stderr when
-    stderr is a file or a pipe (no carriage-return frames in logs); nothing when disabled."""
+    stderr is a file or a pipe (no carriage-return frames in logs); nothing when disabled. ``unit``
+    names the parts in those lines (``shard``; ``pass`` for the passes of ``truncsens plan``)."""
 
-    def __init__(self, total: int, desc: str, enabled: bool, n_shards: int) -> None:
-        self.total, self.desc, self.n_shards = total, desc, n_shards
+    def __init__(self, total: int, desc: str, enabled: bool, n_shards: int, unit: str = "shard") -> None:
+        self.total, self.desc, self.n_shards, self.unit = total, desc, n_shards, unit
         self.enabled, self.interactive = enabled, enabled and sys.stderr.isatty()
         self.done, self.shards, self.start, self.bar = 0, 0, time.monotonic(), None
 
@@ -161,5 +162,5 @@ class ShardProgress:
         if self.enabled and not self.interactive:
             elapsed = time.monotonic() - self.start
             eta = f"ETA {elapsed / self.done * max(0, self.total - self.done):.0f} s" if self.done and not reused else "ETA -"
-            print(f"{self.desc}: shard {self.shards}/{self.n_shards} {'reused' if reused else 'done'}, "
+            print(f"{self.desc}: {self.unit} {self.shards}/{self.n_shards} {'reused' if reused else 'done'}, "
                   f"{self.done}/{self.total} tokens, {elapsed:.0f} s elapsed, {eta}", file=sys.stderr, flush=True)

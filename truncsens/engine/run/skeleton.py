@@ -5,9 +5,9 @@ A driver (``truncsens measure``'s exact and block protocols, :mod:`truncsens.eng
 ``truncsens certify``, :mod:`truncsens.certificates.driver`) says only what is its own in a
 :class:`ShardWork` (how it draws a shard's targets and computes the shard's results Dataset, and the
 progress estimate), puts it with its documents and resume fingerprint in a :class:`ShardedRun` and
-hands that to :func:`run_sharded`. A run small enough to be written in one piece
-(``truncsens certify-attribution``, :mod:`truncsens.certificates.attribution_driver`) uses
-:func:`run_single_piece`: the same lock, check and progress, no shard files.
+hands that to :func:`run_sharded`. A driver whose targets are fixed before the run
+(``truncsens certify-attribution``, :mod:`truncsens.certificates.attribution_driver`: its task set)
+gives its own ``select``, and a ``finish`` for what is computed once over the merged file.
 
 Shard files, their checks and the progress reporter are in :mod:`truncsens.engine.run.shards`; the
 lock in :mod:`truncsens.engine.run.lock`; the processes of a multi-process launch in
@@ -74,6 +74,8 @@ class ShardedRun:
         resume: continue from shards already written; overwrite: an existing ``out`` may be replaced
             (checked again once the lock is held, so a run that finished in the meantime is never
             overwritten by one that waited); progress: show progress.
+        finish: ``Dataset -> Dataset`` applied to the merged Dataset before it is written, the shards
+            still kept (what is computed once for the whole run; default: nothing).
     """
 
     out: Path
@@ -87,6 +89,7 @@ class ShardedRun:
     resume: bool = False
     overwrite: bool = False
     progress: bool = True
+    finish: Callable[[xr.Dataset], xr.Dataset] | None = None
 
     @classmethod
     def of(cls, cfg, docs: list[TokenDoc], reference_context: int, fingerprint: dict, work: ShardWork) -> "ShardedRun":
@@ -121,7 +124,8 @@ def run_sharded(run: ShardedRun, ranks: Ranks | None = None, stop_after_shards: 
 
     Returns:
         :class:`RunOutcome`. The merged file's attrs are the shards' less ``run_fingerprint`` and
-        ``shard_index``, with ``n_clamped`` summed, ``created`` (now, UTC) and ``n_docs``.
+        ``shard_index``, with ``n_clamped`` summed, ``created`` (now, UTC) and ``n_docs``; then
+        ``run.finish`` (an interruption there keeps every shard for ``resume``).
 
     Raises:
         MeasureError: ``out`` exists (without ``overwrite``), shards of another run / without
@@ -185,49 +189,9 @@ def _run_locked(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shard
     merged.attrs["n_clamped"] = int(sum(int(p.attrs.get("n_clamped", 0)) for p in parts))
     merged.attrs["created"] = results.utc_now()
     merged.attrs["n_docs"] = len(docs)
+    if run.finish is not None:
+        merged = run.finish(merged)
     results.save(merged, run.out)
     shutil.rmtree(shard_dir, ignore_errors=True)
     return RunOutcome(run.out, reused_all, int(merged.sizes["target"]))
 
-
-@dataclass
-class SinglePieceRun:
-    """A run small enough to be computed as one shard and written at the end (no shard files, no resume).
-
-    Attributes:
-        out: results file path; overwrite: an existing ``out`` may be replaced (checked again once
-            the lock is held); progress: show progress (one line, or a bar, for the one shard).
-        plan: the run's targets.
-        work: how the one shard is computed (``work.select`` is not used: the plan is given).
-        finish: ``Dataset -> Dataset`` applied after the progress is closed and before the file is
-            written (variables computed outside the shard; default: none).
-    """
-
-    out: Path
-    plan: TargetSet
-    work: ShardWork
-    overwrite: bool = False
-    progress: bool = True
-    finish: Callable[[xr.Dataset], xr.Dataset] | None = None
-
-
-def run_single_piece(run: SinglePieceRun) -> Path:
-    """Lock ``run.out``, check it, compute the one shard, finish it and write it as is (its attrs are
-    the Dataset's own: ``created`` and ``n_docs`` are the driver's to set).
-
-    Returns:
-        The path written.
-
-    Raises:
-        MeasureError: ``out`` exists (without ``overwrite``) or is a folder.
-        OutputLockedError: another run is writing ``out``.
-    """
-    with OutputLock(run.out):
-        check_output(run.out, run.overwrite, False)
-        work = run.work
-        with ShardProgress(len(run.plan) * work.tokens_per_target, work.label, run.progress, 1) as bar:
-            ds = work.compute_shard(run.plan, bar.update)
-            bar.shard_done(0)
-        if run.finish is not None:
-            ds = run.finish(ds)
-        return results.save(ds, run.out)
