@@ -203,6 +203,8 @@ STEPS = [
     Step("memory-scaling", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384"),
     Step("memory-scaling-snapkv", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384 --paths "
                                   "prefill_evict:sink_recent prefill_evict:snapkv prefill_evict:snapkv_shared"),
+    # the times the pages quote (a measurement, the test suite), with the machine and its load
+    Step("command-times", "python benchmarks/command_times.py"),
     Step("kvpress-parity", f"PYTHONPATH=. {KVPRESS_PYTHON} benchmarks/kvpress_parity.py"),
     Step("golden", "python -m pytest -q -p no:cacheprovider tests/test_cli_golden.py",
          env={"TRUNCSENS_GOLDEN_WRITE": "1"}),
