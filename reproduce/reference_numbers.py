@@ -1,26 +1,30 @@
 """Re-run every command whose output the README and docs/ quote for the bundled reference model, and
-put the printed output back into the pages.
+keep each one's command and printed output in one generated folder, ``reproduce/results/``.
 
-Every number in README.md and docs/*.md that was measured on the reference model comes from a
-command shown beside it. This script holds those commands (:data:`STEPS`, each exactly as the page
-shows it), runs them from the repository root in order, and keeps each one's printed output under
-``runs/numbers/`` (``<step>.out``, ``<step>.err``, ``<step>.json`` with its time and the weights' hash).
-A step that finished for the installed weights is not run again, so a run stopped at any point
-(a session's end) continues where it stopped; a step whose recorded hash differs is run again, its
-old output files removed first (the commands refuse to overwrite).
+Every number in README.md and docs/*.md that was measured on the reference model comes from a step
+of :data:`STEPS` (a command line run from the repository root). A finished step's record is
+``reproduce/results/<step>.txt``: its first line is ``$ `` and the step's command (with its extra
+environment variables in front), the rest is its printed output byte for byte (progress-bar lines
+and trailing spaces dropped). The pages quote a number and link the record of the step that printed
+it; ``tests/test_reference_numbers.py`` checks that every decimal number quoted beside such a link
+appears in the linked record.
 
-With ``--update-docs``, every fenced block in README.md and docs/*.md that follows a marker line
-``<!-- numbers: STEP -->`` is replaced by that step's printed output (a first line ``$ command``
-inside the block is kept), and figures the steps wrote are copied to the paths the pages show
-(:data:`FIGURES`). A fenced ``python`` block after ``<!-- numbers-source: STEP -->`` is the source a
-``python-block`` step runs, so the page's code is the code that ran. Tables and sentences that
-quote numbers from a JSON file are edited by hand from the kept output; the pages say which.
+Working files stay under ``runs/numbers/`` (``<step>.out``, ``<step>.err``, ``<step>.json`` with its
+time and the weights' hash). A step that finished for the installed weights is not run again, so a
+run stopped at any point continues where it stopped; a step whose recorded hash differs is run
+again, its old output files removed first (the commands refuse to overwrite).
+
+The few blocks the pages still show verbatim follow a marker line ``<!-- numbers: STEP -->``; with
+``--update-docs`` they are rewritten from the records (a first line ``$ command`` inside the block is
+kept), and figures the steps wrote are copied to the paths the pages show (:data:`FIGURES`). A
+fenced ``python`` block after ``<!-- numbers-source: STEP -->`` is the source a ``python-block``
+step runs, so the page's code is the code that ran.
 
 Usage::
 
     python reproduce/reference_numbers.py --list
-    nohup python reproduce/reference_numbers.py > runs/numbers.log 2>&1 &    # about 50 minutes on 2 CPU cores
-    python reproduce/reference_numbers.py --only plan,certify                 # some steps (and what they need)
+    nohup python reproduce/reference_numbers.py > runs/numbers.log 2>&1 &    # every step; several CPU-hours
+    python reproduce/reference_numbers.py --step plan,certify                 # some steps (and what they need)
     python reproduce/reference_numbers.py --update-docs                        # rewrite the marked blocks
 """
 
@@ -40,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # kvpress pins its own transformers, so it runs from a venv of its own (docs/plan.md)
 KVPRESS_PYTHON = os.environ.get("TRUNCSENS_KVPRESS_PYTHON", "/work/venvs/kvpress/bin/python")
+RECORDS = ROOT / "reproduce" / "results"
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,11 @@ STEPS = [
     Step("throughput-policies-sink-recent", "python benchmarks/policies_throughput.py --policy sink_recent"),
     Step("throughput-certify", "python benchmarks/certify_throughput.py"),
     Step("throughput-certify-streaming", "OMP_NUM_THREADS=1 python benchmarks/certify_streaming_cost.py"),
+    Step("memory-scaling", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384"),
+    Step("memory-scaling-snapkv", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384 --paths "
+                                  "prefill_evict:sink_recent prefill_evict:snapkv prefill_evict:snapkv_shared"),
+    # the times the pages quote (a measurement, the test suite), with the machine and its load
+    Step("command-times", "python benchmarks/command_times.py"),
     Step("kvpress-parity", f"PYTHONPATH=. {KVPRESS_PYTHON} benchmarks/kvpress_parity.py"),
     Step("golden", "python -m pytest -q -p no:cacheprovider tests/test_cli_golden.py",
          env={"TRUNCSENS_GOLDEN_WRITE": "1"}),
@@ -242,8 +252,36 @@ def clean(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines() if not PROGRESS.search(line)).strip("\n") + "\n"
 
 
-def run_step(step: Step, out_dir: Path, sha: str) -> bool:
-    """Run one step (its old outputs removed first); True when it exited 0."""
+def header(step: Step) -> str:
+    """The first line of a step's record: ``$ `` and the command with its extra environment in front."""
+    if step.kind == "python-block":
+        return f"$ python -c \"$(the python block after '<!-- numbers-source: {step.name} -->' in docs/)\""
+    return "$ " + " ".join([*(f"{k}={v}" for k, v in step.env.items()), step.command])
+
+
+def record_text(step: Step, printed: str) -> str:
+    """A record: the header line, then the printed output as :func:`clean` leaves it."""
+    return header(step) + "\n" + clean(printed)
+
+
+def output_of(record: str) -> str:
+    """The printed output a record holds (everything after its header line)."""
+    return record.split("\n", 1)[1] if "\n" in record else ""
+
+
+def write_record(step: Step, out_dir: Path, records: Path = RECORDS) -> Path:
+    """Write ``records/<step>.txt`` from the kept ``.out`` (and ``.err`` when the step merges it)."""
+    printed = (out_dir / f"{step.name}.out").read_text()
+    if step.merge_stderr:
+        printed += (out_dir / f"{step.name}.err").read_text()
+    records.mkdir(parents=True, exist_ok=True)
+    path = records / f"{step.name}.txt"
+    path.write_text(record_text(step, printed))
+    return path
+
+
+def run_step(step: Step, out_dir: Path, sha: str, records: Path = RECORDS) -> bool:
+    """Run one step (its old outputs removed first) and, when it exited 0, write its record; True then."""
     for rel in step.outputs:
         for path in (ROOT / rel, ROOT / f"{rel}.shards"):  # and the shards of an interrupted run
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
@@ -258,6 +296,8 @@ def run_step(step: Step, out_dir: Path, sha: str) -> bool:
               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "weights_sha256": sha}
     (out_dir / f"{step.name}.json").write_text(json.dumps(record, indent=1))
     print(f"    exit {proc.returncode} after {seconds:.0f} s", flush=True)
+    if proc.returncode == 0:
+        print(f"    wrote {write_record(step, out_dir, records)}", flush=True)
     return proc.returncode == 0
 
 
@@ -288,33 +328,32 @@ def with_needs(names: list[str]) -> list[Step]:
     return [s for s in STEPS if s.name in wanted]
 
 
-def update_docs(out_dir: Path, root: Path = ROOT, sha: str | None = None) -> None:
-    """Replace every marked block by its step's output; copy the figures (see the module docstring).
-    With ``sha`` (the installed weights' hash), only outputs of the step's current command on those
-    weights are used; other blocks and figures are left as they are.
+def update_docs(out_dir: Path, root: Path = ROOT, sha: str | None = None, records: Path | None = None) -> None:
+    """Write the record of every finished step, replace every marked block by its record's output and
+    copy the figures (see the module docstring). With ``sha`` (the installed weights' hash), only
+    outputs of the step's current command on those weights are used; other records, blocks and
+    figures are left as they are.
 
     Raises:
         SystemExit: a marker names no step.
     """
+    records = root / "reproduce" / "results" if records is None else records
+    for step in STEPS:
+        if (out_dir / f"{step.name}.out").is_file() and (sha is None or done(step, out_dir, sha)):
+            write_record(step, out_dir, records)
     for page in pages(root):
         text = page.read_text()
 
         def fill(m: re.Match) -> str:
             name, fence, body, close = m.groups()
-            step = next((s for s in STEPS if s.name == name), None)
-            if step is None:
+            if not any(s.name == name for s in STEPS):
                 sys.exit(f"error: {page.relative_to(root)} marks a block for unknown step {name!r}")
-            out, err = out_dir / f"{name}.out", out_dir / f"{name}.err"
-            if not out.is_file():
-                print(f"  {page.relative_to(root)}: {name} has not run; block left as it is")
+            record = records / f"{name}.txt"
+            if not record.is_file():
+                print(f"  {page.relative_to(root)}: {name} has no record; block left as it is")
                 return m.group(0)
-            if sha is not None and not done(step, out_dir, sha):
-                print(f"  {page.relative_to(root)}: {name} last ran on other weights or as another command; "
-                      "block left as it is")
-                return m.group(0)
-            printed = out.read_text() + (err.read_text() if step.merge_stderr else "")
             first = body.splitlines()[0] if body.startswith("$ ") else None
-            return f"<!-- numbers: {name} -->\n{fence}" + (first + "\n" if first else "") + clean(printed) + close
+            return f"<!-- numbers: {name} -->\n{fence}" + (first + "\n" if first else "") + output_of(record.read_text()) + close
 
         new = MARKER.sub(fill, text)
         if new != text:
@@ -330,8 +369,10 @@ def update_docs(out_dir: Path, root: Path = ROOT, sha: str | None = None) -> Non
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--list", action="store_true", help="list the steps and whether they are done")
-    ap.add_argument("--only", default="", help="comma-separated steps (and the steps they need)")
-    ap.add_argument("--update-docs", action="store_true", help="rewrite the marked blocks and copy the figures")
+    ap.add_argument("--step", default="", help="comma-separated steps (and the steps they need); each writes "
+                                                 "reproduce/results/STEP.txt")
+    ap.add_argument("--update-docs", action="store_true", help="write the records of finished steps, rewrite the "
+                                                                "marked blocks and copy the figures")
     ap.add_argument("--out-dir", default=str(ROOT / "runs" / "numbers"))
     args = ap.parse_args(argv)
     out_dir = Path(args.out_dir)
@@ -340,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.update_docs:
         update_docs(out_dir, sha=sha)
         return 0
-    steps = with_needs([n for n in args.only.split(",") if n]) if args.only else STEPS
+    steps = with_needs([n for n in args.step.split(",") if n]) if args.step else STEPS
     if args.list:
         print(f"# done: ran with this command on the installed weights (sha256 {sha[:8]}...), as recorded in "
               f"{out_dir} (not in git: a fresh clone lists every step todo)")

@@ -201,3 +201,18 @@ def test_a_bad_window_is_named_before_the_output_is_looked_at(tmp_path):
     r = invoke("measure", "--windows", "4,0,-2", "--out", out)
     assert r.exit_code == 2 and "error: --windows must be at least 1 token each, got 0, -2" in r.stderr
     assert out.read_text() == "keep me"
+
+
+def test_help_says_what_an_option_is_not_what_it_was():
+    """Usage text describes the present tool; what a thing was belongs to CHANGELOG.md."""
+    import re
+
+    from typer.main import get_command
+
+    history = re.compile(r"earlier version|formerly|used to be|previously|no longer|was before|until this change", re.I)
+    commands = get_command(app).commands
+    texts = {f"{name} {p.opts[0] if getattr(p, 'opts', None) else ''}".strip(): getattr(p, "help", None) or ""
+             for name, cmd in commands.items() for p in cmd.params}
+    texts |= {name: cmd.help or "" for name, cmd in commands.items()}
+    assert len(texts) > 50
+    assert sorted(k for k, text in texts.items() if history.search(text)) == []

@@ -87,3 +87,13 @@ def test_readme_is_a_short_page():
     """The README is a page for users, not the project's record (that is CHANGELOG.md)."""
     assert len((ROOT / "README.md").read_text()) <= 12_000
     assert (ROOT / "CHANGELOG.md").read_text().startswith("# Changelog")
+
+
+def test_docs_pages_are_guides_of_bounded_size():
+    """Each page under docs/ is a user's guide of at most 20,000 bytes (method.md, the formulas with
+    their sources, at most 30,000), and all pages together at most 150,000 (as `wc -c docs/*.md`
+    counts): verbatim outputs live in reproduce/results/, investigations on short findings pages."""
+    sizes = {p.name: len(p.read_bytes()) for p in (ROOT / "docs").glob("*.md")}
+    limits = {name: 30_000 if name == "method.md" else 20_000 for name in sizes}
+    assert sorted(name for name, size in sizes.items() if size > limits[name]) == []
+    assert sum(sizes.values()) <= 150_000

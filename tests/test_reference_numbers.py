@@ -1,16 +1,22 @@
-"""reproduce/reference_numbers.py: marked blocks of the pages are replaced by the kept output of their
-step, the ``$ command`` line stays, progress lines go, unmarked and not-yet-run blocks stay as they are;
-every step the pages mark exists, and every README/docs figure the steps feed is one a step writes."""
+"""reproduce/reference_numbers.py and its record, reproduce/results/: a step writes one file, its command
+line then its printed output; marked blocks of the pages are replaced by their step's record, the
+``$ command`` line stays, progress lines go, unmarked and unrecorded blocks stay as they are; every step
+the pages mark exists, and every README/docs figure the steps feed is one a step writes. Every decimal
+number a page quotes beside a link to a record appears in that record."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+RECORD_LINK = re.compile(r"\]\(((?:\.\./)*reproduce/results/([\w-]+)\.txt)\)")
+# a measured number: digits with a decimal point (1.36e-5 counts by its 1.36); versions such as 2.13.0 do not
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)+")
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +28,7 @@ def numbers():
     return mod
 
 
-def test_marked_blocks_are_replaced_by_the_kept_output(numbers, tmp_path):
+def test_marked_blocks_are_replaced_by_the_record(numbers, tmp_path):
     (tmp_path / "docs").mkdir()
     page = ("intro\n<!-- numbers: fit -->\n```text\n$ truncsens fit a.nc\nold table\n```\n\n"
             "<!-- numbers: plan -->\n```\nold plan\n```\n\n```text\nunmarked\n```\n")
@@ -39,6 +45,83 @@ def test_marked_blocks_are_replaced_by_the_kept_output(numbers, tmp_path):
         "intro\n<!-- numbers: fit -->\n```text\n$ truncsens fit a.nc\nnew table\n\nline 2\n```\n\n"
         "<!-- numbers: plan -->\n```\nold plan\n```\n\n```text\nunmarked\n```\n")  # plan has not run: unchanged
     assert (tmp_path / "docs" / "x.md").read_text() == "<!-- numbers: recommend -->\n```text\nwindow 12\nwarning: shown\n```\n"
+    fit_command = next(s for s in numbers.STEPS if s.name == "fit").command
+    records = tmp_path / "reproduce" / "results"
+    assert (records / "fit.txt").read_text() == f"$ {fit_command}\nnew table\n\nline 2\n"
+    assert sorted(p.name for p in records.iterdir()) == ["fit.txt", "recommend.txt"]
+
+
+def test_a_step_writes_its_command_line_then_its_printed_output(numbers, tmp_path):
+    step = numbers.Step("echo", "echo 'alpha 0.425   ' && echo progress 50%| >&2 && echo shown >&2",
+                        merge_stderr=True, env={"X": "1"})
+    (tmp_path / "out").mkdir()
+    assert numbers.run_step(step, tmp_path / "out", "sha", records=tmp_path / "rec")
+    assert (tmp_path / "rec" / "echo.txt").read_text() == f"$ X=1 {step.command}\nalpha 0.425\nshown\n"
+    failing = numbers.Step("fails", "echo half; exit 3")
+    assert not numbers.run_step(failing, tmp_path / "out", "sha", records=tmp_path / "rec")
+    assert not (tmp_path / "rec" / "fails.txt").exists()  # a failed step leaves no record
+
+
+def test_every_record_is_a_step_and_starts_with_its_command(numbers):
+    records = sorted((ROOT / "reproduce" / "results").glob("*.txt"))
+    assert records
+    by_name = {s.name: s for s in numbers.STEPS}
+    for path in records:
+        assert path.stem in by_name, path.name
+        assert path.read_text().split("\n", 1)[0] == numbers.header(by_name[path.stem]), path.name
+
+
+def _units(text: str) -> list[str]:
+    """A page's paragraphs, each table row on its own (fenced blocks left out)."""
+    text = re.sub(r"^```.*?^```$", "", text, flags=re.M | re.S)
+    units = []
+    for para in re.split(r"\n\s*\n", text):
+        rows = [line for line in para.splitlines() if line.startswith("|")]
+        units += rows if rows else [para]
+    return units
+
+
+def quoted_numbers_missing(text: str, page_dir: Path) -> list[str]:
+    """``'record: number'`` for every decimal number of a paragraph (or table row) that links a record
+    and is not in the output of any record it links."""
+    missing = []
+    for unit in _units(text):
+        links = RECORD_LINK.findall(unit)
+        if not links:
+            continue
+        outputs = " ".join((page_dir / rel).read_text().split("\n", 1)[1].replace(",", "") for rel, _ in links)
+        prose = RECORD_LINK.sub("", unit).replace(",", "")
+        missing += [f"{'+'.join(n for _, n in links)}: {x}" for x in NUMBER.findall(prose)
+                    if x.count(".") == 1 and x not in outputs]
+    return missing
+
+
+def test_the_number_check_sees_a_number_the_record_lacks(tmp_path):
+    (tmp_path / "reproduce" / "results").mkdir(parents=True)
+    (tmp_path / "reproduce" / "results" / "s.txt").write_text("$ cmd 9.75\nalpha 0.425 [0.389, 0.466]\n")
+    (tmp_path / "docs").mkdir()
+    page = ("α is 0.425 [0.389, 0.466] with torch 2.13.0 ([record](../reproduce/results/s.txt)).\n\n"
+            "| a | 0.466 ([s](../reproduce/results/s.txt)) |\n| b | 0.430 ([s](../reproduce/results/s.txt)) |\n\n"
+            "A paragraph without a link is not checked: 1.5.\n\n"
+            "The command's 9.75 is not output: [s](../reproduce/results/s.txt)\n")
+    assert quoted_numbers_missing(page, tmp_path / "docs") == ["s: 0.430", "s: 9.75"]
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_numbers_quoted_beside_a_record_appear_in_it(page):
+    assert quoted_numbers_missing(page.read_text(), page.parent) == []
+
+
+def test_marked_blocks_equal_their_records(numbers):
+    differing = []
+    for page in numbers.pages():
+        for m in numbers.MARKER.finditer(page.read_text()):
+            name, _, body, _ = m.groups()
+            body = body.split("\n", 1)[1] if body.startswith("$ ") else body
+            record = ROOT / "reproduce" / "results" / f"{name}.txt"
+            if not record.is_file() or numbers.output_of(record.read_text()) != body:
+                differing.append(f"{page.name}: {name}")
+    assert differing == []
 
 
 def test_only_outputs_of_the_installed_weights_and_current_command_are_used(numbers, tmp_path):

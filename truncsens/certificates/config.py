@@ -94,7 +94,7 @@ class CertifyBase(CertifyOptions):
             poisson policy's ``top_fraction``; the recent share stays 1/4).
         granularity, score, obs_window, temper: the sampling design (:class:`~truncsens.certificates.designs.CertifyDesign`:
             per layer and key/value head from the head's observation-window score by default;
-            ``granularity="token"`` is the shared design of earlier versions, the ablation).
+            ``granularity="token"`` is the shared design, the ablation).
         parsed_budgets: :func:`parse_budgets` of ``budgets`` (set at construction).
 
     Raises:

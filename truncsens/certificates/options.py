@@ -43,7 +43,7 @@ class CertifyOptions:
     overwrite: bool = option(False, "Replace an existing results file.", run_only=True)
     progress: bool = option(True, "Progress on stderr.", run_only=True)
     command: str = option("", "The command line recorded in the results.", cli=False, run_only=True)
-    granularity: str = option("head", "Sampling design: 'head' (one per layer and key/value head, from the head's own score) or 'token' (one shared by every layer and head: the ablation, the design of earlier versions).", metavar="NAME")
+    granularity: str = option("head", "Sampling design: 'head' (one per layer and key/value head, from the head's own score) or 'token' (one shared by every layer and head, from one score averaged over them: the ablation).", metavar="NAME")
     score: str = option("window", "Per-head score of the design: 'window' (attention of the last --obs-window prefill queries), 'h2o' (attention of every prefill query) or 'key_norm'.", metavar="NAME")
     obs_window: int = option(DEFAULT_OBS_WINDOW, "W: prefill queries of the 'window' score.", metavar="W")
     temper: float = option(DEFAULT_TEMPER, "gamma > 0: inclusion probabilities from score^gamma (below 1 spreads them).", metavar="GAMMA")
