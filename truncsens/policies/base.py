@@ -202,23 +202,58 @@ class Policy:
         raise NotImplementedError
 
 
-def top_per_row(values: torch.Tensor, allowed: torch.Tensor, counts: torch.Tensor | int) -> torch.Tensor:
+TIE_TOLERANCE = 1e-5
+"""Relative gap below which two scores count as tied when a policy ranks them (:func:`top_per_row`,
+:func:`smallest_k`). Scores come from float32 attention: another machine's kernels (AVX-512 against
+AVX2, another thread count) move them by a few ulps (about 1e-7 relative each), so scores closer than
+that are ordered by rounding, not by the model. In a previous-token head every key of the window
+receives about 1 from its successor, equal to a few ulps; ranked by value, which of them a policy keeps
+would change from one CPU to the next. Within 1e-5 (about 80 ulps) they are one tie group, broken by
+position like exact ties, so a kept set is the same on every machine."""
+
+
+def tie_groups(ordered: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """[..., T] int64 group ids of values already sorted along the last dim: a new group starts where
+    the gap to the previous value exceeds ``tolerance`` times the larger magnitude of the two
+    (:data:`TIE_TOLERANCE`); ``tolerance`` 0 groups exactly equal values only. Infinite values (entries
+    that are not allowed) form their own group."""
+    a, b = ordered[..., :-1], ordered[..., 1:]  # [..., T-1] neighbours
+    gap = (b - a).abs()  # [..., T-1]; inf - inf is NaN: the same group
+    new = (gap > tolerance * torch.maximum(a.abs(), b.abs())) | (a.isinf() ^ b.isinf())  # [..., T-1]
+    first = torch.zeros_like(ordered[..., :1], dtype=torch.int64)  # [..., 1]
+    return torch.cat([first, new.to(torch.int64).cumsum(-1)], dim=-1)  # [..., T]
+
+
+def _rank_by_groups(masked: torch.Tensor, descending: bool, later_first: bool, tolerance: float) -> torch.Tensor:
+    """[..., T] rank (0 = kept first) of every entry: by value (tie groups of :func:`tie_groups`), then
+    by position (the later first where ``later_first``)."""
+    T = masked.shape[-1]
+    ordered, order = torch.sort(masked, dim=-1, descending=descending, stable=True)  # [..., T] each
+    group = torch.empty_like(order)
+    group.scatter_(-1, order, tie_groups(ordered, tolerance))  # [..., T] group of each position
+    pos = torch.arange(T, device=masked.device).expand_as(order)  # [..., T]
+    key = group * T + ((T - 1 - pos) if later_first else pos)  # [..., T] distinct per row
+    ranked = torch.argsort(key, dim=-1)  # [..., T] positions in keep order
+    rank = torch.empty_like(ranked)
+    rank.scatter_(-1, ranked, torch.arange(T, device=masked.device).expand_as(ranked))  # [..., T]
+    return rank
+
+
+def top_per_row(values: torch.Tensor, allowed: torch.Tensor, counts: torch.Tensor | int,
+                tolerance: float = TIE_TOLERANCE) -> torch.Tensor:
     """[B, T] bool marking, in each row, the ``counts[b]`` allowed entries of largest ``values``
-    (ties: the later position first; every allowed entry where a row has fewer).
+    (ties, values within ``tolerance`` relative of each other (:data:`TIE_TOLERANCE`): the later
+    position first; every allowed entry where a row has fewer).
 
     Args:
-        values: [B, T] float; allowed: [B, T] bool; counts: [B] int64 or an int, >= 0.
+        values: [B, T] float; allowed: [B, T] bool; counts: [B] int64 or an int, >= 0;
+        tolerance: relative gap below which values tie (0: exact ties only).
     """
     B, T = values.shape
     counts = torch.as_tensor(counts, device=values.device).expand(B)  # [B]
-    pos = torch.arange(T, device=values.device, dtype=torch.float64)
-    masked = torch.where(allowed, values.to(torch.float64), torch.full_like(pos, float("-inf")).expand(B, T))  # [B, T]
-    # sort by value descending, ties by position descending: sort on (value, position) pairs
-    order = torch.argsort(pos.expand(B, T), dim=-1, descending=True)  # [B, T] positions, latest first
-    by_value = torch.sort(masked.gather(-1, order), dim=-1, descending=True, stable=True).indices  # [B, T]
-    ranked = order.gather(-1, by_value)  # [B, T] positions in keep order
-    rank = torch.empty_like(ranked)
-    rank.scatter_(-1, ranked, torch.arange(T, device=values.device).expand(B, T))  # [B, T]
+    masked = torch.where(allowed, values.to(torch.float64), torch.full((B, T), float("-inf"), dtype=torch.float64,
+                                                                        device=values.device))  # [B, T]
+    rank = _rank_by_groups(masked, descending=True, later_first=True, tolerance=tolerance)  # [B, T]
     return allowed & (rank < counts.unsqueeze(-1))
 
 
@@ -281,30 +316,33 @@ def uniforms(seeds: Sequence[int], shape: tuple[int, ...], device: torch.device 
     return torch.stack(rows).to(device)
 
 
-def smallest_k(values: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+def smallest_k(values: torch.Tensor, allowed: torch.Tensor, k: int, tolerance: float = TIE_TOLERANCE) -> torch.Tensor:
     """[..., T] bool marking the ``k`` smallest ``values`` among ``allowed`` entries of each row
     (every allowed entry where a row has at most ``k``).
 
-    ``torch.topk`` gives the k-th smallest value as a threshold; rows where ties at the threshold
-    would keep more than k entries are redone with a stable sort (ties broken by position).
+    ``torch.topk`` gives the k-th and (k+1)-th smallest values; where they are more than ``tolerance``
+    apart (relative, :data:`TIE_TOLERANCE`) in every row, the k-th is the threshold. Other rows are
+    ranked by tie groups (:func:`tie_groups`), ties broken by position (the earlier first).
 
     Args:
         values: [..., T] float.
         allowed: [..., T] bool.
         k: entries to keep per row, >= 0.
+        tolerance: relative gap below which values tie (0: exact ties only, e.g. for seeded uniforms).
     """
     if k <= 0:
         return torch.zeros_like(allowed)
+    T = values.shape[-1]
     masked = torch.where(allowed, values, torch.full_like(values, float("inf")))  # [..., T]
-    kk = min(k, values.shape[-1])
-    threshold = torch.topk(masked, kk, dim=-1, largest=False).values[..., -1:]  # [..., 1]
-    keep = allowed & (masked <= threshold)
-    want = torch.clamp(allowed.sum(-1), max=k)  # [...]
-    if bool((keep.sum(-1) == want).all()):
-        return keep
-    order = torch.sort(masked, dim=-1, stable=True).indices  # [..., T]
-    rank = torch.empty_like(order)
-    rank.scatter_(-1, order, torch.arange(values.shape[-1], device=values.device).expand_as(order))  # [..., T]
+    if allowed.sum(-1).max() <= k:
+        return allowed.clone()
+    two = torch.topk(masked, min(k + 1, T), dim=-1, largest=False).values  # [..., k+1] ascending
+    kth, after = two[..., k - 1 : k], two[..., k : k + 1]  # [..., 1] each
+    separated = (after - kth) > tolerance * torch.maximum(kth.abs(), after.abs())  # [..., 1]; inf - inf: NaN
+    few = allowed.sum(-1, keepdim=True) <= k  # [..., 1] rows keeping every allowed entry
+    if bool((separated | few).all()):
+        return allowed & ((masked <= kth) | few)
+    rank = _rank_by_groups(masked, descending=False, later_first=False, tolerance=tolerance)  # [..., T]
     return allowed & (rank < k)
 
 
