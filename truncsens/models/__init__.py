@@ -29,7 +29,8 @@ from truncsens.models.sources import (
 )
 
 __all__ = [
-    "DTYPES", "IN_MEMORY", "REFERENCE_DIR", "SOURCES", "SOURCE_KINDS", "GgufSource", "HubSource", "LoadedModel", "LocalFolderSource",
+    "DTYPES", "IN_MEMORY", "REFERENCE_DIR", "SOURCES", "SOURCE_KINDS", "GgufSource", "HubSource", "LoadedModel",
+    "LocalFolderSource",
     "ModelLoadError", "ModelSource", "ReferenceSource", "SyntheticSource", "in_memory_model", "load_model",
     "max_context_of", "model_source", "resolve_device", "resolve_dtype", "_explain_hub_error",
 ]
