@@ -23,6 +23,7 @@ puts on the keys its policy evicted, mean over layers and heads).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ import truncsens
 from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.block.plan import larger_blocks_note
 from truncsens.engine.block.runs import block_work
+from truncsens.engine.bos import resolve_bos, select_starting_with, with_bos_sinks
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.run.progress import say
@@ -170,7 +172,8 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
             this many new shards (to test resuming).
 
     Raises:
-        MeasureError: ``cfg.out`` exists (without overwrite), bad windows / reference context / corpus,
+        MeasureError: ``cfg.out`` exists (without overwrite), bad windows / reference context / corpus, a BOS rule
+            the model or the sweep cannot take (:mod:`truncsens.engine.bos`),
             shards of another run.
         truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.
         truncsens.engine.run.distributed.LaunchError: the launch environment and the process group disagree.
@@ -187,10 +190,13 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
         say("measure", f"loading model {cfg.model}", speak)
         loaded = load_model(cfg.model, process_device(cfg.device, ranks), cfg.dtype)
     N = resolve_reference_context(cfg, loaded)
+    bos = resolve_bos(cfg.bos, loaded.tokenizer, loaded.name)
+    cfg = with_bos_sinks(cfg, bos, cfg.build_policies())  # the BOS as first sink when every context begins with it
     sweep = resolve_sweep(cfg, N)
     sweep.semantics.check_model(loaded.model, loaded.name)
     docs = prepare_documents(cfg, loaded, N, on_stage=lambda text: say("measure", text, speak))
     attrs = provenance(cfg, loaded, N, docs, sweep)
+    attrs.update(bos.attrs())
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
     if cfg.per_layer:
@@ -207,8 +213,11 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
                 extra["notes"] = [note]
     else:
         work = exact_work(cfg, loaded, N, sweep, docs, attrs)
+    if bos.prepend is not None:  # every context begins with the BOS (targets of every shard, resumed ones too)
+        work = dataclasses.replace(work, select=select_starting_with(work.select, bos.prepend))
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, model_sha256=loaded.content_sha256,
-                                  model_revision=loaded.revision, **{sweep.dim + "s": sweep.values})
+                                  model_revision=loaded.revision, **{sweep.dim + "s": sweep.values},
+                                  **({"bos_prepended": True} if bos.prepend is not None else {}))
     done = run_sharded(ShardedRun.of(cfg, docs.used, N, fingerprint, work), ranks, stop_after_shards)
     return MeasureSummary(
         path=done.path, n_targets=done.n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),
