@@ -49,13 +49,21 @@ def test_bos_recorded_per_target_and_in_attrs(tmp_path):
     bos_tokenizer().save_pretrained(folder)
     corpus = tmp_path / "c.txt"
     corpus.write_text(LITERAL)
-    run_measure(MeasureConfig(model=folder, corpus=str(corpus), reference_context=32, windows=[1, 8],
+    run_measure(MeasureConfig(model=folder, corpus=str(corpus), reference_context=32, windows=[1, 8], bos="document",
                               targets_per_doc=None, out=str(tmp_path / "r.nc"), progress=False))
     ds = results.load(tmp_path / "r.nc")
     assert ds.attrs["tokenizer_adds"] == "bos" and "one BOS at the start of each document" in ds.attrs["bos_rule"]
+    assert (ds.attrs["bos"], ds.attrs["bos_prepended"], ds.attrs["n_sink"]) == ("document", 0, 0)
     want = (ds["position"].values == 32).astype(np.int8)  # only the context starting at the document's first token
     np.testing.assert_array_equal(ds["bos_first"].values, want)
     assert want.sum() == 1
+    # the default (auto) for a tokenizer that adds a BOS: every context begins with it, kept as the first sink
+    run_measure(MeasureConfig(model=folder, corpus=str(corpus), reference_context=32, windows=[1, 8],
+                              targets_per_doc=None, out=str(tmp_path / "auto.nc"), progress=False))
+    auto = results.load(tmp_path / "auto.nc")
+    assert (auto.attrs["bos"], auto.attrs["bos_prepended"], auto.attrs["n_sink"]) == ("auto", 1, 1)
+    assert auto.attrs["bos_rule"].startswith("a BOS at position 0 of every context")
+    np.testing.assert_array_equal(auto["bos_first"].values, np.ones(len(want), np.int8))
 
 
 def test_tokenizer_ids_beyond_the_model_vocabulary(tmp_path, corpus_dir):

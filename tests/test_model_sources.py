@@ -11,7 +11,7 @@ import torch
 
 from truncsens.models.huggingface import check_logits_to_keep, dtype_keyword
 from truncsens.models import (
-    SOURCES, HubSource, LoadedModel, LocalFolderSource, ModelLoadError, ReferenceSource, SyntheticSource, load_model,
+    SOURCES, GgufSource, HubSource, LoadedModel, LocalFolderSource, ModelLoadError, ReferenceSource, SyntheticSource, load_model,
     model_source,
 )
 from truncsens.models.synthetic import synthetic_documents
@@ -32,6 +32,8 @@ from conftest import requires_reference
     ("/no/such/folder", "local"),
     ("~/models/x", "local"),
     ("a/b/c", "local"),
+    ("./models/m.Q4_K_M.gguf", "gguf"),
+    ("smollm2-135m", "gguf"),
 ])
 def test_model_source_kind(spec, kind):
     assert model_source(spec).kind == kind
@@ -39,9 +41,9 @@ def test_model_source_kind(spec, kind):
 
 def test_existing_folder_is_local_and_order_of_sources(tmp_path):
     assert model_source(str(tmp_path)).kind == "local"
-    assert [type(s) for s in SOURCES] == [ReferenceSource, SyntheticSource, LocalFolderSource, HubSource]
-    assert [s.kind for s in SOURCES] == ["reference", "synthetic", "local", "hub"]
-    assert [s.has_own_corpus for s in SOURCES] == [False, True, False, False]
+    assert [type(s) for s in SOURCES] == [ReferenceSource, SyntheticSource, GgufSource, LocalFolderSource, HubSource]
+    assert [s.kind for s in SOURCES] == ["reference", "synthetic", "gguf", "local", "hub"]
+    assert [s.has_own_corpus for s in SOURCES] == [False, True, False, False, False]
 
 
 def test_synthetic_documents_through_the_source():

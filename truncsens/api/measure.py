@@ -53,7 +53,7 @@ def _ints(values: int | Sequence[int] | None) -> list[int] | None:
 def measure_config(model: str = "reference", *, texts: Sequence[str] | None = None, corpus: str | None = None,
                    domain: str = "code", split: str = "auto", text_field: str = "text",
                    reference_context: int | None = None, windows: Sequence[int] | None = None,
-                   sinks: int | None = None, positions: str = "original", targets_per_doc: int = 8,
+                   sinks: int | None = None, bos: str = "auto", positions: str = "original", targets_per_doc: int = 8,
                    max_docs: int | None = None, seed: int = 0, device: str = DEFAULT_DEVICE, dtype: str = "float32",
                    batch_tokens: int | None = None, docs_per_shard: int = 8, out: str | Path | None = None,
                    resume: bool = False, overwrite: bool = False, progress: bool = True,
@@ -103,8 +103,8 @@ def run_measurement(cfg: MeasureConfig, loaded: LoadedModel | None = None) -> Me
 def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[str] | None = None,
             corpus: str | None = None, domain: str = "code", split: str = "auto", text_field: str = "text",
             reference_context: int | None = None, windows: Sequence[int] | None = None, sinks: int | None = None,
-            positions: str = "original", targets_per_doc: int = 8, max_docs: int | None = None, seed: int = 0,
-            device: str = DEFAULT_DEVICE, dtype: str | None = None, batch_tokens: int | None = None,
+            bos: str = "auto", positions: str = "original", targets_per_doc: int = 8, max_docs: int | None = None,
+            seed: int = 0, device: str = DEFAULT_DEVICE, dtype: str | None = None, batch_tokens: int | None = None,
             docs_per_shard: int = 8, out: str | Path | None = None, resume: bool = False, overwrite: bool = False,
             progress: bool = True, policies: str | Sequence[str] | None = None, budgets: Sequence[int] | None = None,
             semantics: str | None = None, score: str = "attention", per_query: bool = False,
@@ -116,11 +116,12 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
     (``policies=``: a budget sweep) and return the results.
 
     Args:
-        model: a spec ("reference", "synthetic:ALPHA", a hub id, a checkpoint folder), or a transformers
-            causal LM object (then ``tokenizer`` is required; it runs where it is, in its own dtype, in
-            eval mode; the ``model`` attr is its ``config._name_or_path`` or class name + " (passed in memory)").
-            The object is given back as it came, errors included: its modules' train / eval mode, its
-            attention implementation and its hooks (:func:`~truncsens.models.caller_state.caller_state`).
+        model: a spec ("reference", "synthetic:ALPHA", a hub id, a checkpoint folder, a ``.gguf`` file,
+            "smollm2-135m"), or a transformers causal LM object (then ``tokenizer`` is required; it runs
+            where it is, in its own dtype, in eval mode; the ``model`` attr is its ``config._name_or_path`` or
+            class name + " (passed in memory)"). The object is given back as it came, errors included: its
+            modules' train / eval mode, its attention implementation and its hooks
+            (:func:`~truncsens.models.caller_state.caller_state`).
         tokenizer: the tokenizer of a model object (a spec loads its own).
         texts: documents as strings (ids ``text-00000``, ...; attrs ``corpus`` and ``domain`` "texts"),
             instead of ``corpus`` / ``domain``.

@@ -19,6 +19,7 @@ from pathlib import Path
 from truncsens.corpora import Corpus
 from truncsens.corpora.document import SPLITS
 from truncsens.engine.block.plan import check_policy_blocks
+from truncsens.engine.bos import check_rule
 from truncsens.engine.errors import MeasureError  # (defined there, imported from here too)
 from truncsens.engine.semantics import SEMANTICS, Semantics, SemanticsError, semantics_for
 from truncsens.policies import PolicyError, make_policy, policy_class
@@ -43,8 +44,8 @@ LATER_OPTIONS_DEPENDENTS = later_dependents(MeasureOptions)
 
 
 def resolved_paths(model: str, corpus: str | None) -> tuple[str, str | None]:
-    """``(model, corpus)`` as a resume fingerprint records them: a local checkpoint folder and a corpus
-    file or folder as absolute, resolved paths, so a run resumed from another working directory, with
+    """``(model, corpus)`` as a resume fingerprint records them: a local checkpoint folder or GGUF file and a
+    corpus file or folder as absolute, resolved paths, so a run resumed from another working directory, with
     paths relative to it, matches; a hub id, ``reference``, a manifest name or None as given."""
     from truncsens.models import model_source
 
@@ -52,7 +53,7 @@ def resolved_paths(model: str, corpus: str | None) -> tuple[str, str | None]:
         path = Path(spec).expanduser()
         return str(path.resolve()) if path.exists() else spec
 
-    model = absolute(model) if model and model_source(model).kind == "local" else model
+    model = absolute(model) if model and model_source(model).kind in ("local", "gguf") else model
     return model, absolute(corpus) if corpus else corpus
 
 
@@ -84,6 +85,7 @@ class MeasureConfig(MeasureOptions):
         semantics: "reencode", "streaming" or "prefill_evict" (None: reencode for windows,
             streaming for policies).
         n_sink: first tokens kept (None: 0 for windows, 4 for policies).
+        bos: "auto", "always", "never" or "document": where a BOS token goes (:mod:`truncsens.engine.bos`).
         positions: "original" (kept tokens keep their position ids) or "reindexed".
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
         observation_window, pooling_kernel: SnapKV's window w and pooling kernel p (``snapkv``,
@@ -116,8 +118,8 @@ class MeasureConfig(MeasureOptions):
             reports, the command line recorded in the results.
 
     Raises:
-        MeasureError: a count below 1 (``--chunk`` and ``--draws`` included), negative sinks, an unknown split or
-            position mode, windows together with policies, budgets or semantics without policies,
+        MeasureError: a count below 1 (``--chunk`` and ``--draws`` included), negative sinks, an unknown
+            BOS rule, split or position mode, windows together with policies, budgets or semantics without policies,
             a chunk other than 1 outside ``streaming``, an unknown protocol, a block fraction outside
             (0, 1], a block size below 1, a block fraction or size other than the default without
             ``--protocol block``, ``--protocol block`` with a reencode policy sweep other than
@@ -145,6 +147,7 @@ class MeasureConfig(MeasureOptions):
                 raise MeasureError(f"{option} must be at least 1, got {value}")
         if self.n_sink is not None and self.n_sink < 0:
             raise MeasureError(f"--sinks must be >= 0, got {self.n_sink}")
+        check_rule(self.bos)
         bad = [w for w in self.windows or () if w < 1]
         if bad:  # before the output and the model are looked at
             raise MeasureError(f"--windows must be at least 1 token each, got {', '.join(map(str, bad))}")

@@ -1,14 +1,14 @@
 """The documents of a run: read the corpus (or sample a model source's own), tokenize, keep those
 long enough for a reference context of N tokens.
 
-BOS rule (one rule for every model): a document is encoded as the model's tokenizer encodes a text
-with its default special tokens at the start only. If the tokenizer adds a BOS token by default
-(Llama, Gemma, ...: the model expects one), each document's token stream begins with exactly one
-BOS; otherwise with none. No other special token is ever inserted, and text that spells a special
-token literally (``<|endoftext|>`` in a source file) is encoded as ordinary text, so a BOS never
-appears inside a document. A target's reference context begins with that BOS only when it starts
-at the document's first token; kept contexts begin with it only then and with sinks kept. Recorded
-per target (``bos_first``) and in the attrs ``tokenizer_adds`` and ``bos_rule``.
+Documents: a document is encoded as the model's tokenizer encodes a text with its default special
+tokens at the start only. If the tokenizer adds a BOS token by default (Llama, Gemma, ...: the model
+expects one), each document's token stream begins with exactly one BOS (also under ``--bos always``,
+with the tokenizer's BOS; none under ``--bos never``); otherwise with none. No other special token is
+ever inserted, and text that spells a special token literally (``<|endoftext|>`` in a source file)
+is encoded as ordinary text, so a BOS never appears inside a document. Whether every context then
+begins with the BOS too is the ``--bos`` rule (:mod:`truncsens.engine.bos`). Recorded per target
+(``bos_first``) and in the attrs ``tokenizer_adds``, ``bos_rule`` (and ``bos``, ``bos_prepended``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 from truncsens.corpora import load_corpus
 from truncsens.corpora.document import id_bytes
+from truncsens.engine.bos import default_special_tokens, resolve_bos
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.models import LoadedModel, model_source
 from truncsens.targets import TokenDoc
@@ -40,18 +41,6 @@ class RunDocuments:
     skipped: dict[str, int]
     bos_id: int | None = None
     tokenizer_adds: str = "none"
-
-
-def default_special_tokens(tokenizer) -> tuple[str, int | None]:
-    """What the tokenizer adds to a text by default: ("bos", "eos", "bos+eos" or "none"), and the BOS
-    id it puts in front (None when it adds none)."""
-    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-    full = tokenizer("a", add_special_tokens=True)["input_ids"]
-    bos, eos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "eos_token_id", None)
-    adds_bos = bos is not None and len(full) > len(plain) and full[0] == bos and full[1 : 1 + len(plain)] == plain
-    adds_eos = eos is not None and len(full) > len(plain) and full[-1] == eos and full[-1 - len(plain) : -1] == plain
-    kinds = [k for k, on in (("bos", adds_bos), ("eos", adds_eos)) if on]
-    return "+".join(kinds) or "none", (bos if adds_bos else None)
 
 
 def tokenize_documents(docs, tokenizer, bos_id: int | None = None) -> list[TokenDoc]:
@@ -122,7 +111,8 @@ def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: i
     corpus = load_corpus(cfg.corpus, cfg.domain, cfg.split, cfg.text_field)
     if on_stage is not None:
         on_stage(f"tokenizing {len(corpus.documents)} documents of corpus {corpus.name}")
-    adds, bos_id = default_special_tokens(loaded.tokenizer)
+    adds = default_special_tokens(loaded.tokenizer)[0]
+    bos_id = resolve_bos(cfg.bos, loaded.tokenizer, loaded.name).document_bos
     return (tokenize_documents(corpus.documents, loaded.tokenizer, bos_id), corpus.name, corpus.domain, corpus.sha256,
             dict(corpus.skipped), bos_id, adds)
 

@@ -23,6 +23,7 @@ puts on the keys its policy evicted, mean over layers and heads).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ import truncsens
 from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.block.plan import larger_blocks_note
 from truncsens.engine.block.runs import block_work
+from truncsens.engine.bos import resolve_bos, select_starting_with, with_bos_sinks
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.run.progress import say
@@ -131,6 +133,7 @@ def provenance(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int, 
         "bos_rule": "one BOS at the start of each document when the tokenizer adds one by default, none elsewhere; "
                     "literal special-token text encoded as text (docs/method.md)",
     }
+    attrs.update(loaded.attrs)  # what the model's source records of it (a GGUF file: model_file, model_quantization)
     attrs.update(recorded_attrs(cfg))  # the options declared with attr=True (truncsens.engine.options)
     distance = sweep.semantics.window_distances.get(cfg.positions) if _has_sliding_layers(loaded.model) else None
     if distance is not None:  # how each sliding-window layer's window was applied (docs/method.md)
@@ -169,7 +172,8 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
             this many new shards (to test resuming).
 
     Raises:
-        MeasureError: ``cfg.out`` exists (without overwrite), bad windows / reference context / corpus,
+        MeasureError: ``cfg.out`` exists (without overwrite), bad windows / reference context / corpus, a BOS rule
+            the model or the sweep cannot take (:mod:`truncsens.engine.bos`),
             shards of another run.
         truncsens.engine.run.lock.OutputLockedError: another run is writing ``cfg.out``.
         truncsens.engine.run.distributed.LaunchError: the launch environment and the process group disagree.
@@ -187,12 +191,15 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
         say("measure", f"loading model {cfg.model}", speak)
         loaded = load_model(cfg.model, process_device(cfg.device, ranks), cfg.dtype)
     N = resolve_reference_context(cfg, loaded)
+    bos = resolve_bos(cfg.bos, loaded.tokenizer, loaded.name)
+    cfg = with_bos_sinks(cfg, bos, cfg.build_policies())  # the BOS as first sink when every context begins with it
     sweep = resolve_sweep(cfg, N)
     sweep.semantics.check_model(loaded.model, loaded.name)
     for policy in sweep.policies:  # before the documents are read
         sweep.semantics.check_policy_model(policy, loaded.model)
     docs = prepare_documents(cfg, loaded, N, on_stage=lambda text: say("measure", text, speak))
     attrs = provenance(cfg, loaded, N, docs, sweep)
+    attrs.update(bos.attrs())
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
     if cfg.per_layer:
@@ -209,8 +216,11 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
                 extra["notes"] = [note]
     else:
         work = exact_work(cfg, loaded, N, sweep, docs, attrs)
+    if bos.prepend is not None:  # every context begins with the BOS (targets of every shard, resumed ones too)
+        work = dataclasses.replace(work, select=select_starting_with(work.select, bos.prepend))
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, model_sha256=loaded.content_sha256,
-                                  model_revision=loaded.revision, **{sweep.dim + "s": sweep.values})
+                                  model_revision=loaded.revision, **{sweep.dim + "s": sweep.values},
+                                  **({"bos_prepended": True} if bos.prepend is not None else {}))
     done = run_sharded(ShardedRun.of(cfg, docs.used, N, fingerprint, work), ranks, stop_after_shards)
     return MeasureSummary(
         path=done.path, n_targets=done.n_targets, n_docs=len(docs.used), n_docs_checked=len(docs.checked),

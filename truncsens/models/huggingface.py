@@ -63,7 +63,7 @@ def check_logits_to_keep(model: Any, name: str) -> None:
 
 
 def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dtype, dtype: str,
-                       revision: str | None, source: str) -> LoadedModel:
+                       revision: str | None, source: str, content_sha256: bool = True) -> LoadedModel:
     """Config, causal LM and tokenizer from a checkpoint folder or hub id, in eval mode on ``device``.
 
     Args:
@@ -71,6 +71,7 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
         name: the spec as given (``LoadedModel.name``); "reference" records tokenizer "reference".
         torch_dtype, dtype: the precision as a torch dtype and as its name.
         source: the kind recorded in ``LoadedModel.source``.
+        content_sha256: hash a local folder's files (False: the caller identifies the model itself).
 
     Raises:
         ModelLoadError: unreadable config, unreachable hub, not a causal LM, damaged weights file, no
@@ -106,7 +107,7 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
         model=model, tokenizer=tokenizer, name=name, revision=commit,
         tokenizer_name=getattr(tokenizer, "name_or_path", name) if name != "reference" else "reference",
         max_context=max_context_of(config), device=device, dtype=dtype, source=source,
-        content_sha256=checkpoint_sha256(path) if local else "",
+        content_sha256=checkpoint_sha256(path) if local and content_sha256 else "",
     )
 
 

@@ -7,13 +7,13 @@ This module imports no model source, so :mod:`truncsens.models.synthetic` and th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-SOURCE_KINDS = ("reference", "synthetic", "local", "hub", "memory")
+SOURCE_KINDS = ("reference", "synthetic", "gguf", "local", "hub", "memory")
 
 
 IN_MEMORY = " (passed in memory)"  # ends the name of a model object handed to truncsens rather than loaded by it
@@ -39,10 +39,13 @@ class LoadedModel:
         max_context: the model's position limit in tokens (0: its config states none).
         device, dtype: where and in which precision it runs.
         source: the kind of model source that loaded it, one of :data:`SOURCE_KINDS`
-            ("reference", "synthetic", "local", "hub", "memory": a model object passed in); "hub" when built by hand.
+            ("reference", "synthetic", "gguf", "local", "hub", "memory": a model object passed in); "hub" when built
+            by hand.
         content_sha256: the weights' identity by content (the ``model_sha256`` attr,
             :mod:`truncsens.models.identity`): a local folder's files or an in-memory model's state;
-            "" for hub models (their commit, ``revision``, identifies them) and synthetic sources.
+            "" for hub models (their commit, ``revision``, identifies them) and synthetic sources; a GGUF
+            file's own SHA-256.
+        attrs: further results attrs the source records (a GGUF file: ``model_file``, ``model_quantization``).
     """
 
     model: Any
@@ -55,6 +58,7 @@ class LoadedModel:
     dtype: str
     source: str = "hub"
     content_sha256: str = ""
+    attrs: dict = field(default_factory=dict)
 
 
 def resolve_dtype(dtype: str) -> torch.dtype:

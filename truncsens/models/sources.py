@@ -9,6 +9,8 @@ documents, :meth:`ModelSource.documents`). :func:`model_source` tries them in th
 - :class:`SyntheticSource` ("synthetic"): ``synthetic:ALPHA[:L]`` or ``synthetic-geometric:RATE[:L]``,
   the process of :mod:`truncsens.models.synthetic` with a known decay law, and the only source with its own
   corpus;
+- :class:`GgufSource` ("gguf"): a path ending in ``.gguf``, or the name of a known model whose GGUF
+  file a package installs (``smollm2-135m``; :mod:`truncsens.models.gguf`);
 - :class:`LocalFolderSource` ("local"): an existing path, or anything that looks like one
   (``./x``, ``/x``, ``~/x``, ``a/b/c``);
 - :class:`HubSource` ("hub"): everything else, read as a Hugging Face hub id such as
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from truncsens.models.gguf import NAMED_GGUF, load_gguf, named_gguf_path
 from truncsens.models.huggingface import check_hub_or_cache, check_logits_to_keep, check_tokenizer, load_hf_checkpoint
 from truncsens.models.identity import state_sha256
 from truncsens.models.loaded import (
@@ -119,6 +122,21 @@ def looks_like_path(spec: str) -> bool:
     return spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
 
 
+class GgufSource(ModelSource):
+    """One GGUF file (a spec ending in ``.gguf``, any case) or a model of
+    :data:`~truncsens.models.gguf.NAMED_GGUF` by name (``smollm2-135m``), loaded through transformers'
+    GGUF support and kept converted in the user's cache (:func:`truncsens.models.gguf.load_gguf`)."""
+
+    kind = "gguf"
+
+    def matches(self, spec: str) -> bool:
+        return spec.lower().endswith(".gguf") or spec in NAMED_GGUF
+
+    def _load(self, spec, device, dtype, torch_dtype, revision) -> LoadedModel:
+        path = named_gguf_path(spec) if spec in NAMED_GGUF else Path(spec).expanduser()
+        return load_gguf(path, spec, device, torch_dtype, dtype, revision)
+
+
 class LocalFolderSource(ModelSource):
     """A Hugging Face checkpoint folder (``config.json`` + weights + tokenizer) on this machine."""
 
@@ -149,7 +167,7 @@ class HubSource(ModelSource):
         return load_hf_checkpoint(spec, spec, device, torch_dtype, dtype, revision, self.kind)
 
 
-SOURCES: tuple[ModelSource, ...] = (ReferenceSource(), SyntheticSource(), LocalFolderSource(), HubSource())
+SOURCES: tuple[ModelSource, ...] = (ReferenceSource(), SyntheticSource(), GgufSource(), LocalFolderSource(), HubSource())
 
 
 def model_source(spec: str) -> ModelSource:
