@@ -18,7 +18,7 @@ def test_tie_groups_by_relative_gap():
 def test_top_per_row_near_ties_go_to_the_later_position():
     values = torch.tensor([[1.0, 1.0 + 3e-7, 1.0 - 2e-7, 0.5, 1.0 + 1e-3]])
     allowed = torch.ones_like(values, dtype=torch.bool)
-    # 1e-3 above the group: kept first; then the three within 1e-5 of each other, the latest first
+    # 1e-3 above the group: kept first; then the three within 1e-4 of each other, the latest first
     assert top_per_row(values, allowed, 2).tolist() == [[False, False, True, False, True]]
     assert top_per_row(values, allowed, 3).tolist() == [[False, True, True, False, True]]
     # exact ties only: by value (the float32 ulps decide)

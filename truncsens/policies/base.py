@@ -202,14 +202,15 @@ class Policy:
         raise NotImplementedError
 
 
-TIE_TOLERANCE = 1e-5
-"""Relative gap below which two scores count as tied when a policy ranks them (:func:`top_per_row`,
-:func:`smallest_k`). Scores come from float32 attention: another machine's kernels (AVX-512 against
-AVX2, another thread count) move them by a few ulps (about 1e-7 relative each), so scores closer than
-that are ordered by rounding, not by the model. In a previous-token head every key of the window
-receives about 1 from its successor, equal to a few ulps; ranked by value, which of them a policy keeps
-would change from one CPU to the next. Within 1e-5 (about 80 ulps) they are one tie group, broken by
-position like exact ties, so a kept set is the same on every machine."""
+TIE_TOLERANCE = 1e-4
+"""Relative gap below which two neighbouring scores count as tied when a policy ranks them
+(:func:`top_per_row`, :func:`smallest_k`). Scores come from float32 attention: another machine's
+kernels (AVX-512 against AVX2, another thread count) move them by a few ulps (about 1e-7 relative
+each), so scores that close are ordered by rounding, not by the model. In a previous-token head every
+key of the window receives about 1 from its successor: the scores lie within a few 1e-5 of each
+other, and ranked by value, which of them a policy kept changed from one CPU to the next. A run of
+scores whose neighbours are within 1e-4 is one tie group, broken by position like exact ties, so the
+kept set is the same on every machine."""
 
 
 def tie_groups(ordered: torch.Tensor, tolerance: float) -> torch.Tensor:
