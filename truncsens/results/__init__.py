@@ -5,5 +5,5 @@
 May import: :mod:`truncsens.metrics`, :mod:`truncsens.policies` (names), :mod:`truncsens.models`
 (provenance) and the math modules; never the engine, fits, budgets or reports.
 """
-from truncsens.results.files import load, save  # noqa: F401
+from truncsens.results.files import load, relabel, save  # noqa: F401
 from truncsens.results.schema import *  # noqa: F401,F403  (the schema's public names)
