@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from truncsens.certificates.options import CertifyCommandOptions
-from truncsens.cli.errors import user_errors
+from truncsens.cli.errors import note_kept_shards, signals_stop_like_ctrl_c, user_errors
 from truncsens.cli.options import AsJson, run_command
 
 
@@ -20,10 +20,14 @@ def certify(as_json: AsJson = False, **options: Any) -> None:
     """Measure the coverage and tightness of Hájek error certificates (poisson vs topk vs random)."""
     from truncsens.api.certify import certify_config, run_certification
 
-    with user_errors():
+    with user_errors(), signals_stop_like_ctrl_c():
         cfg = certify_config(**options, command="truncsens " + " ".join(sys.argv[1:]))
         # the figures and (unless resuming) the results file are checked together before anything is computed
-        done = run_certification(cfg, Path(cfg.out).with_suffix(""))
+        try:
+            done = run_certification(cfg, Path(cfg.out).with_suffix(""))
+        except BaseException as exc:
+            note_kept_shards(cfg.out, exc)
+            raise
         if as_json:
             typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:

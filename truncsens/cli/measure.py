@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from truncsens.cli.errors import user_errors
+from truncsens.cli.errors import note_kept_shards, signals_stop_like_ctrl_c, user_errors
 from truncsens.cli.options import run_command
 from truncsens.engine.options import MeasureOptions
 
@@ -17,25 +17,21 @@ def measure(**options: Any) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.api.measure import measure_config, run_measurement
 
-    with user_errors():
+    with user_errors(), signals_stop_like_ctrl_c():
         cfg = measure_config(**options, command="truncsens " + " ".join(sys.argv[1:]))
         _run_and_report(run_measurement, cfg)
 
 
 def _run_and_report(run, cfg) -> None:
-    """Run ``run(cfg)``; on failure say which shards were kept; on success print a summary table."""
+    """Run ``run(cfg)``; on failure say which shards of this run were kept; on success print a summary table."""
     from truncsens.api.load import load
-    from truncsens.engine.run.shards import kept_shards, shard_dir_for
     from truncsens.report.summary import format_table, summarize
     from truncsens.metrics import DEFAULT_METRICS, present
 
     try:
         summary = run(cfg)
-    except BaseException:
-        kept = kept_shards(cfg.out)
-        if kept:
-            typer.echo(f"note: {len(kept)} finished shard(s) kept in {shard_dir_for(cfg.out)}; "
-                       "rerun the same command with --resume to continue", err=True)
+    except BaseException as exc:
+        note_kept_shards(cfg.out, exc)
         raise
     if summary.n_targets < 0:  # not rank 0 of a multi-process run: rank 0 reports
         return
