@@ -35,6 +35,7 @@ from truncsens.engine.block.runs import block_work
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.run.progress import say
+from truncsens.corpora.local import skipped_files_note
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import draws_measured, measure_draws
 from truncsens.engine.options import recorded_attrs
@@ -192,6 +193,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     attrs = provenance(cfg, loaded, N, docs, sweep)
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
+    notes = [f"{note}, not measured"] if (note := skipped_files_note(docs.skipped)) else []  # said on stderr
     if cfg.per_layer:
         attrs.update(per_layer_attrs(loaded))
         work = per_layer_work(cfg, loaded, N, sweep, docs, attrs)
@@ -203,9 +205,11 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
             note = larger_blocks_note(cfg.targets_per_doc, N, sweep.values, cfg.n_sink or 0, cfg.block_fraction,
                                       cfg.block_size)
             if note:
-                extra["notes"] = [note]
+                notes.append(note)
     else:
         work = exact_work(cfg, loaded, N, sweep, docs, attrs)
+    if notes:
+        extra["notes"] = notes
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, model_sha256=loaded.content_sha256,
                                   model_revision=loaded.revision, **{sweep.dim + "s": sweep.values})
     done = run_sharded(ShardedRun.of(cfg, docs.used, N, fingerprint, work), ranks, stop_after_shards)
