@@ -132,7 +132,7 @@ def test_compare_policies_json_flag_and_files(tmp_path):
     m = {name: np.zeros((2, 6, 3)) for name in METRICS}
     m["kl"] = np.stack([base * rng.uniform(0.8, 1.2, (6, 3)), 100 * base * rng.uniform(0.8, 1.2, (6, 3))])
     m["tv"] = np.sqrt(m["kl"]) / 4  # TV <= 1 (checked on load)
-    ds = results.make_results(m, "budget", [8, 16, 32], [f"d{i // 2}" for i in range(6)], np.arange(6), np.zeros(6),
+    ds = results.make_results(m, "budget", [8, 16, 32], [f"d{i // 2}" for i in range(6)], 64 + np.arange(6), np.zeros(6),
                               {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "positions": "original", "n_sink": 4,
                                "reference_context": 64, "seed": 0, "policy": "sink_recent,random"},
                               policies=["sink_recent", "random"])
@@ -157,7 +157,7 @@ def test_compare_policies_counts_an_infinite_kl():
 
     m = {name: np.full((1, 4, 2), 0.5) for name in METRICS}
     m["kl"][0, 0, 0] = np.inf  # KL values [inf, .5, .5, .5] at budget 8
-    ds = results.make_results(m, "budget", [8, 16], ["a", "a", "b", "b"], np.arange(4), np.zeros(4),
+    ds = results.make_results(m, "budget", [8, 16], ["a", "a", "b", "b"], 64 + np.arange(4), np.zeros(4),
                               {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "positions": "original", "n_sink": 0,
                                "reference_context": 64, "seed": 0, "policy": "suffix"}, policies=["suffix"])
     cmp = compare_policies(ds, CompareConfig(metrics=("kl",), n_boot=0))

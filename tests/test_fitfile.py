@@ -103,7 +103,7 @@ def test_summarize_file_and_its_report(tmp_path):
     m["tv"] = np.array([[0.2, 0.1], [0.4, 0.1], [0.6, 0.3], [0.8, 0.3]])
     attrs = {**{k: "" for k in results.REQUIRED_ATTRS}, "model": "m", "corpus": "c", "domain": "code",
              "semantics": "reencode", "positions": "original", "n_sink": 0, "reference_context": 64, "seed": 0}
-    path = results.save(results.make_results(m, "window", [1, 2], ["a", "a", "b", "b"], [8, 9, 8, 9], [0, 1, 2, 3], attrs),
+    path = results.save(results.make_results(m, "window", [1, 2], ["a", "a", "b", "b"], [64, 65, 64, 65], [0, 1, 2, 3], attrs),
                         tmp_path / "r.nc")
     s = summarize_file(path, ["tv"])
     assert (s.sweep, s.n_targets) == ("window", 4)
@@ -136,7 +136,7 @@ def test_compare_policies_file(tmp_path):
     attrs = {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "positions": "original", "n_sink": 0,
              "reference_context": 64,
              "seed": 0, "policy": "sink_recent,random"}
-    path = results.save(results.make_results(m, "budget", K, [f"d{i // 2}" for i in range(n)], np.arange(n), np.zeros(n),
+    path = results.save(results.make_results(m, "budget", K, [f"d{i // 2}" for i in range(n)], 64 + np.arange(n), np.zeros(n),
                                              attrs, policies=["sink_recent", "random"]), tmp_path / "p.nc")
     cmp = compare_policies_file(path, CompareConfig(metrics=("tv",), n_boot=10, fit_range=(8, 32)))
     assert [r["value"] for r in cmp.ratios] == pytest.approx([10, 10, 10])

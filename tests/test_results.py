@@ -90,7 +90,7 @@ def test_make_results_errors():
 
 def test_budget_sweep_with_policies():
     m = metrics_for(3, W=2, policies=2)
-    ds = results.make_results(m, "budget", [8, 32], ["a", "b", "c"], [9, 10, 11], [1, 2, 3], attrs(),
+    ds = results.make_results(m, "budget", [8, 32], ["a", "b", "c"], [69, 70, 71], [1, 2, 3], attrs(),
                               policies=["suffix", "random"])
     assert ds["tv"].dims == ("policy", "target", "budget")
     assert ds["policy"].values.tolist() == ["suffix", "random"]
@@ -249,7 +249,7 @@ def test_plain_ids_are_stored_verbatim_and_odd_ones_escaped(tmp_path):
 
 def test_policy_names_and_variable_attrs_round_trip(tmp_path):
     m = metrics_for(2, W=2, policies=2)
-    ds = results.make_results(m, "budget", [8, 32], ["a", "b"], [9, 10], [1, 2], attrs(),
+    ds = results.make_results(m, "budget", [8, 32], ["a", "b"], [69, 70], [1, 2], attrs(),
                               policies=["sink_recent", "p\x00\udcff"])
     ds["tv"].attrs["units"] = "probability"
     ds["tv"].attrs["params"] = {"k": [1, None]}
@@ -340,7 +340,7 @@ def test_plain_attrs_stay_plain_netcdf(tmp_path):
         assert raw.attrs["model"] == "tiny" and raw.attrs["n_sink"] == 0 and raw.attrs["score"] == 0.25
         assert raw.attrs["model_revision"] == "" and raw.attrs["log_base"] == "e"
         assert raw.attrs["flag"] == "true" and raw.attrs["params"] == '{"a": 1}'
-        assert raw.attrs["truncsens_json_attrs"] == '["flag", "params"]'
+        assert raw.attrs["truncsens_json_attrs"] == '["attrs_fingerprint", "flag", "params"]'  # the fingerprint: a dict
     assert "truncsens_json_attrs" not in results.load(tmp_path / "p.nc").attrs
 
 
@@ -466,10 +466,10 @@ def test_duplicates_across_policies_and_draws_are_one_rule(tmp_path):
     """Targets are shared by the policy and draw dims: a repeated (doc, position) is refused in a
     [policy, draw, target, budget] file as in a window file."""
     m = {k: np.repeat(v[:, None], 2, axis=1) for k, v in metrics_for(3, W=2, policies=2).items()}  # [P, R, n, K]
-    ds = results.make_results(m, "budget", [8, 32], ["a", "b", "a"], [9, 10, 9], [1, 2, 3], attrs(),
+    ds = results.make_results(m, "budget", [8, 32], ["a", "b", "a"], [69, 70, 69], [1, 2, 3], attrs(),
                               policies=["suffix", "random"], draws=2)
     assert ds["tv"].dims == ("policy", "draw", "target", "budget")
-    with pytest.raises(ResultsError, match=r"doc 'a' position 9 \(2 times, at target=0,2\)"):
+    with pytest.raises(ResultsError, match=r"doc 'a' position 69 \(2 times, at target=0,2\)"):
         results.save(ds, tmp_path / "pd.nc")
 
 
@@ -502,9 +502,9 @@ def test_merge_refuses_shards_of_different_runs(tmp_path):
     assert results.merge([a, later]).sizes["target"] == 4
     fb.attrs.update(run_fingerprint="0" * 64, seed=5)  # the same configuration hash: one run, its attrs not compared
     assert results.merge([fa, fb]).attrs["seed"] == 0
-    p1 = results.make_results(metrics_for(2, W=2, policies=2), "budget", [8, 32], ["a", "a"], [9, 10], [1, 2], attrs(),
+    p1 = results.make_results(metrics_for(2, W=2, policies=2), "budget", [8, 32], ["a", "a"], [69, 70], [1, 2], attrs(),
                               policies=["suffix", "random"])
-    p2 = results.make_results(metrics_for(2, W=2, policies=2), "budget", [8, 32], ["b", "b"], [9, 10], [1, 2], attrs(),
+    p2 = results.make_results(metrics_for(2, W=2, policies=2), "budget", [8, 32], ["b", "b"], [69, 70], [1, 2], attrs(),
                               policies=["suffix", "h2o"])
     with pytest.raises(ResultsError, match="refusing to merge shard 1 with shard 0: their policy coords differ"):
         results.merge([p1, p2])

@@ -28,14 +28,18 @@ def budget_file(tmp_path) -> str:
     ds = xr.load_dataset(window_file(tmp_path), engine="h5netcdf").rename({"window": "budget"})
     ds = ds.expand_dims(policy=["sink_recent"]).transpose("policy", ...)
     ds.attrs.update(semantics="streaming", policy="sink_recent")
+    del ds.attrs["attrs_fingerprint"]  # relabelled by an older truncsens, which wrote no fingerprint
     path = tmp_path / "budgets.nc"
     ds.to_netcdf(path, engine="h5netcdf")
     return str(path)
 
 
-def edited(path: str, name: str, edit) -> str:
-    """A copy of the file at ``path`` with ``edit`` applied to its stored form (no truncsens check in between)."""
+def edited(path: str, name: str, edit, fingerprint: bool = False) -> str:
+    """A copy of the file at ``path`` with ``edit`` applied to its stored form (no truncsens check in between);
+    without ``fingerprint``, as a file an older truncsens wrote (no attrs fingerprint: the value rules alone)."""
     ds = xr.load_dataset(path, engine="h5netcdf")
+    if not fingerprint:
+        ds.attrs.pop("attrs_fingerprint", None)
     ds = edit(ds)
     out = path.replace(".nc", f"-{name}.nc")
     ds.to_netcdf(out, engine="h5netcdf")

@@ -214,7 +214,7 @@ def test_compare_policies_refuses_an_explicit_policy_not_in_the_file(tmp_path):
     from typer.testing import CliRunner
 
     m = {name: np.full((1, 2, 2), 0.1) for name in METRICS}
-    ds = results.make_results(m, "budget", [16, 32], ["a", "b"], [1, 2], [0, 0],
+    ds = results.make_results(m, "budget", [16, 32], ["a", "b"], [64, 65], [0, 0],
                               {**{k: "" for k in results.REQUIRED_ATTRS}, "semantics": "streaming", "positions": "original", "n_sink": 0,
                                "reference_context": 64, "seed": 0, "policy": "suffix"}, policies=["suffix"])
     path = results.save(ds, tmp_path / "p.nc")

@@ -79,12 +79,14 @@ def test_merge_refuses_a_shard_of_another_run(tiny_llama_dir, corpus_dir, tmp_pa
         run_measure(cfg(tiny_llama_dir, corpus_dir, out), stop_after_shards=1)
     shard = shard_dir_for(out) / "shard-00000.nc"
     ds = results.load(shard)
+    own = ds.attrs["run_fingerprint"]
     ds.attrs["run_fingerprint"] = "0" * 64  # as if another configuration had written it
     results.save(ds, shard)
     with pytest.raises(MeasureError, match="shard-00000.nc was written by a run of another configuration"):
         run_measure(cfg(tiny_llama_dir, corpus_dir, out, resume=True))
+    assert [p.name for p in shard_dir_for(out).glob("shard-*.nc")] == ["shard-00000.nc"]  # refused before computing
     ds = ds.isel(target=slice(0, 3))  # right configuration, missing targets
-    ds.attrs["run_fingerprint"] = results.load(shard_dir_for(out) / "shard-00001.nc").attrs["run_fingerprint"]
+    ds.attrs["run_fingerprint"] = own
     results.save(ds, shard)
     with pytest.raises(MeasureError, match="holds 3 targets .* not the 4 targets planned for it"):
         run_measure(cfg(tiny_llama_dir, corpus_dir, out, resume=True))

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from truncsens.certificates.options import CertifyCommandOptions
-from truncsens.cli.errors import user_errors
+from truncsens.cli.errors import kept_shards_note, signals_stop_like_ctrl_c, user_errors
 from truncsens.cli.options import AsJson, run_command
 
 
@@ -20,10 +20,11 @@ def certify(as_json: AsJson = False, **options: Any) -> None:
     """Measure the coverage and tightness of Hájek error certificates (poisson vs topk vs random)."""
     from truncsens.api.certify import certify_config, run_certification
 
-    with user_errors():
+    with user_errors(), signals_stop_like_ctrl_c():
         cfg = certify_config(**options, command="truncsens " + " ".join(sys.argv[1:]))
         # the figures and (unless resuming) the results file are checked together before anything is computed
-        done = run_certification(cfg, Path(cfg.out).with_suffix(""))
+        with kept_shards_note(cfg.out):
+            done = run_certification(cfg, Path(cfg.out).with_suffix(""))
         if as_json:
             typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:

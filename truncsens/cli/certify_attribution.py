@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from truncsens.certificates.options import AttributionOptions
-from truncsens.cli.errors import kept_shards_note, user_errors
+from truncsens.cli.errors import kept_shards_note, signals_stop_like_ctrl_c, user_errors
 from truncsens.cli.options import AsJson, run_command
 
 
@@ -21,7 +21,7 @@ def certify_attribution(as_json: AsJson = False, **options: Any) -> None:
     """Attribution AUCs and gated recomputation of poisson eviction's certificates (vs confidence, random)."""
     from truncsens.api.certify_attribution import attribution_config, run_attribution_report
 
-    with user_errors():
+    with user_errors(), signals_stop_like_ctrl_c():
         cfg = attribution_config(**options, command="truncsens " + " ".join(sys.argv[1:]))
         # the results file (unless resuming) and its figures are checked together before anything is computed
         with kept_shards_note(cfg.out):

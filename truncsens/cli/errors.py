@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import warnings
 from typing import Iterator
@@ -82,18 +83,67 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(code=2) from None
 
 
+# The signals that stop a run as Ctrl-C does (a batch system's or a closed terminal's stop), where the platform has them.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class StoppedBySignal(KeyboardInterrupt):
+    """A command stopped by a signal of :data:`STOP_SIGNALS`: raised in the main thread as Ctrl-C's
+    ``KeyboardInterrupt`` is (a subclass of it), so everything that runs on Ctrl-C runs too (the
+    output lock released, a run's finished shards kept and named with how to resume)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def signals_stop_like_ctrl_c() -> Iterator[None]:
+    """While a command body runs, SIGTERM and SIGHUP raise :class:`StoppedBySignal` instead of ending
+    the process at once; the command then prints ``stopped by SIGTERM`` on stderr and exits 128 + the
+    signal's number, as a shell reports a process the signal ended. The previous handlers are put
+    back afterwards (outside the main thread, where handlers cannot be set, nothing changes).
+
+    Raises:
+        typer.Exit: the body was stopped by a signal (code 128 + signum).
+    """
+    previous = {}
+    def stop(signum, frame):
+        raise StoppedBySignal(signum)
+    for sig in STOP_SIGNALS:
+        try:
+            previous[sig] = signal.signal(sig, stop)
+        except ValueError:  # not the main thread
+            break
+    try:
+        yield
+    except StoppedBySignal as exc:
+        typer.echo(f"{exc.args[0]}", err=True)
+        raise typer.Exit(code=128 + exc.signum) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def note_kept_shards(out, exc: BaseException) -> None:
+    """After a run writing ``out`` failed with ``exc``: name the finished shards kept and how to resume,
+    when they are this run's own (:func:`truncsens.engine.run.shards.resumable`; a run refused before
+    it began, e.g. because another run holds the output, says nothing of that run's shards)."""
+    from truncsens.engine.run.shards import kept_shards, resumable, shard_dir_for
+
+    kept = kept_shards(out)
+    if kept and resumable(exc):
+        typer.echo(f"note: {len(kept)} finished shard(s) kept in {shard_dir_for(out)}; "
+                   "rerun the same command with --resume to continue", err=True)
+
+
 @contextlib.contextmanager
 def kept_shards_note(out) -> Iterator[None]:
     """Run the body of a command that writes results file ``out`` in shards; when it fails or is
-    interrupted (Ctrl-C included) after some shards were finished, say on stderr that they were kept
-    and how to continue (``--resume``); the exception goes on (to :func:`user_errors` or the shell)."""
+    interrupted (Ctrl-C, SIGTERM, SIGHUP) after some of this run's shards were finished, say on stderr
+    that they were kept and how to continue (:func:`note_kept_shards`); the exception goes on."""
     try:
         yield
-    except BaseException:
-        from truncsens.engine.run.shards import kept_shards, shard_dir_for
-
-        kept = kept_shards(out)
-        if kept:
-            typer.echo(f"note: {len(kept)} finished shard(s) kept in {shard_dir_for(out)}; "
-                       "rerun the same command with --resume to continue", err=True)
+    except BaseException as exc:
+        note_kept_shards(out, exc)
         raise

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from truncsens.cli.errors import kept_shards_note, user_errors
+from truncsens.cli.errors import kept_shards_note, signals_stop_like_ctrl_c, user_errors
 from truncsens.cli.options import run_command
 from truncsens.engine.options import MeasureOptions
 
@@ -17,13 +17,13 @@ def measure(**options: Any) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
     from truncsens.api.measure import measure_config, run_measurement
 
-    with user_errors():
+    with user_errors(), signals_stop_like_ctrl_c():
         cfg = measure_config(**options, command="truncsens " + " ".join(sys.argv[1:]))
         _run_and_report(run_measurement, cfg)
 
 
 def _run_and_report(run, cfg) -> None:
-    """Run ``run(cfg)``; on failure say which shards were kept; on success print a summary table."""
+    """Run ``run(cfg)``; on failure say which shards of this run were kept; on success print a summary table."""
     from truncsens.api.load import load
     from truncsens.report.summary import format_table, summarize
     from truncsens.metrics import DEFAULT_METRICS, present

@@ -11,6 +11,7 @@ counter that the caller passes in (:class:`collections.Counter`, reason -> count
 from __future__ import annotations
 
 import json
+import numbers
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,19 @@ def describe_skipped(skipped: Counter | dict) -> str:
     """``"2 hidden, 1 not_utf8"`` (sorted by reason), or ``"nothing"``."""
     parts = [f"{n} {reason}" for reason, n in sorted(skipped.items()) if n]
     return ", ".join(parts) or "nothing"
+
+
+def skipped_files_note(skipped: Mapping[str, int] | None) -> str:
+    """``"3 corpus files skipped (2 empty, 1 not_utf8)"`` for the files a corpus left out (reasons:
+    :data:`SKIP_REASONS` and the builtin corpora's ``empty``), or ``""`` when none was (or
+    ``skipped`` is not a count by reason): what ``measure`` says on stderr and ``show`` prints
+    under its first line."""
+    if not isinstance(skipped, Mapping):  # no attr (a file from before it) or not a count by reason
+        return ""
+    n = sum(int(v) for v in skipped.values() if isinstance(v, numbers.Integral))
+    if not n:
+        return ""
+    return f"{n} corpus file{'' if n == 1 else 's'} skipped ({describe_skipped(skipped)})"
 
 
 def _is_hidden(rel: Path) -> bool:

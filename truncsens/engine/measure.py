@@ -37,6 +37,7 @@ from truncsens.engine.bos import resolve_bos, select_starting_with, with_bos_sin
 from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.run.progress import say
+from truncsens.corpora.local import skipped_files_note
 from truncsens.engine.documents import RunDocuments, prepare_documents
 from truncsens.engine.kernel import draws_measured, measure_draws
 from truncsens.engine.options import recorded_attrs
@@ -202,6 +203,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
     attrs.update(bos.attrs())
 
     extra = {} if sweep.is_window_sweep else {"policies": [p.name for p in sweep.policies], "semantics": sweep.semantics.name}
+    notes = [f"{note}, not measured"] if (note := skipped_files_note(docs.skipped)) else []  # said on stderr
     if cfg.per_layer:
         attrs.update(per_layer_attrs(loaded))
         work = per_layer_work(cfg, loaded, N, sweep, docs, attrs)
@@ -213,11 +215,13 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
             note = larger_blocks_note(cfg.targets_per_doc, N, sweep.values, cfg.n_sink or 0, cfg.block_fraction,
                                       cfg.block_size)
             if note:
-                extra["notes"] = [note]
+                notes.append(note)
     else:
         work = exact_work(cfg, loaded, N, sweep, docs, attrs)
     if bos.prepend is not None:  # every context begins with the BOS (targets of every shard, resumed ones too)
         work = dataclasses.replace(work, select=select_starting_with(work.select, bos.prepend))
+    if notes:
+        extra["notes"] = notes
     fingerprint = cfg.fingerprint(reference_context=N, corpus_sha256=docs.sha256, model_sha256=loaded.content_sha256,
                                   model_revision=loaded.revision, **{sweep.dim + "s": sweep.values},
                                   **({"bos_prepended": True} if bos.prepend is not None else {}))

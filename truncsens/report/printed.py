@@ -6,9 +6,11 @@ drawn with :func:`truncsens.report.tables.render_table`. Input: plain rows and d
 
 from __future__ import annotations
 
+import numbers
 from typing import TYPE_CHECKING, Any, Sequence
 
 from truncsens.budget.windows import format_tokens, format_tokens_short
+from truncsens.corpora.local import skipped_files_note
 from truncsens.report.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
 
 if TYPE_CHECKING:  # type hints only
@@ -28,6 +30,18 @@ def format_results_header(file: str, attrs: dict, n_targets: int, contexts: tupl
     return (f"{file}: model {a['model']}, corpus {a['corpus']} ({a['domain']}), semantics {a['semantics']}, "
             f"positions {a['positions']}, sinks {a['n_sink']}, reference context {a['reference_context']}, "
             f"{n_targets} targets" + protocol_note(a, contexts) + sliding_window_note(a))
+
+
+def not_measured_note(attrs: dict) -> str:
+    """``show``'s second line: ``"not measured: 3 corpus files skipped (3 empty), 3 of 67 documents too
+    short for N=64"`` from the attrs ``files_skipped``, ``n_docs_skipped_short`` and
+    ``n_docs_checked``; ``""`` when nothing was left out (or the file predates those attrs)."""
+    parts = [skipped_files_note(attrs.get("files_skipped"))]
+    short, checked = attrs.get("n_docs_skipped_short"), attrs.get("n_docs_checked")
+    if isinstance(short, numbers.Integral) and short > 0:
+        parts.append(f"{short} of {checked} documents too short for N={attrs.get('reference_context')}")
+    parts = [p for p in parts if p]
+    return "not measured: " + ", ".join(parts) if parts else ""
 
 
 def sliding_window_note(attrs: dict) -> str:
@@ -103,7 +117,9 @@ def format_summary(rows: list[dict], sweep: str) -> str:
 def format_results_summary(summary: Any) -> str:
     """What ``show`` prints for a :class:`truncsens.report.summary.ResultsSummary` (typed loosely: summary imports
     this module): :func:`format_results_header`, then :func:`format_summary`."""
+    skipped = not_measured_note(summary.attrs)
     return (format_results_header(summary.file, summary.attrs, summary.n_targets, summary.contexts) + "\n"
+            + (f"{skipped}\n" if skipped else "")
             + format_summary(summary.rows, summary.sweep))
 
 

@@ -11,7 +11,11 @@ Rules:
   +inf allowed, counted by readers) within :data:`TOLERANCE` for rounding; NaN is refused (the
   engine never stores one: it stops on non-finite logits); ``top1_agree`` holds 0 or 1.
 - ``coords``: windows and budgets are integers of at least 1 token and at most ``reference_context``;
+  in a window sweep, ``n_sink`` plus the largest window is at most ``reference_context`` (the
+  kept sinks and window lie inside the reference context, as the engine requires);
   ``position`` and ``token_id`` are integers >= 0; ``doc`` and ``policy`` hold strings.
+- ``positions``: every target position is at least ``reference_context`` (a target is scored with
+  the N tokens before it as its reference context).
 - ``targets``: a (``doc``, ``position``) pair appears at most once along ``target`` (so once per
   layer, policy and draw: those dims share the targets); a repeated row would count one target twice
   in every mean.
@@ -98,7 +102,8 @@ def check_metric(ds: xr.Dataset, name: str, sweep: str) -> None:
 
 
 def check_coords(ds: xr.Dataset, sweep: str) -> None:
-    """Sweep, position and token-id coords (module docstring). Raises :class:`ValueCheckError`."""
+    """Sweep, position and token-id coords, sinks against the windows, target positions against the
+    reference context (module docstring). Raises :class:`ValueCheckError`."""
     values = ds[sweep].values
     if values.dtype.kind not in "iu":
         raise ValueCheckError(f"coord {sweep!r}: rule coords: {sweep}s must be whole numbers of tokens, got dtype "
@@ -110,11 +115,23 @@ def check_coords(ds: xr.Dataset, sweep: str) -> None:
         limit = f"[1, reference_context = {top}]" if top is not None else "at least 1"
         raise ValueCheckError(f"coord {sweep!r}: rule coords: {sweep}s must lie in {limit} tokens; first bad value "
                               f"{values[bad][0].item()}")
+    sinks = ds.attrs.get("n_sink")
+    if sweep == "window" and top is not None and _whole(sinks, 0) and len(values) and sinks + values.max() > top:
+        raise ValueCheckError(f"attr 'n_sink': rule coords: n_sink + the largest window must be at most reference_context "
+                              f"= {top} tokens (the sinks and the window are kept inside the reference context); "
+                              f"got n_sink {sinks} + window {values.max().item()}")
     for name in ("position", "token_id"):
         v = ds[name].values
         if v.dtype.kind not in "iu" or (v < 0).any():
             shown = v[v < 0][0].item() if v.dtype.kind in "iu" else v.dtype
             raise ValueCheckError(f"coord {name!r}: rule coords: must be whole numbers >= 0; first bad value {shown}")
+    position = ds["position"].values
+    early = position < top if top is not None else np.zeros(position.shape, bool)
+    if early.any():
+        i = int(np.flatnonzero(early)[0])
+        raise ValueCheckError(f"coord 'position': rule positions: every target position must be at least "
+                              f"reference_context = {top} (a target is scored with the {top} tokens before it); "
+                              f"{int(early.sum())} of {len(position)} are not, first {position[i].item()} at target={i}")
 
 
 def duplicated_targets(doc: Sequence[str], position: Sequence[int]) -> list[tuple[str, int, list[int]]]:

@@ -175,6 +175,19 @@ def _hashable(key: object) -> object:
     return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
 
 
+def canonical(value: object, where: str = "value") -> str:
+    """One JSON text per attr value, the same for a value in memory and for that value read back from
+    a file (numpy numbers as the Python numbers they equal, a one-element numeric array as its element,
+    keys sorted): what :mod:`truncsens.results.fingerprint` compares.
+
+    Raises:
+        AttrEncodingError: a value of a type that cannot be stored (naming ``where``).
+    """
+    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "iuf":
+        value = value.reshape(-1)[0]
+    return json.dumps(_to_json(value, where), sort_keys=True, ensure_ascii=True)
+
+
 def check_attr(name: str, value: object) -> None:
     """Raise :class:`AttrEncodingError` if ``value`` cannot be stored (names the attr)."""
     if name in RESERVED_ATTRS:

@@ -6,13 +6,16 @@ is :mod:`truncsens.results.schema`; this module is the only one that touches a r
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import xarray as xr
 
-from truncsens.results import codec
+from truncsens.results import codec, fingerprint
 from truncsens.results.paths import write_atomic
-from truncsens.results.schema import ResultsError, is_text_variable, rebuild_variables, text_values, validate
+from truncsens.results.schema import (
+    ResultsError, is_text_variable, rebuild_variables, text_values, utc_now, validate,
+)
 
 
 def save(ds: xr.Dataset, path: str | Path) -> Path:
@@ -23,7 +26,9 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
 
     What is checked is what :func:`load` will check: ``ds`` encoded for the file and decoded again,
     through the same :func:`~truncsens.results.schema.validate`, so ``save`` refuses exactly the
-    files ``load`` would refuse, with load's message and `` (nothing written)`` after it.
+    files ``load`` would refuse, with load's message and `` (nothing written)`` after it. The file
+    carries the fingerprint of its attrs (:mod:`truncsens.results.fingerprint`), which ``load``
+    checks; ``ds`` itself is not changed.
 
     Raises:
         ResultsError: ``ds`` does not fit the schema or an attr cannot be stored (nothing is written).
@@ -31,7 +36,10 @@ def save(ds: xr.Dataset, path: str | Path) -> Path:
         OSError: the path cannot be written.
     """
     path = Path(path)
-    encoded = _encode(ds)
+    try:
+        encoded = _encode(ds.assign_attrs(fingerprint.stamped(ds.attrs)))
+    except ResultsError as exc:
+        raise ResultsError(f"{_named(path, exc)} (nothing written)") from None
     try:
         validate(_decode(encoded))  # as load will see it
     except ResultsError as exc:
@@ -121,13 +129,42 @@ def _map(fn, values: np.ndarray) -> np.ndarray:
 def load(path: str | Path) -> xr.Dataset:
     """Read and validate a results file into memory.
 
+    The attrs are checked against the fingerprint the file was written with
+    (:mod:`truncsens.results.fingerprint`; a file written before fingerprints has none and is
+    checked by the value rules alone); the fingerprint attr itself is not returned, so
+    ``load(save(ds))`` equals ``ds``.
+
     Raises:
         FileNotFoundError: no such file.
         ResultsError: the file is not NetCDF or not a truncsens results file (schema, then values:
-            :mod:`truncsens.results.checks`; the message names the file, variable, rule and first bad value), or another process
+            :mod:`truncsens.results.checks`; the message names the file, variable, rule and first bad value),
+            its attrs were changed after it was written (naming each attr, what it was and is), or another process
             holds it open for writing (HDF5's file lock; the message says how to read it anyway).
     """
-    path = Path(path)
+    ds = _read(Path(path))
+    try:
+        fingerprint.check(ds.attrs)
+        validate(_without_fingerprint(ds))
+    except ResultsError as exc:
+        raise ResultsError(_named(Path(path), exc)) from None
+    return _without_fingerprint(ds)
+
+
+def _without_fingerprint(ds: xr.Dataset) -> xr.Dataset:
+    attrs = {k: v for k, v in ds.attrs.items() if k != fingerprint.FINGERPRINT_ATTR}
+    if len(attrs) == len(ds.attrs):
+        return ds
+    out = ds.copy(deep=False)
+    out.attrs = attrs
+    return out
+
+
+def _read(path: Path) -> xr.Dataset:
+    """A results file's Dataset, decoded, not yet checked (its fingerprint attr still in its attrs).
+
+    Raises:
+        FileNotFoundError, ResultsError: as :func:`load`, before its checks.
+    """
     if not path.is_file():
         raise FileNotFoundError(f"results file not found: {path}")
     try:
@@ -144,10 +181,6 @@ def load(path: str | Path) -> xr.Dataset:
         ds = _decode(ds)
     except ValueError as exc:  # bad JSON or escape: a damaged or foreign file
         raise ResultsError(f"{path}: cannot decode its strings or attrs ({exc})") from exc
-    try:
-        validate(ds)
-    except ResultsError as exc:
-        raise ResultsError(_named(path, exc)) from None
     return ds
 
 
@@ -155,3 +188,56 @@ def _named(path: Path, exc: ResultsError) -> str:
     """The message of a refused file, the same from :func:`save` and :func:`load`: ``<path>: <what>``."""
     return f"{path}: {exc}"
 
+
+
+def relabel(path: str | Path, reason: str, changes: Mapping[str, object] | None = None,
+            out: str | Path | None = None) -> Path:
+    """Change attrs of a results file deliberately (the documented way; an attr edited by other means
+    is refused by :func:`load`): set each attr of ``changes``, adopt any attr already edited in the
+    file since it was written, record what changed in the attr ``relabels`` (a list, one entry per
+    re-label: ``{"at": UTC time, "reason": reason, "changed": {name: {"from": was, "to": is}}}``,
+    values as fingerprint entries), and write the file with a fresh fingerprint. The values and every
+    other attr are kept; the value rules (:mod:`truncsens.results.checks`: targets at positions >=
+    ``reference_context``, windows and budgets within it, ...) must hold for the new attrs.
+
+    Args:
+        path: the results file.
+        reason: why (text, recorded; not empty).
+        changes: attr name -> new value (any storable value); none: only adopt edits already made.
+        out: where to write (default: ``path`` itself, replaced atomically).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: ``reason`` empty; ``changes`` names the fingerprint or ``relabels`` attr; nothing
+            would change (no ``changes`` and no edit).
+        FileNotFoundError, ResultsError: as :func:`load` (its fingerprint aside) and :func:`save`.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError(f"relabel: reason must be a non-empty text saying why the attrs change, got {reason!r}")
+    changes = dict(changes or {})
+    reserved = sorted(set(changes) & {fingerprint.FINGERPRINT_ATTR, fingerprint.RELABELS_ATTR})
+    if reserved:
+        raise ValueError(f"relabel: changes may not set {', '.join(reserved)} (written by relabel itself)")
+    path = Path(path)
+    ds = _read(path)
+    try:
+        edited = fingerprint.changes(ds.attrs)
+        before = fingerprint.fingerprint(ds.attrs)
+        attrs = {**{k: v for k, v in ds.attrs.items() if k != fingerprint.FINGERPRINT_ATTR}, **changes}
+        after = fingerprint.fingerprint(attrs)
+    except ResultsError as exc:
+        raise ResultsError(_named(path, exc)) from None
+    changed = {name: {"from": was, "to": now} for name, (was, now) in edited.items()}
+    for name in changes:
+        if before.get(name) != after.get(name):
+            changed[name] = {"from": edited[name][0] if name in edited else before.get(name), "to": after.get(name)}
+    if not changed:
+        raise ValueError(f"relabel: nothing to re-label in {path}: changes={changes!r} equal the attrs, and no attr "
+                         "was edited since the file was written")
+    record = {"at": utc_now(), "reason": reason, "changed": dict(sorted(changed.items()))}
+    attrs[fingerprint.RELABELS_ATTR] = list(attrs.get(fingerprint.RELABELS_ATTR) or []) + [record]
+    out_ds = ds.copy(deep=False)
+    out_ds.attrs = attrs
+    return save(out_ds, path if out is None else out)

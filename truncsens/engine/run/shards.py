@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from truncsens import results
 from truncsens.engine.config import MeasureError
 from truncsens.results.paths import check_creatable, write_atomic
 from truncsens.targets import TargetSet
@@ -29,6 +31,25 @@ SHARD_ONLY_ATTRS = ("run_fingerprint", "shard_index")
 
 class MeasureInterrupted(RuntimeError):
     """The run stopped before all shards were written (used by tests to simulate a crash)."""
+
+
+_RESUMABLE = "truncsens_shards_resumable"
+
+
+def mark_resumable(exc: BaseException) -> None:
+    """Record on ``exc`` that it stopped a run after the run's checks had passed, so the shards in its
+    folder are this run's own and ``--resume`` continues them (:func:`resumable`)."""
+    try:
+        setattr(exc, _RESUMABLE, True)
+    except AttributeError:  # an exception type without instance attributes
+        pass
+
+
+def resumable(exc: BaseException) -> bool:
+    """Whether ``exc`` stopped a run whose kept shards ``--resume`` continues: False for a run refused
+    before its own shards were started (another run holds the output, shards of another run or a
+    damaged shard: their messages say what to do)."""
+    return bool(getattr(exc, _RESUMABLE, False))
 
 
 def shard_dir_for(out: str | Path) -> Path:
@@ -70,18 +91,51 @@ def check_shards(parts: list, plans: list[TargetSet], run_hash: str, shard_dir: 
     """Every shard is of this run and holds exactly its planned targets, in order.
 
     Raises:
-        MeasureError: a shard of another configuration, or with missing / extra / other targets.
+        MeasureError: a shard of another configuration, or with missing / extra / other targets
+            (naming the shard file to delete).
     """
     for i, (part, plan) in enumerate(zip(parts, plans)):
-        name = shard_dir / f"shard-{i:05d}.nc"
-        if part.attrs.get("run_fingerprint") != run_hash:
-            raise MeasureError(f"refusing to merge: {name} was written by a run of another configuration "
-                               "(another run wrote into the same output?); delete the folder and rerun")
-        docs = [str(d) for d in part["doc"].values]
-        if docs != list(plan.doc) or not np.array_equal(part["position"].values, plan.position):
-            raise MeasureError(f"refusing to merge: {name} holds {len(docs)} targets of documents "
-                               f"{sorted(set(docs))[:3]}..., not the {len(plan)} targets planned for it; "
-                               "delete the folder and rerun")
+        check_shard(part, plan, run_hash, shard_dir / f"shard-{i:05d}.nc", "refusing to merge")
+
+
+def check_shard(part, plan: TargetSet, run_hash: str, name: Path, refusal: str) -> None:
+    """Shard file ``name`` (loaded: ``part``) is of this run and holds exactly the targets of ``plan``.
+
+    Raises:
+        MeasureError: ``<refusal>: <name> ...`` naming what is wrong and that file to delete.
+    """
+    delete = f"delete {name} (only that file: the other shards are kept) and rerun with --resume"
+    if part.attrs.get("run_fingerprint") != run_hash:
+        raise MeasureError(f"{refusal}: {name} was written by a run of another configuration (another run wrote "
+                           f"into the same output?); {delete}")
+    docs = [str(d) for d in part["doc"].values]
+    if docs != list(plan.doc) or not np.array_equal(part["position"].values, plan.position):
+        raise MeasureError(f"{refusal}: {name} holds {len(docs)} targets of documents "
+                           f"{sorted(set(docs))[:3]}..., not the {len(plan)} targets planned for it; {delete}")
+
+
+def check_kept_shards(shard_dir: Path, plans: list[TargetSet], run_hash: str) -> None:
+    """Before a resumed run computes anything: every shard file already in ``shard_dir`` can be read,
+    is named for one of this run's shards, carries this run's configuration hash and holds exactly
+    the targets planned for it (so a shard cut short, damaged, or left by another run is named now,
+    not at the merge after every other shard was computed).
+
+    Raises:
+        MeasureError: ``cannot resume: <shard file> ...``, naming the one file to delete.
+    """
+    for path in sorted(shard_dir.glob("shard-*.nc")) if shard_dir.is_dir() else []:
+        delete = f"delete {path} (only that file: the other shards are kept) and rerun with --resume"
+        match = re.fullmatch(r"shard-(\d+)\.nc", path.name)
+        if match is None or int(match.group(1)) >= len(plans):
+            raise MeasureError(f"cannot resume: {path} is not one of this run's {len(plans)} shards "
+                               f"(shard-00000.nc to shard-{len(plans) - 1:05d}.nc); {delete}")
+        try:
+            part = results.load(path)
+        except (results.ResultsError, OSError) as exc:
+            why = str(exc).removeprefix(f"{path}: ")
+            raise MeasureError(f"cannot resume: {path} cannot be read (a shard cut short or damaged: {why}); "
+                               f"{delete}") from None
+        check_shard(part, plans[int(match.group(1))], run_hash, path, "cannot resume")
 
 
 def prepare_shard_dir(shard_dir: Path, fingerprint: dict, resume: bool, write: bool = True) -> None:

@@ -27,8 +27,8 @@ from truncsens import results
 from truncsens.engine.run.distributed import Ranks
 from truncsens.engine.run.lock import OutputLock
 from truncsens.engine.run.shards import (
-    SHARD_ONLY_ATTRS, MeasureInterrupted, ShardProgress, check_output, check_shards, fingerprint_hash, kept_shards,
-    prepare_shard_dir, shard_dir_for,
+    SHARD_ONLY_ATTRS, MeasureInterrupted, ShardProgress, check_kept_shards, check_output, check_shards,
+    fingerprint_hash, kept_shards, mark_resumable, prepare_shard_dir, shard_dir_for,
 )
 from truncsens.targets import TargetSet, TokenDoc, select_targets
 
@@ -147,6 +147,12 @@ def run_sharded(run: ShardedRun, ranks: Ranks | None = None, stop_after_shards: 
 
 def _run_locked(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shards: int | None) -> RunOutcome:
     prepare_shard_dir(shard_dir, run.fingerprint, run.resume, write=False)
+    docs, work = run.docs, run.work
+    groups = [docs[i : i + run.docs_per_shard] for i in range(0, len(docs), run.docs_per_shard)]
+    plans = [work.select(g, run.reference_context, run.targets_per_doc, run.seed) for g in groups]
+    run_hash = fingerprint_hash(run.fingerprint)
+    # every kept shard readable and this run's, checked by every rank before any rank computes one
+    check_kept_shards(shard_dir, plans, run_hash)
     # the shards an earlier run left, seen by every rank before any rank writes one: the run's reused count
     # (each rank skips only its own; rank 0 reports all of them)
     before = {p.name for p in shard_dir.glob("shard-*.nc")} if shard_dir.is_dir() else set()
@@ -154,10 +160,17 @@ def _run_locked(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shard
     if ranks.is_main:
         prepare_shard_dir(shard_dir, run.fingerprint, run.resume)
     ranks.barrier()
+    try:
+        return _compute_and_merge(run, shard_dir, ranks, stop_after_shards, plans, run_hash, before)
+    except BaseException as exc:
+        mark_resumable(exc)  # past the checks: the kept shards are this run's own
+        raise
+
+
+def _compute_and_merge(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_after_shards: int | None,
+                       plans: list[TargetSet], run_hash: str, before: set[str]) -> RunOutcome:
+    """The shards not yet written (each rank its own), then rank 0's merge into ``run.out``."""
     docs, work = run.docs, run.work
-    groups = [docs[i : i + run.docs_per_shard] for i in range(0, len(docs), run.docs_per_shard)]
-    plans = [work.select(g, run.reference_context, run.targets_per_doc, run.seed) for g in groups]
-    run_hash = fingerprint_hash(run.fingerprint)
     reused, written = 0, 0
     mine = [i for i in range(len(plans)) if ranks.owns(i)]
     total = sum(len(plans[i]) for i in mine) * work.tokens_per_target
