@@ -147,3 +147,13 @@ def test_cli_bad_bos_rule(tmp_path):
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert lines == ["error: --bos must be one of auto, always, never, document, got 'sometimes'"]
+
+
+def test_per_layer_windows_begin_with_the_bos(bos_model, corpus_dir, tmp_path):
+    """A per-layer sweep (its 4 sinks by default) reads the same contexts: each begins with the BOS."""
+    ds = measured(tmp_path, bos_model, corpus_dir, "l", windows=[4], per_layer=True)
+    assert (ds.attrs["bos"], ds.attrs["bos_prepended"], ds.attrs["n_sink"]) == ("auto", 1, 4)
+    assert ds["bos_first"].values.tolist() == [1] * ds.sizes["target"]
+    document = measured(tmp_path, bos_model, corpus_dir, "ld", windows=[4], per_layer=True, bos="document")
+    assert document["bos_first"].values.sum() < document.sizes["target"]
+    assert not np.array_equal(ds["tv"].values, document["tv"].values)
