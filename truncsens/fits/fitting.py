@@ -35,7 +35,7 @@ from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.comparison import compare_families
 from truncsens.fits.fit_file import fit_document
 from truncsens.fits.laws import (FAMILIES, FitError, extrapolation_mae, family_record, fit_family, fit_family_batch,
-                                 log_weights)
+                                 log_weights, min_windows)
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
 from truncsens.metrics import DIVERGENCES as DEFAULT_METRICS  # tv, kl, kl_reverse, js: fitted as D(w) by default
@@ -214,10 +214,11 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None,
     fit_range, holdout_range, notes = _ranges(curve, cfg)
     in_fit = (pts >= fit_range[0]) & (pts <= fit_range[1])
     in_hold = np.zeros_like(in_fit) if holdout_range is None else (pts >= holdout_range[0]) & (pts <= holdout_range[1])
-    if in_fit.sum() < 2:
+    need = min_windows(cfg.families)
+    if in_fit.sum() < need:
         raise FitError(
             f"{curve.label}: the fit range {fit_range[0]}:{fit_range[1]} holds {int(in_fit.sum())} measured "
-            f"{curve.sweep}(s) of {pts.tolist()}; need at least 2: give a wider --fit-range LO:HI")
+            f"{curve.sweep}(s) of {pts.tolist()}; need at least {need}: give a wider --fit-range LO:HI")
     if cfg.n_boot > 0 and curve.n_docs < 2:
         raise FitError(f"{curve.label}: bootstrap over documents needs at least 2 documents, the file has {curve.n_docs}; "
                        "pass --bootstrap 0 to fit without intervals")
@@ -355,7 +356,8 @@ def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), s
             from 1 (:class:`truncsens.engine.run.progress.StageProgress`).
 
     Raises:
-        ResultsError: an unknown metric, or a dataset with fewer than two sweep points.
+        ResultsError: an unknown metric, or a dataset with fewer sweep points than the least any family of
+            ``cfg.families`` can be fitted to (:func:`truncsens.fits.laws.min_windows`: 3 for power).
         FitError: see :func:`fit_curve`.
         ValueError: ``sources`` and ``datasets`` differ in length.
     """
@@ -364,7 +366,7 @@ def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), s
         raise ValueError(f"{len(datasets)} datasets but {len(sources)} sources")
     curves: list[Curve] = []
     for ds, source, label in zip(datasets, sources, curve_labels(sources)):
-        curves.extend(curves_of(ds, cfg.metrics, source, label))
+        curves.extend(curves_of(ds, cfg.metrics, source, label, min_points=min_windows(cfg.families)))
     total, done = len(curves) * len(cfg.metrics), iter(range(1, len(curves) * len(cfg.metrics) + 1))
     what = f"{len(cfg.families)} famil{'y' if len(cfg.families) == 1 else 'ies'}" + (f", {cfg.n_boot} bootstrap resamples" if cfg.n_boot else "")
 
