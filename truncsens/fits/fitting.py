@@ -214,11 +214,10 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None,
     fit_range, holdout_range, notes = _ranges(curve, cfg)
     in_fit = (pts >= fit_range[0]) & (pts <= fit_range[1])
     in_hold = np.zeros_like(in_fit) if holdout_range is None else (pts >= holdout_range[0]) & (pts <= holdout_range[1])
-    need = min_windows(cfg.families)
-    if in_fit.sum() < need:
+    if in_fit.sum() < 2:
         raise FitError(
             f"{curve.label}: the fit range {fit_range[0]}:{fit_range[1]} holds {int(in_fit.sum())} measured "
-            f"{curve.sweep}(s) of {pts.tolist()}; need at least {need}: give a wider --fit-range LO:HI")
+            f"{curve.sweep}(s) of {pts.tolist()}; need at least 2: give a wider --fit-range LO:HI")
     if cfg.n_boot > 0 and curve.n_docs < 2:
         raise FitError(f"{curve.label}: bootstrap over documents needs at least 2 documents, the file has {curve.n_docs}; "
                        "pass --bootstrap 0 to fit without intervals")
