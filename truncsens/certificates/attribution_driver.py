@@ -133,6 +133,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     """
     check_output(cfg.out, cfg.overwrite, False)
     ccfg = cfg.certify_config()
+    ccfg.check_before_loading()
     loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
     check_model(loaded.model, loaded.name)
     if loaded.tokenizer is None:
