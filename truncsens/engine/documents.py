@@ -165,7 +165,7 @@ def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context
         longest = max((d.ids.numel() for d in token_docs), default=0)
         raise MeasureError(
             f"no document is long enough: checked {len(token_docs)} documents, the longest has {longest} tokens, "
-            f"and a target needs {N + 1}; lower --reference-context or use a corpus with longer documents")
+            f"and a target needs {N + 1}; lower reference_context (--reference-context) or use a corpus with longer documents")
     used = long_enough[: cfg.max_docs] if cfg.max_docs else long_enough
     return RunDocuments(token_docs, used, len(token_docs) - len(long_enough), corpus_name, domain, corpus_sha, skipped,
                         bos_id, adds)

@@ -87,12 +87,12 @@ def resolve_reference_context(cfg: MeasureConfig, loaded: LoadedModel) -> int:
     """
     if not cfg.reference_context and not loaded.max_context:
         raise MeasureError(f"the config of {loaded.name} states no context limit, so N cannot default to it; "
-                           "pass --reference-context N")
+                           "pass reference_context=N (--reference-context N)")
     N = cfg.reference_context or loaded.max_context
     if loaded.max_context and N > loaded.max_context:
         raise MeasureError(
             f"reference context {N} is beyond the model's position limit of {loaded.max_context} tokens; "
-            f"use --reference-context {loaded.max_context} or less")
+            f"use reference_context={loaded.max_context} or less (--reference-context {loaded.max_context})")
     if N < 2:
         raise MeasureError(f"reference context must be at least 2 tokens, got {N}")
     return N
