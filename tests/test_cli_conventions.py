@@ -201,3 +201,21 @@ def test_a_bad_window_is_named_before_the_output_is_looked_at(tmp_path):
     r = invoke("measure", "--windows", "4,0,-2", "--out", out)
     assert r.exit_code == 2 and "error: --windows must be at least 1 token each, got 0, -2" in r.stderr
     assert out.read_text() == "keep me"
+
+
+def test_wide_tables_fit_a_terminal_of_known_width(code, tmp_path, monkeypatch):
+    """recommend-window's table (about 170 characters) wraps in a 100-column terminal: with COLUMNS set it
+    is split into tables of at most 100 characters, each keeping the curve column; its warnings and notes
+    go to stderr. Without a known width (CliRunner's output is no terminal) the table prints whole."""
+    fit_file = tmp_path / "f.json"
+    assert invoke("fit", code, "--bootstrap", 20, "--out", fit_file).exit_code == 0
+    monkeypatch.delenv("COLUMNS", raising=False)
+    whole = invoke("recommend-window", fit_file, "--eps", "0.0001,0.01", "-m", "tv,kl")
+    assert whole.exit_code == 0 and max(len(line) for line in whole.stdout.splitlines() if not line.startswith("window:")) > 100
+    assert "warning: " in whole.stderr and "warning: " not in whole.stdout and "note: " not in whole.stdout
+    monkeypatch.setenv("COLUMNS", "100")
+    narrow = invoke("recommend-window", fit_file, "--eps", "0.0001,0.01", "-m", "tv,kl")
+    assert narrow.exit_code == 0 and max(map(len, narrow.stdout.splitlines())) <= 100  # the legend wrapped too
+    table = narrow.stdout.split("\nwindow: ")[0].splitlines()
+    assert sum(line.startswith("curve ") for line in table) >= 2  # several tables, each headed by the curve column
+    assert narrow.stderr == whole.stderr

@@ -102,6 +102,24 @@ def run_command(options_cls: type) -> Callable[[Callable[..., Any]], Callable[..
     return wrap
 
 
+def terminal_width() -> Optional[int]:
+    """Characters per line of the terminal the output goes to: ``COLUMNS`` when set to a number, else the
+    terminal's own width when stdout is one; None (tables printed whole) into a pipe or a file."""
+    import os
+    import shutil
+    import sys
+
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError):  # a replaced or closed stdout
+        pass
+    return None
+
+
 def split_list(values: Optional[Sequence[str]], what: str) -> Optional[list[str]]:
     """Repeated and comma-separated values as one list (blanks dropped, duplicates removed, order kept).
 
