@@ -219,3 +219,6 @@ def test_wide_tables_fit_a_terminal_of_known_width(code, tmp_path, monkeypatch):
     table = narrow.stdout.split("\nwindow: ")[0].splitlines()
     assert sum(line.startswith("curve ") for line in table) >= 2  # several tables, each headed by the curve column
     assert narrow.stderr == whole.stderr
+    from truncsens.report.tables import _WIDTH
+
+    assert _WIDTH == [None]  # the width was the command's alone: the API's tables, later in the process, print whole
