@@ -216,3 +216,24 @@ def test_help_says_what_an_option_is_not_what_it_was():
     texts |= {name: cmd.help or "" for name, cmd in commands.items()}
     assert len(texts) > 50
     assert sorted(k for k, text in texts.items() if history.search(text)) == []
+
+
+def test_wide_tables_fit_a_terminal_of_known_width(code, tmp_path, monkeypatch):
+    """recommend-window's table (about 170 characters) wraps in a 100-column terminal: with COLUMNS set it
+    is split into tables of at most 100 characters, each keeping the curve column; its warnings and notes
+    go to stderr. Without a known width (CliRunner's output is no terminal) the table prints whole."""
+    fit_file = tmp_path / "f.json"
+    assert invoke("fit", code, "--bootstrap", 20, "--out", fit_file).exit_code == 0
+    monkeypatch.delenv("COLUMNS", raising=False)
+    whole = invoke("recommend-window", fit_file, "--eps", "0.0001,0.01", "-m", "tv,kl")
+    assert whole.exit_code == 0 and max(len(line) for line in whole.stdout.splitlines() if not line.startswith("window:")) > 100
+    assert "warning: " in whole.stderr and "warning: " not in whole.stdout and "note: " not in whole.stdout
+    monkeypatch.setenv("COLUMNS", "100")
+    narrow = invoke("recommend-window", fit_file, "--eps", "0.0001,0.01", "-m", "tv,kl")
+    assert narrow.exit_code == 0 and max(map(len, narrow.stdout.splitlines())) <= 100  # the legend wrapped too
+    table = narrow.stdout.split("\nwindow: ")[0].splitlines()
+    assert sum(line.startswith("curve ") for line in table) >= 2  # several tables, each headed by the curve column
+    assert narrow.stderr == whole.stderr
+    from truncsens.report.tables import _WIDTH
+
+    assert _WIDTH == [None]  # the width was the command's alone: the API's tables, later in the process, print whole

@@ -42,6 +42,8 @@ def files(tmp_path_factory):
     save(a, root / "code.nc")
     save(b, root / "nl.nc")
     save(curve_results({"tv": lambda w: 0.02 * w**-0.5}, [8], n_docs=4), root / "one.nc")
+    save(curve_results({"tv": lambda w: 0.02 * w**-0.5}, [8, 16], n_docs=4), root / "two.nc")
+    save(curve_results({"tv": lambda w: 0.02 * w**-0.5}, [8, 16, 32], n_docs=4), root / "three.nc")
     save(curve_results({}, POW2, n_docs=4), root / "zero.nc")
     (root / "junk.nc").write_text("this is not NetCDF")
     return root
@@ -90,6 +92,20 @@ def test_fit_level_sets_the_intervals_and_their_labels(files, tmp_path):
     assert ci95[0] < ci90[0] < ci90[1] < ci95[1]  # same resamples: the 90% interval lies inside the 95% one
 
 
+def test_fit_names_the_fewest_windows_a_law_needs_first(files, tmp_path):
+    """power and exponential have 2 parameters: 3 windows at least, said for one window as for two (not
+    "at least 2" and then, on two windows, "power needs at least 3")."""
+    one = assert_user_error(invoke("fit", files / "one.nc", "--metric", "tv", "--out", tmp_path / "1.json"), "only one window ([8])")
+    two = assert_user_error(invoke("fit", files / "two.nc", "--metric", "tv", "--out", tmp_path / "2.json"), "only 2 windows ([8, 16])")
+    assert "needs at least 3" in one and "needs at least 3" in two
+    # power_floor has 3 parameters: 4 windows when it is the only family asked for
+    assert_user_error(invoke("fit", files / "three.nc", "--metric", "tv", "--family", "power_floor", "--out", tmp_path / "3.json"),
+                      "only 3 windows", "needs at least 4")
+    r = invoke("fit", files / "three.nc", "--metric", "tv", "--bootstrap", "0", "--out", tmp_path / "3.json")
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert not (tmp_path / "1.json").exists() and not (tmp_path / "2.json").exists()
+
+
 def test_fit_bad_input(files):
     assert_user_error(invoke("fit", files / "junk.nc"), "not a NetCDF results file")
     assert_user_error(invoke("fit", files / "missing.nc"), "not found")
@@ -118,7 +134,7 @@ def test_recommend_window_from_fit_and_results(files, tmp_path):
     assert recs[0]["w_law"] == (C / 0.01) ** (1 / a)
     assert recs[0]["w_law_ci"][0] < recs[0]["w_law"] < recs[0]["w_law_ci"][1]
     r = invoke("recommend-window", "--fit", out, "--eps", "0.0001")
-    assert r.exit_code == 0 and "beyond the largest measured window" in r.stdout
+    assert r.exit_code == 0 and "beyond the largest measured window" in r.stderr and "warning:" not in r.stdout
     r = invoke("recommend-window", files / "code.nc", "--eps", "0.01", "--bootstrap", "50", "--metric", "tv", "--metric", "kl")
     assert r.exit_code == 0, (r.output, r.exception)
     assert " tv " in r.stdout and " kl " in r.stdout

@@ -132,7 +132,7 @@ def test_window_not_below_reference_context(tiny_llama_dir, corpus_dir, tmp_path
 def test_reference_context_beyond_model_limit(tiny_llama_dir, corpus_dir, tmp_path):
     r = invoke(*measure_args(tiny_llama_dir, corpus_dir, tmp_path / "o.nc", "--reference-context", "512"))
     assert_user_error(r, "reference context 512 is beyond the model's position limit of 256 tokens",
-                      "--reference-context 256 or less")
+                      "reference_context=256 or less (--reference-context 256)")
 
 
 def test_no_document_long_enough(tiny_llama_dir, tmp_path):

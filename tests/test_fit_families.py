@@ -69,3 +69,24 @@ def test_fit_help_names_every_family():
     text = " ".join(out.split())
     for record in FAMILY_RECORDS:
         assert record.help in text and record.name in text
+
+
+def test_lm_steps_never_hand_lapack_a_non_finite_system(capfd):
+    """The batched power_floor refit of bootstrap resamples: a resample whose normal equations hold inf or
+    NaN (its Jacobian or damping overflowed) beside a singular one used to send the whole batch to
+    least squares, where LAPACK printed "On entry to DLASCL parameter number 4 had an illegal value" and
+    the fit stopped with "SVD did not converge in Linear Least Squares" (the README's policy comparison,
+    `random`'s KL). The non-finite resample stays where it is (step 0); the others are solved."""
+    from truncsens.fits.least_squares import _damped_steps
+
+    regular = np.diag([2.0, 4.0, 8.0])
+    damped = np.stack([regular, np.zeros((3, 3)), np.full((3, 3), np.inf), np.diag([1.0, np.nan, 1.0])])
+    g = np.array([[2.0, 4.0, 8.0], [1.0, 1.0, 1.0], [1.0, 2.0, 3.0], [1.0, 1.0, 1.0]])
+    steps = _damped_steps(damped, g)
+    assert np.allclose(steps[0], [1.0, 1.0, 1.0])  # solved (by least squares: the batch holds a singular system)
+    assert np.array_equal(steps[1], [0.0, 0.0, 0.0])  # singular, all zero: the least-norm step
+    assert np.array_equal(steps[2], [0.0, 0.0, 0.0]) and np.array_equal(steps[3], [0.0, 0.0, 0.0])
+    assert np.array_equal(_damped_steps(damped[[0, 2]], g[[0, 2]]), [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    out, err = capfd.readouterr()
+    assert "DLASCL" not in out + err and out == "" and err == ""
+

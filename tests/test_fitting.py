@@ -12,7 +12,7 @@ from truncsens.fits.curves import curves_of
 from truncsens.fits.fit_file import default_fit_path, read_fit_file, sanitize, write_fit_file
 from truncsens.api.fit import fit
 from truncsens.fits.fitting import FitConfig, default_ranges, fit_curve, fit_datasets, parse_range
-from truncsens.fits.laws import (FitError, extrapolation_mae, fit_family, fit_family_batch, law_log, law_value, log_weights,
+from truncsens.fits.laws import (FitError, min_windows, extrapolation_mae, fit_family, fit_family_batch, law_log, law_value, log_weights,
                             weighted_line, wls_aic)
 from truncsens.report.printed import format_fit_report as format_report
 from truncsens.stats import bootstrap_multiplicities, doc_sums, percentile_interval as percentile_ci, resampled_mean_se
@@ -241,13 +241,17 @@ def test_default_ranges_and_aic_comparison_without_holdout():
     cf = fit_curve(curve, FitConfig(metrics=("tv",), n_boot=50, fit_range=(4, 64)))
     assert cf.holdout_range is None
     assert cf.comparisons[0]["basis"] == "aic" and cf.comparisons[0]["winner"] in ("power", "power_floor")
-    # two windows: every law would fit exactly, so none is fitted and nothing is compared
+    # two windows: every law would fit exactly, so none is fitted and nothing is compared (a curve of
+    # compare-policies); a fit of the file says the fewest a law needs (3) at once, not per family
     two = curve_results({"tv": power(0.02, 0.5)}, [4, 8], n_docs=5, doc_noise=0.1, reference_context=64)
     [curve] = curves_of(two, ["tv"])
     cf = fit_curve(curve, FitConfig(metrics=("tv",), n_boot=20))
     assert [f["status"] for f in cf.fits] == ["skipped", "skipped", "skipped"]
     assert "needs at least" in cf.fits[0]["reason"]
     assert cf.comparisons[0]["winner"] is None
+    with pytest.raises(ResultsError, match=r"only 2 windows \(\[4, 8\]\); fitting a decay law needs at least 3"):
+        fit_datasets([two], FitConfig(metrics=("tv",), n_boot=0))
+    assert min_windows() == 3 and min_windows(["power_floor"]) == 4
 
 
 def test_curve_mean_se_by_hand():

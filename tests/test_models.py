@@ -150,7 +150,7 @@ def test_a_model_without_a_context_limit_runs_with_an_explicit_n():
     torch.manual_seed(0)
     model = tiny_bloom(BloomConfig, BloomForCausalLM, len(tok))
     texts = [" ".join(["alpha beta gamma delta"] * 40)] * 2
-    with pytest.raises(MeasureError, match="states no context limit.*pass --reference-context N"):
+    with pytest.raises(MeasureError, match=r"states no context limit.*pass reference_context=N \(--reference-context N\)"):
         truncsens.measure(model, tok, texts=texts, windows=[4], progress=False)
     ds = truncsens.measure(model, tok, texts=texts, reference_context=32, windows=[4, 31], progress=False)
     assert ds.attrs["max_context"] == 0 and np.all(ds["kl"].sel(window=4).values > 0)

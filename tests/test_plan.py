@@ -91,7 +91,7 @@ def test_plan_refuses_bad_budgets_and_sweeps(tiny_llama_dir, corpus_dir):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, kv_bytes=[10], progress=False)
     result = CliRunner().invoke(app, ["plan", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--reference-context",
                                       "64", "--average-window", "eight"])
-    assert result.exit_code == 2 and "error: --average-window takes numbers, got eight" in result.output
+    assert result.exit_code == 2 and "error: --average-window must be comma-separated numbers, got 'eight'" in result.output
 
 
 def test_a_layer_at_the_noise_floor_is_kept_at_its_floor_window(tiny_llama_dir, corpus_dir, monkeypatch):

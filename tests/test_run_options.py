@@ -61,7 +61,8 @@ def test_command_options_are_the_declared_options(name):
     declared = {o.keyword: o for o in run_options(COMMAND_OPTIONS[name]) if o.cli}
     assert set(params) - OWN_OPTIONS[name] == set(declared)
     for keyword, o in declared.items():
-        assert params[keyword].default == o.default, keyword
+        # a list held as one comma-separated text (certify --budgets) is Typer's one repeat of it
+        assert params[keyword].default == ([o.default] if o.kind == "text_list" and o.default is not None else o.default), keyword
         assert "/".join(params[keyword].opts + params[keyword].secondary_opts) == o.flag, keyword
 
 

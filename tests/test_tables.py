@@ -33,3 +33,22 @@ def test_number_formats():
     assert fmt_bytes(None) == "-" and fmt_bytes(512) == "512 B" and fmt_bytes(3 * 2**20) == "3 MiB"
     assert fmt_bytes(1536) == "1.5 KiB" and fmt_bytes(2**31) == "2 GiB"
     assert fmt_level(0.95) == "95%" and fmt_level(0.975) == "97.5%" and fmt_level(0.9) == "90%"
+
+
+def test_a_table_wider_than_the_terminal_splits_keeping_its_first_column():
+    from truncsens.report.tables import set_width
+
+    cols = [Column("name"), Column("a", ">"), Column("b", ">"), Column("c", ">")]
+    rows = [["x", "1" * 10, "2" * 12, "3" * 8], ["yy", "4", "5", "6"]]
+    whole = render_table(cols, rows)
+    assert max(map(len, whole.splitlines())) == 40
+    try:
+        set_width(30)
+        split = render_table(cols, rows)
+        set_width(40)
+        assert render_table(cols, rows) == whole  # it fits: unchanged
+    finally:
+        set_width(None)
+    assert split == ("name           a             b\n----  ----------  ------------\nx     1111111111  222222222222\n"
+                     "yy             4             5\n\nname         c\n----  --------\nx     33333333\nyy           6")
+    assert render_table(cols, rows) == whole  # no width known (a pipe, a file): whole

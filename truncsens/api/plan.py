@@ -133,6 +133,7 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
         as :func:`truncsens.measure` for the model, corpus and options.
     """
     from truncsens.api.measure import measure_config, model_argument
+    from truncsens.engine.documents import check_documents_before_loading
     from truncsens.engine.measure import resolve_reference_context
     from truncsens.engine.run.progress import say
     from truncsens.engine.run.shards import ShardProgress
@@ -145,6 +146,11 @@ def plan(model: Any = "reference", tokenizer: Any = None, *, domain: str = "code
                          windows=[1], sinks=sinks, targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed,
                          device=device or DEFAULT_DEVICE, dtype=dtype_ or "float32", batch_tokens=batch_tokens, out="unused.nc",
                          progress=progress)
+    check_documents_before_loading(cfg)  # an unknown domain or a missing corpus before the model loads
+    if cfg.reference_context:  # the windows against N, also before the model loads
+        _sweep_windows(sweep, cfg.reference_context, sinks, average_windows, defaulted)
+    elif sweep and min(sweep) < 1:
+        raise PlanError(f"sweep windows must be at least 1 token, got {list(sweep)}")
     if loaded is None:
         say("plan", f"loading model {cfg.model}", progress)
         loaded = load_model(cfg.model, cfg.device, cfg.dtype)

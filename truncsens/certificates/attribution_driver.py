@@ -161,6 +161,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     """
     check_output(cfg.out, cfg.overwrite, cfg.resume)
     ccfg = cfg.certify_config()
+    ccfg.check_before_loading()
     label = "certify-attribution"
     if loaded is None:
         say(label, f"loading model {cfg.model}", cfg.progress)

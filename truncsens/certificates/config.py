@@ -172,6 +172,22 @@ class CertifyBase(CertifyOptions):
         keep.update(resolved)
         return keep
 
+    def check_before_loading(self) -> None:
+        """What the options say wrong without a model, said before one loads (a real model takes
+        minutes): the corpus or domain, and with ``reference_context`` given, a budget at or above N.
+
+        Raises:
+            truncsens.corpora.CorpusError, MeasureError, CertifyError: as the run would, later.
+        """
+        from truncsens.engine.documents import check_documents_before_loading
+        from truncsens.engine.config import MeasureError
+
+        check_documents_before_loading(self.measure_config())
+        if self.reference_context:
+            if self.reference_context < 2:
+                raise MeasureError(f"reference context must be at least 2 tokens, got {self.reference_context}")
+            self.resolve_budgets(self.reference_context)
+
 
 @dataclass
 class CertifyConfig(CertifyCommandOptions, CertifyBase):

@@ -188,6 +188,7 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
         truncsens.models.ModelLoadError, truncsens.corpora.CorpusError: loading failed.
     """
     check_output(cfg.out, cfg.overwrite, cfg.resume)
+    cfg.check_before_loading()
     loaded = loaded or load_model(cfg.model, cfg.device, cfg.dtype)
     check_model(loaded.model, loaded.name)
     N = resolve_reference_context(cfg.measure_config(), loaded)

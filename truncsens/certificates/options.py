@@ -29,7 +29,7 @@ class CertifyOptions:
     corpus: str | None = option(None, lambda: f"Override the corpus: {corpus_help_text()}.", metavar="CORPUS")
     split: str = option("auto", "heldout, train, all, or auto (held-out for builtin corpora).", metavar="SPLIT")
     reference_context: int | None = option(None, "N: tokens of context (default: model maximum).")
-    budgets: str = option(DEFAULT_BUDGETS, "Comma-separated budgets: token counts or percentages of N.", metavar="LIST")
+    budgets: str = option(DEFAULT_BUDGETS, "Budgets, repeated or comma-separated: token counts or percentages of N.", metavar="LIST", listed=True)
     delta: float = option(0.05, "Miss probability of the certificates, in (0, 1); nominal coverage 1 - delta.", metavar="DELTA")
     n_sink: int = option(4, "Sinks of poisson and topk.", keyword="sinks")
     max_docs: int | None = option(16, "Use at most this many (long enough) documents.")
@@ -49,7 +49,7 @@ class CertifyOptions:
     temper: float = option(DEFAULT_TEMPER, "gamma > 0: inclusion probabilities from score^gamma (below 1 spreads them).", metavar="GAMMA")
     top_fraction: float = option(0.25, "Share of the budget poisson and topk keep surely as the top keys by score.", metavar="FRACTION")
     semantics: str = option("prefill_evict", "prefill_evict (keys computed with the full prompt, evicted before the target's query) or streaming (every layer and key/value head evicts as the stream goes; reencode has no cache to certify).", metavar="NAME", later=True)
-    policies: str | None = option(None, "Comma-separated policies: poisson (certified) and its comparisons: topk, random under prefill_evict; sink_recent under streaming (default: all of them; certify under streaming: poisson).", metavar="LIST", later=True)
+    policies: str | None = option(None, "Policies, repeated or comma-separated: poisson (certified) and its comparisons: topk, random under prefill_evict; sink_recent under streaming (default: all of them; certify under streaming: poisson).", metavar="LIST", later=True, listed=True)
 
 
 @dataclass

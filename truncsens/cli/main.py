@@ -90,9 +90,15 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     """Measure how sensitive a causal LM is to losing its context, and turn it into KV-cache budgets."""
+    from truncsens.cli.options import terminal_width
+    from truncsens.report.tables import set_width
+
+    set_width(terminal_width())  # wide tables split to the terminal; unchanged into a pipe or file
+    ctx.call_on_close(lambda: set_width(None))  # for this command only (the API, later in a process, prints whole)
 
 
 for _name in COMMAND_MODULES:

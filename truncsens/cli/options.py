@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, List, Optional, Sequ
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.engine.options import LIST_KINDS
 
 if TYPE_CHECKING:
     from truncsens.engine.options import RunOption
@@ -38,10 +39,17 @@ _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 def _cli_type(o: RunOption) -> Any:
     """The type Typer parses a run option's value(s) as: lists come in as repeated text."""
-    if o.kind in ("int_list", "name_list", "key_values"):
+    if o.kind in LIST_KINDS:
         return Optional[List[str]]
     base = _TYPES[o.kind]
     return Optional[base] if o.optional else base
+
+
+def _cli_default(o: RunOption) -> Any:
+    """A run option's default as Typer holds it: a list option's text default is its one repeat."""
+    if o.kind in LIST_KINDS and isinstance(o.default, str):
+        return [o.default]
+    return o.default
 
 
 def _parse(o: RunOption, value: Any) -> Any:
@@ -54,6 +62,9 @@ def _parse(o: RunOption, value: Any) -> Any:
         return int_list(value, o.flag)
     if o.kind == "name_list":
         return split_list(value, o.flag)
+    if o.kind == "text_list":  # the API keyword is one comma-separated text
+        items = split_list(value, o.flag)
+        return None if items is None else ",".join(items)
     if o.kind == "key_values":
         from truncsens.policies.kvpress_adapter import parse_policy_args
 
@@ -73,7 +84,7 @@ def run_command(options_cls: type) -> Callable[[Callable[..., Any]], Callable[..
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
-        params = [inspect.Parameter(o.keyword, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=Annotated[
+        params = [inspect.Parameter(o.keyword, inspect.Parameter.KEYWORD_ONLY, default=_cli_default(o), annotation=Annotated[
             _cli_type(o), typer.Option(o.flag, help=o.help, metavar=o.metavar or None)]) for o in declared]
 
         @functools.wraps(fn)
@@ -89,6 +100,24 @@ def run_command(options_cls: type) -> Callable[[Callable[..., Any]], Callable[..
         return command
 
     return wrap
+
+
+def terminal_width() -> Optional[int]:
+    """Characters per line of the terminal the output goes to: ``COLUMNS`` when set to a number, else the
+    terminal's own width when stdout is one; None (tables printed whole) into a pipe or a file."""
+    import os
+    import shutil
+    import sys
+
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+    except (AttributeError, ValueError):  # a replaced or closed stdout
+        pass
+    return None
 
 
 def split_list(values: Optional[Sequence[str]], what: str) -> Optional[list[str]]:

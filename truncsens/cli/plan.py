@@ -20,9 +20,9 @@ def plan(
     corpus: Optional[str] = typer.Option(None, metavar="CORPUS", help=f"Override the corpus: {corpus_help()}."),
     reference_context: Optional[int] = typer.Option(None, help="N: tokens of context (default: model maximum)."),
     average_window: Optional[List[str]] = typer.Option(None, "--average-window", help="Budget as the average window per layer (recent keys; sinks on top), repeated or comma-separated (default 64,256)."),
-    kv_bytes: Optional[List[str]] = typer.Option(None, "--kv-bytes", help="Budget in KV bytes per sequence (sinks included), instead of --average-window."),
-    eps: Optional[List[str]] = typer.Option(None, "--eps", metavar="EPS", help="Budget as a distortion to reach: the smallest KV budget whose plan the per-layer laws predict at or below it."),
-    sweep: Optional[str] = typer.Option(None, metavar="LIST", help="Windows of the per-layer sweep, comma-separated (default 4,8,...,N/2)."),
+    kv_bytes: Optional[List[str]] = typer.Option(None, "--kv-bytes", help="Budget in KV bytes per sequence (sinks included), instead of --average-window; repeated or comma-separated."),
+    eps: Optional[List[str]] = typer.Option(None, "--eps", metavar="EPS", help="Budget as a distortion to reach: the smallest KV budget whose plan the per-layer laws predict at or below it; repeated or comma-separated."),
+    sweep: Optional[List[str]] = typer.Option(None, metavar="LIST", help="Windows of the per-layer sweep, repeated or comma-separated (default 4,8,...,N/2)."),
     sinks: int = typer.Option(4, help="First keys every windowed layer keeps."),
     metric: str = typer.Option("kl", metavar="METRIC", help="Divergence planned for (kl, tv, js, ...)."),
     semantics: str = typer.Option("prefill_evict", metavar="NAME", help="prefill_evict (keys from the full-context prefill, then each layer keeps its window) or streaming (every token processed under its layers' windows)."),
@@ -40,17 +40,17 @@ def plan(
 ) -> None:
     """Plan per-layer KV windows for a KV budget from each layer's measured sensitivity (prefill-evict or streaming)."""
     from truncsens.api.plan import plan as make_plan
-    from truncsens.cli.options import int_list, split_list
+    from truncsens.cli.options import float_list, int_list
 
     with user_errors():
-        averages = _numbers(split_list(average_window, "--average-window"), float, "--average-window")
-        budgets = int_list(kv_bytes, "--kv-bytes") if kv_bytes else None
-        eps_values = _numbers(split_list(eps, "--eps"), float, "--eps")
+        averages = float_list(average_window, "--average-window")
+        budgets = int_list(kv_bytes, "--kv-bytes")
+        eps_values = float_list(eps, "--eps")
         if averages is None and budgets is None and eps_values is None:
             averages = [64.0, 256.0]
         report = make_plan(model, domain=domain, corpus=corpus, reference_context=reference_context,
                            average_windows=averages, kv_bytes=budgets, eps=eps_values,
-                           sweep=int_list([sweep], "--sweep") if sweep else None, sinks=sinks, metric=metric,
+                           sweep=int_list(sweep, "--sweep"), sinks=sinks, metric=metric,
                            targets_per_doc=targets_per_doc, max_docs=max_docs, seed=seed, n_boot=bootstrap,
                            device=device, dtype=dtype, out=out, plot_out=plot_out, overwrite=overwrite,
                            progress=progress, semantics=semantics)
@@ -60,16 +60,6 @@ def plan(
             typer.echo(report.table())
             if report.written:
                 typer.echo("wrote " + ", ".join(str(p) for p in report.written))
-
-
-def _numbers(values, kind, option: str):
-    """The values as numbers of ``kind``, or None for none; ValueError naming ``option`` otherwise."""
-    if not values:
-        return None
-    try:
-        return [kind(v) for v in values]
-    except ValueError:
-        raise ValueError(f"{option} takes numbers, got {', '.join(values)}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import List, Optional
 
@@ -26,7 +27,7 @@ def recommend_window(
     """The window that keeps D(w) <= eps: the measured crossing inside the measured range, the power law
     w(eps) = (C/eps)^(1/alpha) outside it, each with its interval, and the KV memory it implies."""
     from truncsens.api.recommend import recommend_window as recommend
-    from truncsens.cli.options import float_list, split_list
+    from truncsens.cli.options import float_list, split_list, terminal_width
     from truncsens.fits.fitting import parse_range
     from truncsens.report.printed import format_recommendations
 
@@ -42,8 +43,12 @@ def recommend_window(
             for r in recs:
                 for w in r.warnings:
                     typer.echo(f"warning: {r.label} {r.metric} eps={r.eps:g}: {w}", err=True)
-        else:
-            typer.echo(format_recommendations(recs))
+        else:  # the table and its legend on stdout; warnings and notes on stderr, as --json prints them
+            width = terminal_width()
+            for line in format_recommendations(recs).splitlines():
+                if width and line.startswith("window: "):  # the legend, wrapped to a terminal of known width
+                    line = textwrap.fill(line, width, subsequent_indent="  ")
+                typer.echo(line, err=line.startswith(("warning: ", "note: ")))
 
 
 def register(app: typer.Typer) -> None:

@@ -10,8 +10,8 @@ from typing import Sequence
 from truncsens.corpora.builtin import BUILTIN
 from truncsens.corpora.document import Document, corpus_sha256, select_split
 from truncsens.corpora import local as _local
-from truncsens.corpora.local import CorpusError, _has_surrogate, describe_skipped, file_suffixes, path_kind
-from truncsens.corpora.manifest import read_manifest, source_record
+from truncsens.corpora.local import CorpusError, PathKind, _has_surrogate, describe_skipped, file_suffixes, path_kind
+from truncsens.corpora.manifest import Manifest, read_manifest, source_record
 
 DOMAINS = ("code", "nl")
 TEXTS_NAME = "texts"  # name and domain label of a corpus given as Python strings (texts_corpus)
@@ -78,6 +78,34 @@ def texts_corpus(texts: Sequence[str], name: str = TEXTS_NAME) -> Corpus:
     return Corpus(name=name, domain=name, split="all", documents=docs, sha256=corpus_sha256(docs))
 
 
+def check_corpus(corpus: str | None, domain: str) -> tuple[PathKind | None, Path, Manifest | None]:
+    """Where ``corpus`` (or ``domain``'s default manifest) is, checked without reading a document: what
+    :func:`load_corpus` refuses by name alone, so a command can say it before it loads a model.
+
+    Returns:
+        (the path kind of a local corpus, or None; its path; the manifest read, or None for a path).
+
+    Raises:
+        CorpusError: an unknown domain, a corpus path that does not exist, a file of no known kind, or
+            an unknown or unreadable manifest.
+    """
+    if domain not in DOMAINS:
+        raise CorpusError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")
+    spec = corpus or domain
+    path = Path(spec).expanduser()
+    # corpus=None means the domain's default manifest, even where the cwd holds a file or folder of that name
+    given = corpus is not None
+    kind = path_kind(path) if given else None
+    if kind is not None:
+        return kind, path, None
+    if given and path.is_file() and path.suffix not in MANIFEST_SUFFIXES:
+        raise CorpusError(f"corpus file {spec} is neither {', '.join(file_suffixes())} nor a .yaml manifest; pass "
+                          + ", ".join(f"a {k.name}" for k in _local.PATH_KINDS) + " or a manifest")
+    if given and (path.suffix in file_suffixes() or (("/" in spec or path.suffix) and not path.suffix in MANIFEST_SUFFIXES)):
+        raise CorpusError(f"corpus path {spec} does not exist")
+    return None, path, read_manifest(spec)
+
+
 def load_corpus(corpus: str | Corpus | None = None, domain: str = "code", split: str = "auto",
                 text_field: str = "text", glob: str = "**/*") -> Corpus:
     """Load a corpus.
@@ -101,25 +129,14 @@ def load_corpus(corpus: str | Corpus | None = None, domain: str = "code", split:
     if isinstance(corpus, Corpus):  # documents given in memory
         return _split_corpus(corpus.name, corpus.domain, corpus.documents, "all" if split == "auto" else split,
                              Counter(corpus.skipped))
-    if domain not in DOMAINS:
-        raise CorpusError(f"unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}")
+    kind, path, m = check_corpus(corpus, domain)
     spec = corpus or domain
-    path = Path(spec).expanduser()
     auto_split = "all"
     skipped: Counter = Counter()
-    # corpus=None means the domain's default manifest, even where the cwd holds a file or folder of that name
-    given = corpus is not None
-    label = (path.resolve().name if path.is_dir() else path.stem) if given else ""
-    kind = path_kind(path) if given else None
     if kind is not None:
+        label = path.resolve().name if path.is_dir() else path.stem
         docs, name, domain = kind.read(path, {"glob": glob, "text_field": text_field}, skipped), str(path), label
-    elif given and path.is_file() and path.suffix not in MANIFEST_SUFFIXES:
-        raise CorpusError(f"corpus file {spec} is neither {', '.join(file_suffixes())} nor a .yaml manifest; pass "
-                          + ", ".join(f"a {k.name}" for k in _local.PATH_KINDS) + " or a manifest")
-    elif given and (path.suffix in file_suffixes() or (("/" in spec or path.suffix) and not path.suffix in MANIFEST_SUFFIXES)):
-        raise CorpusError(f"corpus path {spec} does not exist")
     else:
-        m = read_manifest(spec)
         source = source_record(m.source)
         name, domain, auto_split = m.name, m.domain, source.auto_split
         docs = source.read(m, {"glob": glob, "text_field": text_field}, skipped)

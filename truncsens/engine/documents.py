@@ -20,7 +20,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from truncsens.corpora import load_corpus
+from truncsens.corpora import Corpus, load_corpus
+from truncsens.corpora.resolve import check_corpus
 from truncsens.corpora.document import id_bytes
 from truncsens.engine.bos import default_special_tokens, resolve_bos
 from truncsens.engine.config import MeasureConfig, MeasureError
@@ -84,6 +85,26 @@ def token_docs_sha256(docs: list[TokenDoc]) -> str:
     return h.hexdigest()
 
 
+def check_documents_before_loading(cfg: MeasureConfig) -> None:
+    """What :func:`load_documents` refuses by the options alone, said before a model loads (a real model
+    takes minutes): ``--corpus synthetic`` with a model that samples none, an unknown ``--domain``, a
+    corpus path that does not exist or a manifest that cannot be read
+    (:func:`truncsens.corpora.resolve.check_corpus`). A corpus in memory is not looked at.
+
+    Raises:
+        MeasureError, truncsens.corpora.CorpusError: as :func:`load_documents` would, later.
+    """
+    if isinstance(cfg.corpus, Corpus):
+        return
+    source = model_source(cfg.model)
+    if cfg.corpus == "synthetic" or (cfg.corpus is None and source.has_own_corpus):
+        if not source.has_own_corpus:
+            raise MeasureError(f"--corpus synthetic is sampled from a synthetic source: it needs --model synthetic:ALPHA "
+                               f"(or synthetic-geometric:RATE), not {cfg.model!r}")
+        return
+    check_corpus(cfg.corpus, cfg.domain)
+
+
 def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int,
                    on_stage: Callable[[str], None] | None = None):
     """Token documents and provenance (corpus name, domain, sha256, files skipped by reason) for a run;
@@ -134,7 +155,7 @@ def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context
         longest = max((d.ids.numel() for d in token_docs), default=0)
         raise MeasureError(
             f"no document is long enough: checked {len(token_docs)} documents, the longest has {longest} tokens, "
-            f"and a target needs {N + 1}; lower --reference-context or use a corpus with longer documents")
+            f"and a target needs {N + 1}; lower reference_context (--reference-context) or use a corpus with longer documents")
     used = long_enough[: cfg.max_docs] if cfg.max_docs else long_enough
     return RunDocuments(token_docs, used, len(token_docs) - len(long_enough), corpus_name, domain, corpus_sha, skipped,
                         bos_id, adds)

@@ -38,14 +38,14 @@ from truncsens.engine.config import MeasureConfig, MeasureError
 from truncsens.engine.run.distributed import current_ranks, process_device
 from truncsens.engine.run.progress import say
 from truncsens.corpora.local import skipped_files_note
-from truncsens.engine.documents import RunDocuments, prepare_documents
+from truncsens.engine.documents import RunDocuments, check_documents_before_loading, prepare_documents
 from truncsens.engine.kernel import draws_measured, measure_draws
 from truncsens.engine.options import recorded_attrs
 from truncsens.engine.per_layer_runs import per_layer_attrs, per_layer_work
 from truncsens.engine.run.shard_results import shard_results
 from truncsens.engine.run.shards import check_output
 from truncsens.engine.run.skeleton import ShardedRun, ShardWork, run_sharded
-from truncsens.engine.sweep import Sweep, resolve_sweep
+from truncsens.engine.sweep import Sweep, check_sweep_before_loading, resolve_sweep
 from truncsens.models import LoadedModel, load_model
 from truncsens.policies import policy_params
 from truncsens.targets import TargetSet
@@ -70,6 +70,18 @@ class MeasureSummary:
     extra: dict = field(default_factory=dict)
 
 
+def check_before_loading(cfg: MeasureConfig) -> None:
+    """Everything the options say wrong without a model, said before one loads: the corpus or domain
+    (:func:`truncsens.engine.documents.check_documents_before_loading`), the windows and budgets
+    (:func:`truncsens.engine.sweep.check_sweep_before_loading`).
+
+    Raises:
+        MeasureError, PolicyError, truncsens.corpora.CorpusError: as the run would, later.
+    """
+    check_documents_before_loading(cfg)
+    check_sweep_before_loading(cfg)
+
+
 def resolve_reference_context(cfg: MeasureConfig, loaded: LoadedModel) -> int:
     """N: ``cfg.reference_context`` or the model's maximum context.
 
@@ -78,12 +90,12 @@ def resolve_reference_context(cfg: MeasureConfig, loaded: LoadedModel) -> int:
     """
     if not cfg.reference_context and not loaded.max_context:
         raise MeasureError(f"the config of {loaded.name} states no context limit, so N cannot default to it; "
-                           "pass --reference-context N")
+                           "pass reference_context=N (--reference-context N)")
     N = cfg.reference_context or loaded.max_context
     if loaded.max_context and N > loaded.max_context:
         raise MeasureError(
             f"reference context {N} is beyond the model's position limit of {loaded.max_context} tokens; "
-            f"use --reference-context {loaded.max_context} or less")
+            f"use reference_context={loaded.max_context} or less (--reference-context {loaded.max_context})")
     if N < 2:
         raise MeasureError(f"reference context must be at least 2 tokens, got {N}")
     return N
@@ -186,6 +198,7 @@ def run_measure(cfg: MeasureConfig, loaded: LoadedModel | None = None, stop_afte
             (shards already written are kept). Nothing is written before the checks pass.
     """
     check_output(cfg.out, cfg.overwrite, cfg.resume)  # before anything is loaded
+    check_before_loading(cfg)
     ranks = current_ranks(cfg.device)
     speak = cfg.progress and ranks.is_main  # what it does before the first shard ends, on stderr
     if loaded is None:

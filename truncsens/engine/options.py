@@ -35,7 +35,9 @@ _KEY = "run_option"
 _SAME = object()  # command_default: the field's own default
 KINDS = {"int": "int", "float": "float", "str": "str", "bool": "bool", "list[int]": "int_list",
          "list[str]": "name_list", "dict": "key_values"}  # field type (first of the union) -> kind
-METAVARS = {"int": "N", "float": "X", "str": "TEXT", "int_list": "LIST", "name_list": "LIST", "key_values": "KEY=VALUE"}
+METAVARS = {"int": "N", "float": "X", "str": "TEXT", "int_list": "LIST", "name_list": "LIST", "text_list": "LIST",
+            "key_values": "KEY=VALUE"}
+LIST_KINDS = ("int_list", "name_list", "text_list", "key_values")  # repeatable on the command line
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,10 @@ class RunOption:
         field: the config field; keyword: the API keyword (and CLI parameter); flag: the CLI flag.
         default: the default of the command and the API keyword (``command_default`` when given,
             else the field's).
-        kind: "int", "float", "str", "bool", "int_list", "name_list" (repeatable, comma-separated)
-            or "key_values" (repeatable ``key=value``); optional: None is a value.
+        kind: "int", "float", "str", "bool", "int_list", "name_list" (repeatable, comma-separated),
+            "text_list" (a ``str`` field made with ``listed=True``: repeatable and comma-separated on the
+            command line, the API keyword one comma-separated text) or "key_values" (repeatable
+            ``key=value``); optional: None is a value.
         help, metavar: the ``--help`` text and the value's name there ("" for a switch).
         cli, run_only, later, dependents, attr: see :func:`option`.
     """
@@ -69,7 +73,7 @@ class RunOption:
 
 def option(default: Any, help: str | Callable[[], str], *, keyword: str = "", flag: str = "", metavar: str = "", cli: bool = True,
            run_only: bool = False, later: bool = False, dependents: tuple[str, ...] = (), attr: bool = False,
-           command_default: Any = _SAME) -> Any:
+           command_default: Any = _SAME, listed: bool = False) -> Any:
     """A dataclass field that is a run option.
 
     Args:
@@ -86,10 +90,12 @@ def option(default: Any, help: str | Callable[[], str], *, keyword: str = "", fl
         dependents: options that only mean something beside this one (out of the fingerprint with it).
         attr: recorded as a results attr of the field's name.
         command_default: the command's and API's default when it differs from the field's.
+        listed: a ``str`` field that holds a comma-separated list (kind "text_list"): its flag takes
+            repeats and commas like every list option.
     """
     return dataclasses.field(default=default, metadata={_KEY: dict(
         help=help, keyword=keyword, flag=flag, metavar=metavar, cli=cli, run_only=run_only, later=later,
-        dependents=tuple(dependents), attr=attr, command_default=command_default)})
+        dependents=tuple(dependents), attr=attr, command_default=command_default, listed=listed)})
 
 
 def _kind(type_text: str) -> tuple[str, bool]:
@@ -112,6 +118,10 @@ def run_options(options_cls: type) -> tuple[RunOption, ...]:
         if meta is None:
             continue
         kind, optional = _kind(f.type)
+        if meta.get("listed"):
+            if kind != "str":
+                raise TypeError(f"listed=True is for a str field holding a comma-separated list, {f.name} is {f.type}")
+            kind = "text_list"
         keyword = meta["keyword"] or f.name
         default = f.default if meta["command_default"] is _SAME else meta["command_default"]
         flag = meta["flag"] or "--" + keyword.replace("_", "-")

@@ -100,3 +100,21 @@ def resolve_sweep(cfg: MeasureConfig, reference_context: int) -> Sweep:
     policies = cfg.build_policies()
     budgets = check_budgets(cfg.budgets or default_budgets(N, max(p.min_budget() for p in policies)), policies, N)
     return Sweep("budget", budgets, budgets, policies, semantics)
+
+
+def check_sweep_before_loading(cfg: MeasureConfig) -> None:
+    """The windows and budgets of ``cfg`` checked before a model loads: against N when
+    ``--reference-context`` gives it (a window or budget at or above N, a bad sink count,
+    :func:`resolve_sweep`), and below 1 token in any case (N then comes from the model).
+
+    Raises:
+        MeasureError: a bad window or reference context; PolicyError: a bad budget.
+    """
+    if cfg.reference_context:
+        if cfg.reference_context < 2:
+            raise MeasureError(f"reference context must be at least 2 tokens, got {cfg.reference_context}")
+        resolve_sweep(cfg, cfg.reference_context)
+        return
+    bad = [b for b in cfg.budgets or [] if b < 1]
+    if bad:
+        raise PolicyError(f"--budgets must be at least 1 token each, got {', '.join(map(str, bad))}")

@@ -109,15 +109,19 @@ def default_metrics(datasets: Sequence[xr.Dataset]) -> tuple[str, ...]:
     return divergences_in(set.intersection(*held)) if held else ()
 
 
-def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", label: str | None = None) -> list[Curve]:
+def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", label: str | None = None,
+              min_points: int = 2) -> list[Curve]:
     """Split a results dataset into :class:`Curve` objects (one per layer of a per-layer sweep and per
     policy of a policy sweep, labelled ``label[layer 3]``, ``label[h2o]``).
 
     A file with a ``draw`` dim is first averaged over draws per target
     (:func:`truncsens.results.mean_over_draws`): a target is one observation whatever R.
 
+    Args:
+        min_points: the fewest sweep points a curve may have (a fit: :func:`truncsens.fits.laws.min_windows`).
+
     Raises:
-        ResultsError: unknown metric, or fewer than two sweep points.
+        ResultsError: unknown metric, or fewer than ``min_points`` sweep points.
     """
     ds = mean_over_draws(ds)
     sweep = sweep_dim(ds)
@@ -125,10 +129,11 @@ def curves_of(ds: xr.Dataset, metrics: Sequence[str], results_file: str = "", la
     if unknown:
         raise ResultsError(f"{results_file or 'results'}: unknown metric(s) {', '.join(unknown)}; the file has {', '.join(present(ds.data_vars))}")
     points = np.asarray(ds[sweep].values, dtype=np.int64)
-    if points.size < 2:
+    if points.size < max(min_points, 2):
         raise ResultsError(
-            f"{results_file or 'results'} has only one {sweep} ({points.tolist()}); fitting a decay law needs at least 2 "
-            f"(measure more {sweep}s, e.g. the default powers of two)")
+            f"{results_file or 'results'} has only {'one' if points.size == 1 else points.size} {sweep}"
+            f"{'' if points.size == 1 else 's'} ({points.tolist()}); fitting a decay law needs at least {max(min_points, 2)} "
+            f"(more {sweep}s than the law has parameters; measure more {sweep}s, e.g. the default powers of two)")
     order = np.argsort(points)
     label = label or (Path(results_file).stem if results_file else "results")
     attrs = {k: plain(v) for k, v in ds.attrs.items()}

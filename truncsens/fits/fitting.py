@@ -35,7 +35,7 @@ from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.comparison import compare_families
 from truncsens.fits.fit_file import fit_document
 from truncsens.fits.laws import (FAMILIES, FitError, extrapolation_mae, family_record, fit_family, fit_family_batch,
-                                 log_weights)
+                                 log_weights, min_windows)
 from truncsens.stats import interval_or_none, mean_with_inf, resample_weights, resampled_mean_se
 
 from truncsens.metrics import DIVERGENCES as DEFAULT_METRICS  # tv, kl, kl_reverse, js: fitted as D(w) by default
@@ -355,7 +355,8 @@ def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), s
             from 1 (:class:`truncsens.engine.run.progress.StageProgress`).
 
     Raises:
-        ResultsError: an unknown metric, or a dataset with fewer than two sweep points.
+        ResultsError: an unknown metric, or a dataset with fewer sweep points than the least any family of
+            ``cfg.families`` can be fitted to (:func:`truncsens.fits.laws.min_windows`: 3 for power).
         FitError: see :func:`fit_curve`.
         ValueError: ``sources`` and ``datasets`` differ in length.
     """
@@ -364,7 +365,7 @@ def fit_datasets(datasets: Sequence[xr.Dataset], cfg: FitConfig = FitConfig(), s
         raise ValueError(f"{len(datasets)} datasets but {len(sources)} sources")
     curves: list[Curve] = []
     for ds, source, label in zip(datasets, sources, curve_labels(sources)):
-        curves.extend(curves_of(ds, cfg.metrics, source, label))
+        curves.extend(curves_of(ds, cfg.metrics, source, label, min_points=min_windows(cfg.families)))
     total, done = len(curves) * len(cfg.metrics), iter(range(1, len(curves) * len(cfg.metrics) + 1))
     what = f"{len(cfg.families)} famil{'y' if len(cfg.families) == 1 else 'ies'}" + (f", {cfg.n_boot} bootstrap resamples" if cfg.n_boot else "")
 

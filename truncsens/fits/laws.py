@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -205,6 +205,18 @@ def family_record(name: str) -> Family:
         if record.name == name:
             return record
     raise ValueError(f"unknown law family {name!r}; choose from {', '.join(FAMILIES)}")
+
+
+def min_windows(families: Sequence[str] = FAMILIES) -> int:
+    """The fewest windows (budgets) any of ``families`` can be fitted to: one more than its parameters
+    (power and exponential: 3; an exact fit through 2 points says nothing about the law).
+
+    Raises:
+        ValueError: an unknown family, or none.
+    """
+    if not families:
+        raise ValueError("families is empty")
+    return min(family_record(f).n_params + 1 for f in families)
 
 
 def families_in_words() -> str:

@@ -135,6 +135,26 @@ LM_XTOL = 1e-10  # ... or moves the parameters by at most this share of their no
 LM_ITERS = 1000  # a resample still moving after this many iterations gets NaN parameters
 
 
+def _damped_steps(damped: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """The LM steps ``damped @ step = g`` of a batch (damped [B, 3, 3], g [B, 3]) -> [B, 3].
+
+    A resample whose system holds a non-finite number gets step 0 (it stays where it is): its Jacobian
+    overflowed (the power term clipped at exp(-700) with no floor makes 1/m ~ 1e304) or its damping did
+    (``mu`` multiplied by 4 at each refused step, past 1e308 after a few hundred). Such a matrix must not
+    reach LAPACK: its least-squares fallback printed ``On entry to DLASCL parameter number 4 had an
+    illegal value`` on the terminal and stopped the fit with "SVD did not converge in Linear Least
+    Squares". When one system is singular (the batched solve refuses the whole batch), every row is
+    solved by least squares.
+    """
+    finite = np.isfinite(damped).all(axis=(1, 2)) & np.isfinite(g).all(axis=1)
+    damped = np.where(finite[:, None, None], damped, np.eye(3))
+    g = np.where(finite[:, None], g, 0.0)
+    try:
+        return np.linalg.solve(damped, g[:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:  # one singular system refuses the whole batch: least squares, row by row
+        return np.stack([np.linalg.lstsq(d, gg, rcond=None)[0] for d, gg in zip(damped, g)])
+
+
 def lm_power_floor(lx: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[str, float] | None,
                     iters: int = LM_ITERS) -> dict[str, np.ndarray]:
     """Batched LM of ``power_floor`` (:func:`truncsens.fits.laws.fit_family_batch`). It stops per resample on MINPACK's
@@ -165,35 +185,33 @@ def lm_power_floor(lx: np.ndarray, y: np.ndarray, w: np.ndarray, start: dict[str
     c = cost(p)
     mu = np.full(B, 1e-3)
     converged = np.zeros(B, dtype=bool)  # a step met the relative cost tolerance, or no step improves any more
-    for _ in range(iters):
-        P, m = model(p)
-        J = np.stack([P / m, -lx * P / m, 1.0 / m], axis=2)  # [B, S, 3] d log m / d p
-        r = y - np.log(m)
-        A = np.einsum("bsi,bs,bsj->bij", J, w, J)
-        g = np.einsum("bsi,bs,bs->bi", J, w, r)
-        active = (p[:, 2] <= 0) & (g[:, 2] <= 0)  # D_inf at its bound and pushed below it: freeze
-        A[active, 2, :] = 0.0
-        A[active, :, 2] = 0.0
-        A[active, 2, 2] = 1.0
-        g[active, 2] = 0.0
-        diag = np.einsum("bii->bi", A)
-        damped = A + mu[:, None, None] * np.einsum("bi,ij->bij", np.maximum(diag, 1e-300), np.eye(3))
-        try:
-            step = np.linalg.solve(damped, g[:, :, None])[:, :, 0]
-        except np.linalg.LinAlgError:
-            step = np.stack([np.linalg.lstsq(d, gg, rcond=None)[0] for d, gg in zip(damped, g)])
-        trial = p + step
-        trial[:, 2] = np.maximum(trial[:, 2], 0.0)
-        ct = cost(trial)
-        better = np.isfinite(ct) & (ct < c)
-        small_step = np.linalg.norm(step, axis=1) <= LM_XTOL * (np.linalg.norm(p, axis=1) + LM_XTOL)
-        done = better & ((c - ct <= LM_FTOL * np.maximum(c, 1e-300)) | small_step)
-        p = np.where(better[:, None], trial, p)
-        c = np.where(better, ct, c)
-        mu = np.where(better, mu / 3, mu * 4)
-        converged |= done | (mu > 1e12)
-        if np.all(converged):
-            break
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow: the resample stays put (_damped_steps)
+        for _ in range(iters):
+            P, m = model(p)
+            J = np.stack([P / m, -lx * P / m, 1.0 / m], axis=2)  # [B, S, 3] d log m / d p
+            r = y - np.log(m)
+            A = np.einsum("bsi,bs,bsj->bij", J, w, J)
+            g = np.einsum("bsi,bs,bs->bi", J, w, r)
+            active = (p[:, 2] <= 0) & (g[:, 2] <= 0)  # D_inf at its bound and pushed below it: freeze
+            A[active, 2, :] = 0.0
+            A[active, :, 2] = 0.0
+            A[active, 2, 2] = 1.0
+            g[active, 2] = 0.0
+            diag = np.einsum("bii->bi", A)
+            damped = A + mu[:, None, None] * np.einsum("bi,ij->bij", np.maximum(diag, 1e-300), np.eye(3))
+            step = _damped_steps(damped, g)
+            trial = p + step
+            trial[:, 2] = np.maximum(trial[:, 2], 0.0)
+            ct = cost(trial)
+            better = np.isfinite(ct) & (ct < c)
+            small_step = np.linalg.norm(step, axis=1) <= LM_XTOL * (np.linalg.norm(p, axis=1) + LM_XTOL)
+            done = better & ((c - ct <= LM_FTOL * np.maximum(c, 1e-300)) | small_step)
+            p = np.where(better[:, None], trial, p)
+            c = np.where(better, ct, c)
+            mu = np.where(better, mu / 3, mu * 4)
+            converged |= done | (mu > 1e12)
+            if np.all(converged):
+                break
     ok = enough & converged & np.all(np.isfinite(p), axis=1)  # a resample that hit the iteration limit counts as failed
     return {"C": np.where(ok, np.exp(p[:, 0]), np.nan), "alpha": np.where(ok, p[:, 1], np.nan),
             "D_inf": np.where(ok, p[:, 2], np.nan)}

@@ -17,6 +17,15 @@ class Column:
     width: int = 0
 
 
+_WIDTH: list[int | None] = [None]  # characters per line of the terminal, when the command line knows it
+
+
+def set_width(width: int | None) -> None:
+    """Split tables wider than ``width`` characters (:func:`render_table`); None (the default): never split.
+    The command line sets it when it prints to a terminal of known width."""
+    _WIDTH[0] = width if width and width > 0 else None
+
+
 def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], sep: str = "  ", header: bool = True,
                  rule: bool = True, fit: bool = True) -> str:
     """Rows of cells as text lines joined by ``sep``; trailing spaces stripped.
@@ -30,6 +39,10 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], sep: 
         fit: widen each column to its longest cell; False keeps the given widths and lets a longer
             cell overflow its column.
 
+    A table with headers wider than the width of :func:`set_width` is printed as several tables, one
+    under the other (a blank line between), each with the first column (the row's name) and as many
+    of the next columns as fit; a column wider than the width alone stays whole.
+
     Raises:
         ValueError: a row has a different number of cells than there are columns.
     """
@@ -38,10 +51,26 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], sep: 
         if len(r) != len(columns):
             raise ValueError(f"a row has {len(r)} cells for {len(columns)} columns: {r}")
     widths = [max([c.width] + [len(r[i]) for r in table]) if fit else c.width for i, c in enumerate(columns)]
+    limit = _WIDTH[0]
+    if limit and header and len(columns) > 2 and sum(widths) + len(sep) * (len(columns) - 1) > limit:
+        return "\n\n".join(render_table([columns[i] for i in part], [[r[i] for i in part] for r in rows], sep, header, rule, fit)
+                           for part in _parts(widths, len(sep), limit))
     lines = [sep.join(f"{cell:{c.align}{w}}" for cell, c, w in zip(r, columns, widths)).rstrip() for r in table]
     if header and rule:
         lines.insert(1, sep.join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _parts(widths: Sequence[int], sep: int, limit: int) -> list[list[int]]:
+    """Column indices of the tables a wide table splits into: column 0 in each, then the next columns
+    while the line stays within ``limit`` characters (at least one per table)."""
+    parts: list[list[int]] = []
+    for i in range(1, len(widths)):
+        if parts and sum(widths[j] for j in parts[-1]) + sep * len(parts[-1]) + widths[i] <= limit:
+            parts[-1].append(i)
+        else:
+            parts.append([0, i])
+    return parts
 
 
 def fmt_num(v: float | None, digits: int = 4) -> str:
