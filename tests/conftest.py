@@ -6,8 +6,14 @@ the same loading code as hub models (``truncsens.models.load_model`` on a local 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# No token-id cache in the user's cache folder while testing (every test tokenizes, as before the
+# cache); the cache's own tests point TRUNCSENS_CACHE_DIR at their tmp_path.
+os.environ["TRUNCSENS_CACHE_DIR"] = ""
 
 from truncsens.models import REFERENCE_DIR
 

@@ -17,18 +17,18 @@ Llama weights up to h=512, 4 layers, T=512), rounded up: TV 1.4e-7 -> 1.5e-7, KL
 The records read three facts from :mod:`truncsens.divergences`, where the math lives: the names
 and their order (:data:`truncsens.divergences.METRICS`, the keys of
 :func:`~truncsens.divergences.all_metrics`), each range (:data:`truncsens.divergences.RANGES`) and
-the function computing it. This module imports nothing else.
+the function computing it. This module imports nothing else, and that only when a record is first
+read: the records (:data:`METRICS`, :data:`NAMES`, :data:`DIVERGENCES`) are built on first access
+(PEP 562), so reading :data:`DEFAULT_METRICS` (the command line's ``--help``) does not import torch.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
-
-from truncsens import divergences as dv
 
 LOWER_IS_BETTER = "lower_is_better"
 HIGHER_IS_BETTER = "higher_is_better"
@@ -93,40 +93,68 @@ class Metric:
         return math.isfinite(self.upper)
 
 
-def _record(name: str, description: str, unit: str, dtype: type, direction: str, divergence: bool,
-            noise_floor: float | None, function: Callable, computed_by: str) -> Metric:
-    """A :class:`Metric` whose range is that of :data:`truncsens.divergences.RANGES`."""
-    lower, upper = dv.RANGES[name]
-    return Metric(name, description, unit, np.dtype(dtype), lower, upper, direction, divergence, noise_floor,
-                  function, computed_by)
+def _records() -> tuple[Metric, ...]:
+    """Every record, in results-file order; imports :mod:`truncsens.divergences` (and so torch)."""
+    from truncsens import divergences as dv
+
+    def _record(name: str, description: str, unit: str, dtype: type, direction: str, divergence: bool,
+                noise_floor: float | None, function: Callable, computed_by: str) -> Metric:
+        """A :class:`Metric` whose range is that of :data:`truncsens.divergences.RANGES`."""
+        lower, upper = dv.RANGES[name]
+        return Metric(name, description, unit, np.dtype(dtype), lower, upper, direction, divergence, noise_floor,
+                      function, computed_by)
+
+    return (
+        _record("tv", "total variation distance 1/2 sum_x |p_ref(x) - p_kept(x)|", "probability", np.float32,
+                LOWER_IS_BETTER, True, 1.5e-7, dv.tv, "tv(p_ref, p_kept)"),
+        _record("kl", "KL(p_ref || p_kept) = sum_x p_ref(x) (log p_ref(x) - log p_kept(x)); +inf where p_kept = 0 < p_ref",
+                "nats", np.float32, LOWER_IS_BETTER, True, 1e-13, dv.kl, "kl(p_ref, p_kept)"),
+        _record("kl_reverse", "KL(p_kept || p_ref); +inf where p_ref = 0 < p_kept",
+                "nats", np.float32, LOWER_IS_BETTER, True, 1e-13, dv.kl, "kl(p_kept, p_ref)"),
+        _record("js", "Jensen-Shannon divergence 1/2 KL(p_ref || m) + 1/2 KL(p_kept || m), m = (p_ref + p_kept) / 2",
+                "nats", np.float32, LOWER_IS_BETTER, True, 2e-14, dv.js, "js(p_ref, p_kept)"),
+        _record("top1_agree", "1 where the most likely next token is the same under p_ref and p_kept, else 0",
+                "", np.int8, HIGHER_IS_BETTER, False, None, dv.top1_agree, "top1_agree(p_ref, p_kept)"),
+        _record("nll_ref", "-log p_ref(y): negative log-likelihood of the observed next token y with the full context",
+                "nats", np.float32, LOWER_IS_BETTER, False, None, dv.nll, "nll(p_ref, y)"),
+        _record("nll_kept", "-log p_kept(y): negative log-likelihood of the observed next token y with the kept context",
+                "nats", np.float32, LOWER_IS_BETTER, False, None, dv.nll, "nll(p_kept, y)"),
+    )
 
 
-METRICS: tuple[Metric, ...] = (
-    _record("tv", "total variation distance 1/2 sum_x |p_ref(x) - p_kept(x)|", "probability", np.float32,
-            LOWER_IS_BETTER, True, 1.5e-7, dv.tv, "tv(p_ref, p_kept)"),
-    _record("kl", "KL(p_ref || p_kept) = sum_x p_ref(x) (log p_ref(x) - log p_kept(x)); +inf where p_kept = 0 < p_ref",
-            "nats", np.float32, LOWER_IS_BETTER, True, 1e-13, dv.kl, "kl(p_ref, p_kept)"),
-    _record("kl_reverse", "KL(p_kept || p_ref); +inf where p_ref = 0 < p_kept",
-            "nats", np.float32, LOWER_IS_BETTER, True, 1e-13, dv.kl, "kl(p_kept, p_ref)"),
-    _record("js", "Jensen-Shannon divergence 1/2 KL(p_ref || m) + 1/2 KL(p_kept || m), m = (p_ref + p_kept) / 2",
-            "nats", np.float32, LOWER_IS_BETTER, True, 2e-14, dv.js, "js(p_ref, p_kept)"),
-    _record("top1_agree", "1 where the most likely next token is the same under p_ref and p_kept, else 0",
-            "", np.int8, HIGHER_IS_BETTER, False, None, dv.top1_agree, "top1_agree(p_ref, p_kept)"),
-    _record("nll_ref", "-log p_ref(y): negative log-likelihood of the observed next token y with the full context",
-            "nats", np.float32, LOWER_IS_BETTER, False, None, dv.nll, "nll(p_ref, y)"),
-    _record("nll_kept", "-log p_kept(y): negative log-likelihood of the observed next token y with the kept context",
-            "nats", np.float32, LOWER_IS_BETTER, False, None, dv.nll, "nll(p_kept, y)"),
-)
-NAMES: tuple[str, ...] = tuple(m.name for m in METRICS)
-DIVERGENCES: tuple[str, ...] = tuple(m.name for m in METRICS if m.divergence)  # fitted as D(w) by default
 # what a policy comparison, its figure and measure's table show when no metric is named (the figure draws
 # the first); a fit fits every divergence (DIVERGENCES)
 DEFAULT_METRICS: tuple[str, ...] = ("kl", "tv")
-_BY_NAME = {m.name: m for m in METRICS}
+
+if TYPE_CHECKING:
+    METRICS: tuple[Metric, ...]
+    NAMES: tuple[str, ...]
+    DIVERGENCES: tuple[str, ...]  # fitted as D(w) by default
+    _BY_NAME: dict[str, Metric]
+_BUILT_ON_FIRST_USE = ("METRICS", "NAMES", "DIVERGENCES", "_BY_NAME")
+
+
+def _built() -> None:
+    """Define :data:`METRICS` and the names derived from it, once (a value set since, e.g. by a test's
+    monkeypatch, stays)."""
+    g = globals()
+    if "METRICS" in g:
+        return
+    metrics = _records()
+    g.update(METRICS=metrics, NAMES=tuple(m.name for m in metrics),
+             DIVERGENCES=tuple(m.name for m in metrics if m.divergence), _BY_NAME={m.name: m for m in metrics})
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: the records on first use
+    if name in _BUILT_ON_FIRST_USE:
+        _built()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def find(name: str) -> Metric | None:
     """The record of ``name``, or None for a name that is no metric (e.g. ``kept_tokens``)."""
+    _built()
     return _BY_NAME.get(name)
 
 
@@ -136,6 +164,7 @@ def metric(name: str) -> Metric:
     Raises:
         KeyError: ``name`` is not a metric of :data:`METRICS`.
     """
+    _built()
     try:
         return _BY_NAME[name]
     except KeyError:
@@ -146,11 +175,13 @@ def bounded_divergences() -> dict[str, float]:
     """Divergence -> its finite upper bound, for the divergences of :data:`METRICS` bounded above
     (``{"tv": 1.0, "js": log 2}``): a distortion target above it can never be crossed. Read at call time,
     so a record added to :data:`METRICS` counts without a second list."""
+    _built()
     return {m.name: m.upper for m in METRICS if m.divergence and m.bounded_above}
 
 
 def present(names: Iterable[str]) -> tuple[str, ...]:
     """The metrics among ``names`` (e.g. a dataset's ``data_vars``), in the order of :data:`METRICS`."""
+    _built()
     have = set(names)
     return tuple(n for n in NAMES if n in have)
 
@@ -158,5 +189,6 @@ def present(names: Iterable[str]) -> tuple[str, ...]:
 def divergences_in(names: Iterable[str]) -> tuple[str, ...]:
     """The divergences (:data:`DIVERGENCES`) among ``names``, in the order of :data:`METRICS`: what a fit
     of a results file holding ``names`` fits by default."""
+    _built()
     have = set(names)
     return tuple(n for n in DIVERGENCES if n in have)

@@ -25,6 +25,7 @@ from truncsens.corpora.resolve import check_corpus
 from truncsens.corpora.document import id_bytes
 from truncsens.engine.bos import default_special_tokens, resolve_bos
 from truncsens.engine.config import MeasureConfig, MeasureError
+from truncsens.engine.token_cache import cached_token_docs
 from truncsens.models import LoadedModel, model_source
 from truncsens.targets import TokenDoc
 
@@ -108,7 +109,9 @@ def check_documents_before_loading(cfg: MeasureConfig) -> None:
 def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int,
                    on_stage: Callable[[str], None] | None = None):
     """Token documents and provenance (corpus name, domain, sha256, files skipped by reason) for a run;
-    ``on_stage`` is told what is done before it takes long (tokenizing N documents; progress).
+    ``on_stage`` is told what is done before it takes long (tokenizing N documents; progress). The
+    token ids of a corpus tokenized before by the same tokenizer are read from the cache instead
+    (:mod:`truncsens.engine.token_cache`): the same ids, the same documents checked.
 
     ``--corpus synthetic`` (the default with a ``synthetic:...`` model) samples ``max_docs`` (64)
     sequences of 2N tokens from the synthetic process of the model spec.
@@ -134,8 +137,8 @@ def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: i
         on_stage(f"tokenizing {len(corpus.documents)} documents of corpus {corpus.name}")
     adds = default_special_tokens(loaded.tokenizer)[0]
     bos_id = resolve_bos(cfg.bos, loaded.tokenizer, loaded.name).document_bos
-    return (tokenize_documents(corpus.documents, loaded.tokenizer, bos_id), corpus.name, corpus.domain, corpus.sha256,
-            dict(corpus.skipped), bos_id, adds)
+    token_docs, _ = cached_token_docs(corpus.documents, corpus.sha256, loaded.tokenizer, bos_id, tokenize_documents)
+    return token_docs, corpus.name, corpus.domain, corpus.sha256, dict(corpus.skipped), bos_id, adds
 
 
 def prepare_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: int,
