@@ -19,7 +19,7 @@ Decisions and their margins (each the smallest over a run):
 - ``nll``: certify's failure rule NLL > ln 4; margin |NLL − ln 4| / ln 4.
 - coverage (from a certify results file, :func:`certify_margins`): error ≤ radius for the emitted
   certificate, r_EB and the normal radius at every δ printed, and error ≤ the arithmetic floor;
-  margin |error − radius| / max(error, radius).
+  margin |error − radius| over 1e-4 relative plus the float64 rounding of the error.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ import truncsens.policies.snapkv as snapkv
 import truncsens.policies.topk as topk
 from truncsens.certificates.arithmetic import certificate_records
 from truncsens.certificates.attribution import FAILURE_NLL
+from truncsens.certificates.estimator import F64_RESOLUTION
 from truncsens.certificates.statistics import RELIABILITY_DELTAS, radii_at
 
 # "well above float noise": relative for scores, radii and probabilities; nats for log-probabilities
@@ -114,26 +115,37 @@ class DecisionRecorder:
 
 
 def certify_margins(ds) -> dict[str, float]:
-    """Smallest relative margin of each coverage decision a certify summary prints (module docstring),
-    over every budget and record with a random tail: ``{name: margin}`` with names ``floor``,
-    ``certificate@δ``, ``eb@δ``, ``normal@δ`` for the file's δ and :data:`RELIABILITY_DELTAS`."""
-    out: dict[str, float] = {}
+    """Smallest margin of each coverage decision a certify summary prints (module docstring), over
+    every budget and record with a random tail: ``{name: margin}`` with names ``floor``,
+    ``certificate@δ``, ``eb@δ``, ``normal@δ`` for the file's δ and :data:`RELIABILITY_DELTAS`, and
+    ``resolution`` (a nonzero error's distance from the float64 resolution below which errors are
+    stored as 0, :func:`truncsens.certificates.estimator.resolved_error`).
 
-    def note(name, error, radius):
+    A margin is |error − radius| over its noise, 1e-4 · max(error, radius) + 16 float64 ulps of
+    max(‖o‖, ‖ô‖) (the error is a float64 norm of a difference of two outputs), minus 1: positive when
+    the decision is safe. An error stored as 0 (below float64 resolution) is covered by every radius on
+    every machine: it decides nothing."""
+    out: dict[str, float] = {}
+    eps64 = float(np.finfo(np.float64).eps)
+
+    def note(name, error, radius, scale):
         e, r = np.asarray(error, float), np.asarray(radius, float)
-        finite = np.isfinite(e) & np.isfinite(r) & ((e != 0) | (r != 0))  # 0 <= 0: exact on any machine
-        rel = np.abs(e - r)[finite] / np.maximum(np.maximum(e, r)[finite], 1e-300)
-        out[name] = min(out.get(name, math.inf), float(rel.min()) if rel.size else math.inf)
+        decided = np.isfinite(e) & np.isfinite(r) & (e != 0)
+        e, r, s = e[decided], r[decided], scale[decided]
+        margin = np.abs(e - r) / (MIN_MARGIN["coverage"] * np.maximum(e, r) + 16 * eps64 * s) - 1
+        out[name] = min(out.get(name, math.inf), float(margin.min()) if margin.size else math.inf)
 
     for k in ds["budget"].values:
         r = certificate_records(ds, "poisson", int(k))
         tail = r["has_tail"] > 0
+        scale = np.broadcast_to(np.maximum(ds["attn_norm"].sel(policy="poisson", budget=k).values,
+                                           ds["attn_hat_norm"].sel(policy="poisson", budget=k).values), tail.shape)[tail]
         e, floor = r["attn_error"][tail], np.broadcast_to(r["arith_bound"], tail.shape)[tail]
-        note("floor", e, floor)
+        note("floor", e, floor, scale)
+        note("resolution", e, 2 * F64_RESOLUTION * scale, scale)
         for d in sorted({*RELIABILITY_DELTAS, float(ds.attrs["delta"])}):
             eb, normal = radii_at(r["attn_variance"], r["value_range"], r["n_random"], r["has_tail"], d)
-            note(f"eb@{d}", e, eb[tail])
-            note(f"normal@{d}", e, normal[tail])
-            note(f"certificate@{d}", e, eb[tail] + floor)
+            note(f"eb@{d}", e, eb[tail], scale)
+            note(f"normal@{d}", e, normal[tail], scale)
+            note(f"certificate@{d}", e, eb[tail] + floor, scale)
     return out
-

@@ -185,3 +185,21 @@ def test_offsets_are_exact_for_every_dtype(dtype):
     assert off.dtype == dtype
     assert off.tolist() == pytest.approx([0.0, math.log(2), math.log(4), 0.0], rel=1e-2 if dtype in DTYPES[:2] else 1e-7)
     assert off[0].item() == 0.0 and off[3].item() == 0.0
+
+
+def test_an_error_below_float64_resolution_is_stored_as_zero():
+    """‖ô − o‖ at float64 rounding of the outputs (a tail whose weights underflow) is 0 on every machine;
+    an error just above the resolution is kept as it is."""
+    from truncsens.certificates.estimator import F64_RESOLUTION, attention_records, resolved_error
+
+    scale = torch.tensor([6.0, 6.0, 6.0, 0.0], dtype=torch.float64)
+    error = torch.tensor([3.9e-17, 0.0, 6.0 * F64_RESOLUTION * 2, 0.0], dtype=torch.float64)
+    assert resolved_error(error, scale).tolist() == [0.0, 0.0, 6.0 * F64_RESOLUTION * 2, 0.0]
+    # end to end: keys of weight e^-60 drawn away change o by ~1e-26 relative: the stored error is exactly 0
+    logits = torch.tensor([[0.0, 0.5, -60.0, -61.0]], dtype=torch.float64)
+    values = torch.randn(1, 4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    kept = torch.tensor([[True, True, False, True]])
+    pi = torch.tensor([[1.0, 1.0, 0.5, 0.5]], dtype=torch.float64)
+    tail = torch.tensor([[False, False, True, True]])
+    rec = attention_records(logits, values, torch.ones_like(kept), kept, pi, tail)
+    assert rec.error.tolist() == [0.0]

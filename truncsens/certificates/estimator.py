@@ -40,7 +40,7 @@ class AttentionRecords:
     Attributes:
         o: [..., d] exact full-context output.
         o_hat: [..., d] Hájek output over the kept keys (plain attention when π = 1 on every kept key).
-        error: [...] ``‖ô − o‖₂`` (units of the values).
+        error: [...] ``‖ô − o‖₂`` (units of the values); 0 below float64 resolution (:func:`resolved_error`).
         variance: [...] ``V̂`` (squared units).
         radius_eb: [...] empirical-Bernstein radius (module docstring).
         radius_normal: [...] ``z_{1−δ/2}·sqrt(V̂)``.
@@ -135,5 +135,25 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
     radius_eb = eb_sum_radius(variance, value_range, n_random, has_tail, delta)
     radius_normal = certificate_radius(variance, delta)
     kept_share = (w.sum(-1, keepdim=True) / z_hat).squeeze(-1)  # [...] Σ_S w_i / Ẑ
-    return AttentionRecords(o, o_hat, (o_hat - o).norm(dim=-1), variance, radius_eb, radius_normal, o.norm(dim=-1),
-                            value_range, n_random, has_tail, o_hat.norm(dim=-1), kept_share)
+    o_norm, o_hat_norm = o.norm(dim=-1), o_hat.norm(dim=-1)  # [...] each
+    error = resolved_error((o_hat - o).norm(dim=-1), torch.maximum(o_norm, o_hat_norm))
+    return AttentionRecords(o, o_hat, error, variance, radius_eb, radius_normal, o_norm,
+                            value_range, n_random, has_tail, o_hat_norm, kept_share)
+
+
+F64_RESOLUTION = 64 * torch.finfo(torch.float64).eps
+"""Relative size (to the larger of ‖o‖, ‖ô‖) below which ‖ô − o‖ is float64 rounding of its own
+computation (about 1.4e-14): where the kept set holds every key with attention mass (a tail whose
+weights underflow, e.g. e^-50), ô and o differ only by the order of float64 sums, and the "error" is
+0 on one CPU and 4e-17 on another. Such errors are stored as 0, so coverage decisions do not depend on
+the machine (docs/precision.md)."""
+
+
+def resolved_error(error: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``error`` where it exceeds :data:`F64_RESOLUTION` · ``scale``, else exactly 0 (same shape, float64).
+
+    Args:
+        error: [...] ‖ô − o‖ in float64; scale: [...] max(‖o‖, ‖ô‖) (same units).
+    """
+    error = error.to(torch.float64)
+    return torch.where(error > F64_RESOLUTION * scale.to(torch.float64), error, torch.zeros_like(error))
