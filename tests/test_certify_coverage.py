@@ -234,3 +234,20 @@ def test_variance_check_per_head_by_hand():
     assert v["by_head"]["variance_over_mse"][0][0] == pytest.approx(0.25 / ((2e-18 + 0.25 + 4) / 4))
     assert v["by_head"]["share_few_tail_keys"] == [[0.5]]
     assert "variance check" in format_summary(s)
+
+
+def test_tail_mass_by_hand_and_in_the_variance_check():
+    from truncsens.certificates.statistics import variance_check
+
+    rec = floor_head_records()
+    # row 0: the tail logits -2000 hold no mass (exp(-2000) = 0 in float64); row 1: two tail keys at -30
+    # among 1 + e^0.5 + 2 e^-30
+    assert rec.tail_mass[0] == 0
+    assert float(rec.tail_mass[1]) == pytest.approx(2 * math.exp(-30) / (1 + math.exp(0.5) + 2 * math.exp(-30)), rel=1e-12)
+    ones = np.ones((2, 1, 1))
+    c = variance_check({"attn_error": ones, "attn_variance": ones, "n_random": 9 * ones, "has_tail": ones,
+                        "tail_mass": np.array([[[0.0]], [[0.3]]])})
+    assert c["by_head"]["median_tail_mass"] == [[0.15]] and c["by_head"]["share_negligible_tail_mass"] == [[0.5]]
+    assert "median_tail_mass" not in variance_check({k: v for k, v in
+                                                     {"attn_error": ones, "attn_variance": ones, "n_random": ones,
+                                                      "has_tail": ones}.items()})["by_head"]

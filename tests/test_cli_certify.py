@@ -71,6 +71,10 @@ def test_small_run_writes_results_figures_and_json(tmp_path, tiny_llama_dir, cor
     curve = {t["tau"]: t["coverage"]["covered"] for t in first["tolerance_curve"]}
     assert curve[0.0] == first["coverage_eb"]["covered"] and curve[b] == first["coverage_certificate"]["covered"]
     assert len(first["variance_check"]["by_head"]["variance_over_mse"]) == 2  # [layer][head]
+    mass = ds["attn_tail_mass"]  # the full-cache attention share on the keys drawn at random
+    assert (mass.sel(policy="topk") == 0).all() and ((mass >= 0) & (mass <= 1)).all()
+    assert (mass.sel(policy="poisson").values[ds["has_tail"].sel(policy="poisson").values == 0] == 0).all()
+    assert len(first["variance_check"]["by_head"]["median_tail_mass"]) == 2
     assert first["kl"]["poisson"]["mean"] == pytest.approx(float(sel["kl"].mean()), rel=1e-5)
     # failures on these targets (wrong top-1 or NLL > ln 4), counted by hand
     fail = np.concatenate([(ds.sel(policy="poisson", budget=k)["argmax_kept"].values != ds["token_id"].values)

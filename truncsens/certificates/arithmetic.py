@@ -91,7 +91,8 @@ RECORD_VARS = ("attn_error", "attn_norm", "radius_eb", "radius_normal", "attn_va
 
 def certificate_records(ds, policy: str, budget: int | None = None) -> dict[str, np.ndarray]:
     """The attention records of one policy (and budget), each [target, (budget,) layer, head], with
-    ``radius_certificate``, ``o_hat_norm`` (``‖ô‖``) and ``arith_bound`` (the tolerance ``τ·‖ô‖``) added.
+    ``radius_certificate``, ``o_hat_norm`` (``‖ô‖``) and ``arith_bound`` (the tolerance ``τ·‖ô‖``) added,
+    and ``tail_mass`` (``attn_tail_mass``) where the file has it.
 
     A file written before ``radius_certificate`` existed is summarised by computing it on load:
     from ``attn_hat_norm`` when the file has it, else from the oracle ``‖o‖`` (``attn_norm``) in
@@ -107,4 +108,6 @@ def certificate_records(ds, policy: str, budget: int | None = None) -> dict[str,
     r["radius_certificate"] = (sel["radius_certificate"].values if "radius_certificate" in sel
                                else emitted_radius(r["radius_eb"], norm, b))
     r["oracle_norm"] = oracle
+    if "attn_tail_mass" in sel:  # files before it: no tail mass
+        r["tail_mass"] = sel["attn_tail_mass"].values
     return r

@@ -248,8 +248,13 @@ def format_summary(s: dict) -> str:
             h = b["variance_check"]["by_head"]
             rows.append([str(b["budget"]), "E[V^]/MSE"] + [_median(x) for x in h["variance_over_mse"]])
             rows.append(["", f"share n < {b['variance_check']['few_tail_keys']}"] + [_median(x) for x in h["share_few_tail_keys"]])
+            if "median_tail_mass" in h:
+                rows.append(["", "tail mass"] + [_median(x) for x in h["median_tail_mass"]])
+                rows.append(["", f"share mass < {fmt_num(b['variance_check']['negligible_tail_mass'], 2)}"]
+                            + [_median(x) for x in h["share_negligible_tail_mass"]])
         lines += ["", "variance check, median over heads (E[V^]/MSE: mean V^ over mean ||o^-o||^2, pooled over targets; "
-                      "below 1 the variance understates the error; n: kept random keys); per head in --json",
+                      "below 1 the variance understates the error; n: kept random keys; tail mass: median share of the "
+                      "full-cache attention on the keys drawn at random); per head in --json",
                   render_table(cols, rows)]
     sp = s["spearman_eb_pooled"]
     lines += ["", f"Spearman(radius EB, error), all budgets: {fmt_num(sp['rho'], 3)} [{fmt_num(sp['ci'][0], 3)}, "

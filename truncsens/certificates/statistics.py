@@ -18,6 +18,7 @@ targets of one document its text), the more honest of the two.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -217,6 +218,7 @@ def mean_by_documents(values: np.ndarray, doc: np.ndarray) -> dict:
 
 
 FEW_TAIL_KEYS = 5  # a kept tail of fewer random keys than this: V̂ and B̂ rest on a handful of terms
+NEGLIGIBLE_TAIL_MASS = 1e-7  # below float32 eps (1.19e-7): a tail that cannot move a float32 output
 
 
 def variance_check(records: dict[str, np.ndarray], few: int = FEW_TAIL_KEYS) -> dict:
@@ -228,13 +230,15 @@ def variance_check(records: dict[str, np.ndarray], few: int = FEW_TAIL_KEYS) -> 
     mean squared error, below 1 when it understates it.
 
     Args:
-        records: attn_error, attn_variance, n_random, has_tail, each [target, layer, head].
+        records: attn_error, attn_variance, n_random, has_tail, each [target, layer, head], and
+            optionally tail_mass (the share of the full-cache attention on the tail keys).
         few: a kept tail with fewer random keys than this counts as "few" (>= 1).
 
     Returns:
-        {"few_tail_keys": few, "variance_over_mse": float (every head), "by_head": {"variance_over_mse",
-        "share_few_tail_keys", "mse", "mean_variance", "n"}: each [layer][head] (NaN: no record, or
-        MSE 0)}.
+        {"few_tail_keys": few, "negligible_tail_mass": :data:`NEGLIGIBLE_TAIL_MASS`, "variance_over_mse":
+        float (every head), "by_head": {"variance_over_mse", "share_few_tail_keys", "mse",
+        "mean_variance", "n", and with tail_mass "median_tail_mass", "share_negligible_tail_mass"}: each
+        [layer][head] (NaN: no record, or MSE 0)}.
 
     Raises:
         ValueError: ``few`` below 1, or records that are not [target, layer, head].
@@ -258,6 +262,15 @@ def variance_check(records: dict[str, np.ndarray], few: int = FEW_TAIL_KEYS) -> 
         ratio = np.where(mse > 0, mv / np.where(mse > 0, mse, 1.0), np.nan)
         total = float(np.nanmean(v) / np.nanmean(e2)) if tail.any() and np.nanmean(e2) > 0 else math.nan
     listed = lambda a: [[float(x) for x in row] for row in a]  # noqa: E731
-    return {"few_tail_keys": few, "variance_over_mse": total,
-            "by_head": {"variance_over_mse": listed(ratio), "share_few_tail_keys": listed(mean(few_keys, 0)),
-                        "mse": listed(mse), "mean_variance": listed(mv), "n": [[int(x) for x in row] for row in n]}}
+    by_head = {"variance_over_mse": listed(ratio), "share_few_tail_keys": listed(mean(few_keys, 0)),
+               "mse": listed(mse), "mean_variance": listed(mv), "n": [[int(x) for x in row] for row in n]}
+    if "tail_mass" in records:
+        mass = np.where(tail, np.asarray(records["tail_mass"], float), np.nan)
+        with np.errstate(invalid="ignore"):
+            negligible = np.where(tail, mass < NEGLIGIBLE_TAIL_MASS, np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a head with no record: its median is NaN
+            by_head["median_tail_mass"] = listed(np.nanmedian(mass, 0))
+        by_head["share_negligible_tail_mass"] = listed(mean(negligible, 0))
+    return {"few_tail_keys": few, "negligible_tail_mass": NEGLIGIBLE_TAIL_MASS, "variance_over_mse": total,
+            "by_head": by_head}
