@@ -251,3 +251,32 @@ def test_tail_mass_by_hand_and_in_the_variance_check():
     assert "median_tail_mass" not in variance_check({k: v for k, v in
                                                      {"attn_error": ones, "attn_variance": ones, "n_random": ones,
                                                       "has_tail": ones}.items()})["by_head"]
+
+
+def test_coverage_of_r_eb_apart_where_the_tail_holds_no_mass():
+    from truncsens.certificates.statistics import coverage_by_tail_mass
+
+    # masses 0, 1e-9 (negligible: errors 1e-9, 0 under r_EB 0 -> 1 of 2 covered, V^ 0) and 0.2, 0.5 (errors
+    # 0.5, 2.0 under r_EB 1 -> 1 of 2, V^ 1 each over MSE (0.25 + 4) / 2)
+    rec = {"attn_error": np.array([1e-9, 0.0, 0.5, 2.0]), "attn_variance": np.array([0.0, 0.0, 1.0, 1.0]),
+           "has_tail": np.ones(4), "tail_mass": np.array([0.0, 1e-9, 0.2, 0.5])}
+    c = coverage_by_tail_mass(rec, np.array([0.0, 0.0, 1.0, 1.0]))
+    assert (c["negligible"]["coverage"]["covered"], c["negligible"]["coverage"]["n"]) == (1, 2)
+    assert (c["with_mass"]["coverage"]["covered"], c["with_mass"]["coverage"]["n"]) == (1, 2)
+    assert c["negligible"]["variance_over_mse"] == 0.0 and c["with_mass"]["variance_over_mse"] == pytest.approx(1 / 2.125)
+    assert coverage_by_tail_mass({k: v for k, v in rec.items() if k != "tail_mass"}, np.zeros(4)) is None
+    with pytest.raises(ValueError, match="threshold"):
+        coverage_by_tail_mass(rec, np.zeros(4), threshold=0.0)
+
+
+def test_summary_gives_r_eb_coverage_apart_by_tail_mass():
+    v = 1 / (2 * math.log(80))  # r_EB(0.05) = 1
+    ds = records_dataset([1e-9, 1e-9, 0.5, 2.0], [0.0, 0.0, 1.0, 1.0], hat_norm=[1.0] * 4, norm=[1.0] * 4,
+                         has_tail=[1] * 4, variance=[0.0, 0.0, v, v])
+    ds["attn_tail_mass"] = (ds["attn_error"].dims, np.array([0.0, 1e-9, 0.3, 0.6]).reshape(1, 4, 1, 1, 1))
+    b = summarize(ds, n_boot=0)["budgets"][0]
+    c = b["coverage_eb_by_tail_mass"]
+    assert (c["negligible"]["coverage"]["covered"], c["negligible"]["coverage"]["n"]) == (0, 2)  # 1e-9 > r_EB = 0
+    assert (c["with_mass"]["coverage"]["covered"], c["with_mass"]["coverage"]["n"]) == (1, 2)
+    assert b["variance_check"]["by_head"]["share_negligible_tail_mass"] == [[0.5]]
+    assert "statement 1 by the tail's attention mass" in format_summary(summarize(ds, n_boot=0))

@@ -25,7 +25,7 @@ import numpy as np
 
 from truncsens.certificates.arithmetic import bound_relative_of, certificate_records
 from truncsens.certificates.statistics import (
-    TOLERANCES, coverage, mean_by_documents, reliability, spearman_by_documents, tightness, tolerance_curve,
+    TOLERANCES, coverage, coverage_by_tail_mass, mean_by_documents, reliability, spearman_by_documents, tightness, tolerance_curve,
     variance_check,
 )
 from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table
@@ -95,6 +95,7 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
                "tightness_certificate": tightness(cert, r["attn_error"]),
                "calibration": _calibration(r, taus, by_layer=True),
                "variance_check": variance_check(r),
+               "coverage_eb_by_tail_mass": coverage_by_tail_mass(r, eb),
                "spearman_eb": spearman_by_documents(r["radius_eb"], r["attn_error"], doc, n_boot, seed),
                "median_relative_error": {}, "kl": {}}
         for p in policies:
@@ -256,6 +257,17 @@ def format_summary(s: dict) -> str:
                       "below 1 the variance understates the error; n: kept random keys; tail mass: median share of the "
                       "full-cache attention on the keys drawn at random); per head in --json",
                   render_table(cols, rows)]
+    if s["budgets"] and s["budgets"][0].get("coverage_eb_by_tail_mass"):
+        t0 = s["budgets"][0]["coverage_eb_by_tail_mass"]["threshold"]
+        cols = [Column("budget", ">")] + [Column(f"{h}{w}", ">") for w in (f" < {fmt_num(t0, 2)}", f" >= {fmt_num(t0, 2)}")
+                                          for h in ("r_EB alone, mass", "records", "E[V^]/MSE")]
+        rows = []
+        for b in s["budgets"]:
+            c = b["coverage_eb_by_tail_mass"]
+            rows.append([str(b["budget"])] + [x for part in ("negligible", "with_mass") for x in (
+                _pct(c[part]["coverage"]), str(c[part]["coverage"]["n"]), fmt_num(c[part]["variance_over_mse"], 3))])
+        lines += ["", "statement 1 by the tail's attention mass (the share of the full-cache attention on the keys drawn "
+                      "at random) [Wilson]", render_table(cols, rows)]
     sp = s["spearman_eb_pooled"]
     lines += ["", f"Spearman(radius EB, error), all budgets: {fmt_num(sp['rho'], 3)} [{fmt_num(sp['ci'][0], 3)}, "
                   f"{fmt_num(sp['ci'][1], 3)}] (paper > {PAPER_SPEARMAN}): {s['verdict_spearman']}", ""]

@@ -221,6 +221,39 @@ FEW_TAIL_KEYS = 5  # a kept tail of fewer random keys than this: V̂ and B̂ res
 NEGLIGIBLE_TAIL_MASS = 1e-7  # below float32 eps (1.19e-7): a tail that cannot move a float32 output
 
 
+def coverage_by_tail_mass(records: dict[str, np.ndarray], radius: np.ndarray,
+                          threshold: float = NEGLIGIBLE_TAIL_MASS) -> dict | None:
+    """Coverage of ``radius`` and ``E[V̂]/MSE`` apart for records whose tail holds a negligible share
+    of the full-cache attention (below ``threshold``) and for the others (docs/method.md: where r_EB
+    under-covers).
+
+    Args:
+        records: attn_error, attn_variance, has_tail and tail_mass, arrays of one shape.
+        radius: the same shape (NaN: no radius).
+        threshold: the tail mass below which a tail counts as negligible, > 0.
+
+    Returns:
+        None without tail_mass; else {"threshold", "negligible": {"coverage", "variance_over_mse"},
+        "with_mass": {...}} (coverage: a :func:`coverage` dict; the ratio NaN without records or MSE 0).
+
+    Raises:
+        ValueError: a threshold that is not > 0.
+    """
+    if not threshold > 0:
+        raise ValueError(f"threshold: a tail mass > 0 is needed, got {threshold}")
+    if "tail_mass" not in records:
+        return None
+    tail = np.asarray(records["has_tail"]) > 0
+    e, v = np.asarray(records["attn_error"], float), np.asarray(records["attn_variance"], float)
+    mass, r = np.asarray(records["tail_mass"], float), np.asarray(radius, float)
+    out = {"threshold": threshold}
+    for name, m in (("negligible", tail & (mass < threshold)), ("with_mass", tail & (mass >= threshold))):
+        mse = float(np.mean(e[m] ** 2)) if m.any() else math.nan
+        out[name] = {"coverage": coverage(e[m], r[m]),
+                     "variance_over_mse": float(np.mean(v[m])) / mse if mse > 0 else math.nan}
+    return out
+
+
 def variance_check(records: dict[str, np.ndarray], few: int = FEW_TAIL_KEYS) -> dict:
     """Why r_EB under-covers where it does: per (layer, head), the variance estimate against the
     squared error it estimates, and how many records rest on a nearly empty kept tail.
