@@ -247,6 +247,7 @@ def test_a_score_that_is_the_task_kind_alone_gets_stratified_auc_one_half():
     text = "\n".join(format_decomposition(d))
     assert "task kind alone (baseline)" in text and "stratified" in text and "ceiling" not in text
     assert "the true error of that draw" in text
+    assert "realizable candidates, kind-stratified development AUC: " in text  # the AUCs the choice was made on
     json.dumps(d, default=str)
 
 

@@ -191,8 +191,10 @@ def format_decomposition(d: dict) -> list[str]:
     lines.append(f"split: {d['split']['rule']}; {len(d['split']['development'])} development documents "
                  f"({n['development']['eviction_caused']} eviction-caused / {n['development']['inherent']} inherent), "
                  f"{len(d['split']['held_out'])} held-out ({n['held_out']['eviction_caused']} / {n['held_out']['inherent']})")
-    dev = sorted(d["development"].items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 1.0)
-    lines.append("realizable candidates, development AUC: " + ", ".join(f"{k} {fmt_num(v, 3)}" for k, v in dev))
+    chooser = d.get("development_stratified") or d["development"]  # the AUCs the choice was made on
+    dev = sorted(chooser.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 1.0)
+    which = "kind-stratified development AUC" if d.get("development_stratified") else "development AUC"
+    lines.append(f"realizable candidates, {which}: " + ", ".join(f"{k} {fmt_num(v, 3)}" for k, v in dev))
     v, aim = held["chosen"]["value"], d["aim"]
     gap = "reached" if v >= aim else f"short by {fmt_num(aim - v, 2)}"
     lines.append(f"chosen {c} on held-out documents: {fmt_estimate(held['chosen'])}; aim {aim:g}: {gap} "
