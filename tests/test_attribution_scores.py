@@ -207,3 +207,58 @@ def test_auc_by_documents_matches_plain_auc_and_checks_lengths():
     assert 0 <= lo < hi <= 1
     with pytest.raises(ValueError, match="one value per record"):
         auc_by_documents({"s": s[:-1]}, caused, among, doc)
+
+
+def kind_dataset() -> xr.Dataset:
+    """:func:`hand_dataset` with task kinds: caused 0 (kv), 1 (copy); inherent 2 (kv), 3, 4 (copy); the
+    design share E is the task kind alone (1.0 on kv targets, 0.2 on copy), in both heads."""
+    ds = hand_dataset()
+    kind = np.array(["kv", "copy", "kv", "copy", "copy", "kv"])
+    ds["task_kind"] = ("target", kind)
+    share = np.where(kind == "kv", 1.0, 0.2)[None, :, None, None, None] * np.ones((1, 6, 1, 1, 2))
+    ds["evicted_share"] = (("policy", "target", "budget", "layer", "head"), share)
+    return ds
+
+
+def test_a_score_that_is_the_task_kind_alone_gets_stratified_auc_one_half():
+    from truncsens.certificates.attribution_report import format_decomposition
+
+    d = decomposition(kind_dataset(), n_boot=50)
+    w = d["within_kind"]
+    assert w["kinds"] == ["copy", "kv"]
+    assert w["counts"] == {"copy": {"eviction_caused": 1, "inherent": 2}, "kv": {"eviction_caused": 1, "inherent": 1}}
+    e = w["all_documents"]["evicted_share"]  # caused {1, 0.2} vs inherent {1, 0.2, 0.2}: 3.5 of 6 pairs pooled
+    assert e["pooled"]["value"] == pytest.approx(mann_whitney([1, 0.2], [1, 0.2, 0.2])) == pytest.approx(3.5 / 6)
+    assert e["stratified"] == {"value": 0.5, "ci": [0.5, 0.5]}  # only ties within a kind, in every resample
+    assert e["by_kind"]["kv"]["value"] == 0.5 and e["by_kind"]["copy"]["value"] == 0.5
+    # the baseline: development documents d0, d2 hold failures 0 (kv, caused), 1 (copy, caused), 4 (copy,
+    # inherent): kv scored 1, copy 1/2; the same ranking as E
+    base = w["all_documents"]["kind_only"]
+    assert base["pooled"]["value"] == pytest.approx(3.5 / 6) and base["stratified"]["value"] == 0.5
+    # KL: kv 2.0 vs 0.5 (1 of 1), copy 1.0 vs {1.5, 0.1} (1 of 2): stratified 2 / 3; pooled 5 / 6
+    kl = w["all_documents"]["oracle_kl"]
+    assert kl["stratified"]["value"] == pytest.approx(2 / 3) and kl["pooled"]["value"] == pytest.approx(5 / 6)
+    assert (kl["by_kind"]["kv"]["value"], kl["by_kind"]["copy"]["value"]) == (1.0, 0.5)
+    lo, hi = kl["stratified"]["ci"]
+    assert 0 <= lo <= hi <= 1
+    assert d["chosen_by"] == "kind-stratified development AUC"
+    assert d["chosen"] == choose_candidate(d["development_stratified"])
+    assert set(w["held_out"]) >= {"chosen", "certificate", "oracle_error", "oracle_kl", "confidence", "kind_only"}
+    text = "\n".join(format_decomposition(d))
+    assert "task kind alone (baseline)" in text and "stratified" in text and "ceiling" not in text
+    assert "the true error of that draw" in text
+    assert "realizable candidates, kind-stratified development AUC: " in text  # the AUCs the choice was made on
+    json.dumps(d, default=str)
+
+
+def test_stratified_auc_by_hand_and_without_kinds():
+    from truncsens.certificates.attribution_strata import stratified_auc
+
+    s, y = np.array([3.0, 1.0, 2.0, 0.0, 5.0, np.nan]), np.array([True, False, True, False, False, True])
+    g = np.array(["a", "a", "b", "b", "b", "a"])
+    # a: 3 vs 1 (1 pair, won); b: 2 vs {0, 5} (1 of 2): 2 of 3 pairs; the NaN score is left out
+    assert stratified_auc(s, y, g) == pytest.approx(2 / 3)
+    assert math.isnan(stratified_auc(s[:2], np.array([True, True]), g[:2]))
+    with pytest.raises(ValueError, match="strata"):
+        stratified_auc(s, y, g[:3])
+    assert decomposition(hand_dataset(), n_boot=5)["within_kind"] is None  # a file without task kinds

@@ -15,7 +15,7 @@ import xarray as xr
 from truncsens.certificates.arithmetic import ARITH_FACTOR, certificate_records, declared_bound, emitted_radius
 from truncsens.certificates.coverage_report import format_summary, summarize
 from truncsens.certificates.estimator import attention_records
-from truncsens.certificates.statistics import coverage, reliability, tightness
+from truncsens.certificates.statistics import coverage, reliability, tightness, tolerance_curve
 
 F32 = 64 * float(np.finfo(np.float32).eps)  # the declared float32 bound, 7.63e-6
 
@@ -172,3 +172,111 @@ def test_heldout_reading_keeps_the_documents_after_the_first():
     assert list(mod.heldout(ds, 1)["doc"].values) == ["b", "b", "c", "c"]
     with pytest.raises(ValueError, match="--skip-docs"):
         mod.heldout(ds, 3)
+
+
+def test_statistical_radius_and_emitted_certificate_have_their_own_coverage():
+    # r_EB misses two tiny errors (1e-9 relative, r_EB = 0) that the tolerance tau ||o^|| covers, covers 0.5,
+    # and misses 2.0: r_EB alone 1 / 4, the emitted certificate (tau = 64 eps = 7.63e-6) 3 / 4
+    v = 1 / (2 * math.log(80))  # r_EB(0.05) = 1 recomputed from V^ (B^ = 0, n = 2)
+    ds = records_dataset([1e-9, 1e-9, 0.5, 2.0], [0.0, 0.0, 1.0, 1.0], hat_norm=[1.0] * 4, norm=[1.0] * 4,
+                         has_tail=[1] * 4, variance=[0.0, 0.0, v, v])
+    s = summarize(ds, n_boot=0)
+    b = s["budgets"][0]
+    assert (b["coverage_eb"]["covered"], b["coverage_certificate"]["covered"]) == (1, 3)
+    assert [c["covered"] for c in b["coverage_eb_by_layer"]] == [1]
+    # tau curve at the run's delta: tau <= 1e-10 leaves the 1e-9 errors out; tau >= 1e-8 takes them in
+    curve = {t["tau"]: t["coverage"]["covered"] for t in b["tolerance_curve"]}
+    assert curve == {0.0: 1, 1e-10: 1, 1e-8: 3, 1e-7: 3, 1e-6: 3, F32: 3}
+    st = s["statements"]
+    at95 = [d for d in st["statistical"]["by_delta"] if d["delta"] == 0.05][0]
+    assert (at95["coverage"]["covered"], at95["coverage"]["n"]) == (1, 4)
+    assert at95["coverage"]["ci"] == pytest.approx(wilson(1, 4), abs=1e-12)
+    assert at95["by_budget"][0]["budget"] == 64 and at95["by_budget"][0]["by_layer"][0]["covered"] == 1
+    em = [d for d in st["emitted"]["by_delta"] if d["delta"] == 0.05][0]
+    assert (em["coverage"]["covered"], em["coverage"]["ci"]) == (3, pytest.approx(wilson(3, 4), abs=1e-12))
+    assert st["emitted"]["tolerance_relative"] == F32 and "not a rounding bound" in st["emitted"]["tolerance_is"]
+    assert "tolerance" in st["emitted"]["says"] and "r_EB alone" in st["statistical"]["says"]
+    pooled_curve = [d for d in st["emitted"]["tolerance_curve_by_delta"] if d["delta"] == 0.05][0]["curve"]
+    assert [t["coverage"]["covered"] for t in pooled_curve] == [1, 1, 3, 3, 3, 3]
+    text = format_summary(s)
+    assert "statement 1, statistical" in text and "statement 2, emitted certificate" in text
+    assert "a declared tolerance" in text and "arithmetic bound" not in text
+    assert "coverage of r_EB alone by layer" in text and "against the tolerance tau" in text
+    lines = text.splitlines()
+    above = lines.index([ln for ln in lines if ln.startswith("calibration over the records above the floor")][0])
+    assert lines[above + 1].split()[-1] == "records"  # its own table follows its title
+
+
+def test_tolerance_curve_refuses_a_negative_tolerance():
+    with pytest.raises(ValueError, match="taus"):
+        tolerance_curve(np.zeros(2), np.zeros(2), np.ones(2), [0.0, -1e-6])
+
+
+def test_variance_check_per_head_by_hand():
+    from truncsens.certificates.statistics import variance_check
+
+    # [target 4, layer 1, head 2]; head 0: V^ 1 each, errors 2, 2, 0, 0 -> MSE 2, E[V^]/MSE 0.5;
+    # n = 1, 2, 5, 9 -> half below 5. Head 1: the last record has no tail and is left out
+    rec = {"attn_error": np.array([[[2.0, 1.0]], [[2.0, 1.0]], [[0.0, 1.0]], [[0.0, 9.0]]]),
+           "attn_variance": np.array([[[1.0, 3.0]], [[1.0, 3.0]], [[1.0, 3.0]], [[1.0, 0.0]]]),
+           "n_random": np.array([[[1, 9]], [[2, 9]], [[5, 9]], [[9, 0]]]),
+           "has_tail": np.array([[[1, 1]], [[1, 1]], [[1, 1]], [[1, 0]]])}
+    c = variance_check(rec)
+    h = c["by_head"]
+    assert h["variance_over_mse"] == [[0.5, 3.0]] and h["share_few_tail_keys"] == [[0.5, 0.0]]
+    assert h["mse"] == [[2.0, 1.0]] and h["n"] == [[4, 3]]
+    assert c["variance_over_mse"] == pytest.approx((4 + 9) / 7 / ((8 + 3) / 7))  # every record with a tail
+    with pytest.raises(ValueError, match="few"):
+        variance_check(rec, few=0)
+    s = summarize(records_dataset([1e-9, 1e-9, 0.5, 2.0], [0.0, 0.0, 1.0, 1.0], hat_norm=[1.0] * 4, norm=[1.0] * 4,
+                                  has_tail=[1] * 4, variance=[0.0, 0.0, 0.5, 0.5], n_random=[2, 2, 8, 8]), n_boot=0)
+    v = s["budgets"][0]["variance_check"]  # mean V^ 0.25 over mean error^2 (0.25 + 4) / 4
+    assert v["by_head"]["variance_over_mse"][0][0] == pytest.approx(0.25 / ((2e-18 + 0.25 + 4) / 4))
+    assert v["by_head"]["share_few_tail_keys"] == [[0.5]]
+    assert "variance check" in format_summary(s)
+
+
+def test_tail_mass_by_hand_and_in_the_variance_check():
+    from truncsens.certificates.statistics import variance_check
+
+    rec = floor_head_records()
+    # row 0: the tail logits -2000 hold no mass (exp(-2000) = 0 in float64); row 1: two tail keys at -30
+    # among 1 + e^0.5 + 2 e^-30
+    assert rec.tail_mass[0] == 0
+    assert float(rec.tail_mass[1]) == pytest.approx(2 * math.exp(-30) / (1 + math.exp(0.5) + 2 * math.exp(-30)), rel=1e-12)
+    ones = np.ones((2, 1, 1))
+    c = variance_check({"attn_error": ones, "attn_variance": ones, "n_random": 9 * ones, "has_tail": ones,
+                        "tail_mass": np.array([[[0.0]], [[0.3]]])})
+    assert c["by_head"]["median_tail_mass"] == [[0.15]] and c["by_head"]["share_negligible_tail_mass"] == [[0.5]]
+    assert "median_tail_mass" not in variance_check({k: v for k, v in
+                                                     {"attn_error": ones, "attn_variance": ones, "n_random": ones,
+                                                      "has_tail": ones}.items()})["by_head"]
+
+
+def test_coverage_of_r_eb_apart_where_the_tail_holds_no_mass():
+    from truncsens.certificates.statistics import coverage_by_tail_mass
+
+    # masses 0, 1e-9 (negligible: errors 1e-9, 0 under r_EB 0 -> 1 of 2 covered, V^ 0) and 0.2, 0.5 (errors
+    # 0.5, 2.0 under r_EB 1 -> 1 of 2, V^ 1 each over MSE (0.25 + 4) / 2)
+    rec = {"attn_error": np.array([1e-9, 0.0, 0.5, 2.0]), "attn_variance": np.array([0.0, 0.0, 1.0, 1.0]),
+           "has_tail": np.ones(4), "tail_mass": np.array([0.0, 1e-9, 0.2, 0.5])}
+    c = coverage_by_tail_mass(rec, np.array([0.0, 0.0, 1.0, 1.0]))
+    assert (c["negligible"]["coverage"]["covered"], c["negligible"]["coverage"]["n"]) == (1, 2)
+    assert (c["with_mass"]["coverage"]["covered"], c["with_mass"]["coverage"]["n"]) == (1, 2)
+    assert c["negligible"]["variance_over_mse"] == 0.0 and c["with_mass"]["variance_over_mse"] == pytest.approx(1 / 2.125)
+    assert coverage_by_tail_mass({k: v for k, v in rec.items() if k != "tail_mass"}, np.zeros(4)) is None
+    with pytest.raises(ValueError, match="threshold"):
+        coverage_by_tail_mass(rec, np.zeros(4), threshold=0.0)
+
+
+def test_summary_gives_r_eb_coverage_apart_by_tail_mass():
+    v = 1 / (2 * math.log(80))  # r_EB(0.05) = 1
+    ds = records_dataset([1e-9, 1e-9, 0.5, 2.0], [0.0, 0.0, 1.0, 1.0], hat_norm=[1.0] * 4, norm=[1.0] * 4,
+                         has_tail=[1] * 4, variance=[0.0, 0.0, v, v])
+    ds["attn_tail_mass"] = (ds["attn_error"].dims, np.array([0.0, 1e-9, 0.3, 0.6]).reshape(1, 4, 1, 1, 1))
+    b = summarize(ds, n_boot=0)["budgets"][0]
+    c = b["coverage_eb_by_tail_mass"]
+    assert (c["negligible"]["coverage"]["covered"], c["negligible"]["coverage"]["n"]) == (0, 2)  # 1e-9 > r_EB = 0
+    assert (c["with_mass"]["coverage"]["covered"], c["with_mass"]["coverage"]["n"]) == (1, 2)
+    assert b["variance_check"]["by_head"]["share_negligible_tail_mass"] == [[0.5]]
+    assert "statement 1 by the tail's attention mass" in format_summary(summarize(ds, n_boot=0))

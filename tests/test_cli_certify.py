@@ -63,6 +63,18 @@ def test_small_run_writes_results_figures_and_json(tmp_path, tiny_llama_dir, cor
     expected = coverage(sel["attn_error"].values[tail], sel["radius_certificate"].values[tail])
     assert first["coverage_certificate"]["covered"] == expected["covered"] and first["coverage_certificate"]["n"] == 48
     assert [c["nominal"] for c in first["calibration"]] == pytest.approx([0.8, 0.9, 0.95, 0.99])
+    # the two statements in --json: r_EB's coverage and the emitted certificate's per delta, and the tau curve
+    st = summary["statements"]
+    at95 = [d for d in st["statistical"]["by_delta"] if d["delta"] == 0.05][0]
+    assert at95["by_budget"][0]["coverage"]["covered"] == first["coverage_eb"]["covered"]
+    assert len(at95["by_budget"][0]["by_layer"]) == 2 and st["emitted"]["tolerance_relative"] == b
+    curve = {t["tau"]: t["coverage"]["covered"] for t in first["tolerance_curve"]}
+    assert curve[0.0] == first["coverage_eb"]["covered"] and curve[b] == first["coverage_certificate"]["covered"]
+    assert len(first["variance_check"]["by_head"]["variance_over_mse"]) == 2  # [layer][head]
+    mass = ds["attn_tail_mass"]  # the full-cache attention share on the keys drawn at random
+    assert (mass.sel(policy="topk") == 0).all() and ((mass >= 0) & (mass <= 1)).all()
+    assert (mass.sel(policy="poisson").values[ds["has_tail"].sel(policy="poisson").values == 0] == 0).all()
+    assert len(first["variance_check"]["by_head"]["median_tail_mass"]) == 2
     assert first["kl"]["poisson"]["mean"] == pytest.approx(float(sel["kl"].mean()), rel=1e-5)
     # failures on these targets (wrong top-1 or NLL > ln 4), counted by hand
     fail = np.concatenate([(ds.sel(policy="poisson", budget=k)["argmax_kept"].values != ds["token_id"].values)

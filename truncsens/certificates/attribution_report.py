@@ -173,14 +173,14 @@ def format_attribution(s: dict) -> str:
     return "\n".join(lines)
 
 
-ROW_NAMES = {"certificate": "certificate r_EB/||o_hat||", "oracle_error": "ORACLE true error ||o_hat - o||/||o||",
+ROW_NAMES = {"certificate": "certificate r_EB/||o_hat||", "oracle_error": "ORACLE true error of the draw ||o_hat - o||/||o||",
              "oracle_kl": "ORACLE output KL(full || evicted)", "confidence": "-confidence (evicted run)"}
 
 
 def format_decomposition(d: dict) -> list[str]:
     """Printed lines of :func:`truncsens.certificates.attribution_scores.decomposition`."""
     lines = ["where attribution is lost (poisson, pooled over budgets, eviction-caused vs inherent failures; ORACLE "
-             "rows read the full cache: the ceiling of any certificate-like score) [doc bootstrap]"]
+             "rows read the full cache: the true error of that draw, which no server has) [doc bootstrap]"]
     held = d["held_out"]
     cols = [Column("score", "<"), Column("AUC, every document", ">"), Column("AUC, held-out documents", ">")]
     rows = [[ROW_NAMES[n], fmt_estimate(d["all_documents"][n]), fmt_estimate(held[n])] for n in ROW_NAMES]
@@ -191,12 +191,16 @@ def format_decomposition(d: dict) -> list[str]:
     lines.append(f"split: {d['split']['rule']}; {len(d['split']['development'])} development documents "
                  f"({n['development']['eviction_caused']} eviction-caused / {n['development']['inherent']} inherent), "
                  f"{len(d['split']['held_out'])} held-out ({n['held_out']['eviction_caused']} / {n['held_out']['inherent']})")
-    dev = sorted(d["development"].items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 1.0)
-    lines.append("realizable candidates, development AUC: " + ", ".join(f"{k} {fmt_num(v, 3)}" for k, v in dev))
+    chooser = d.get("development_stratified") or d["development"]  # the AUCs the choice was made on
+    dev = sorted(chooser.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 1.0)
+    which = "kind-stratified development AUC" if d.get("development_stratified") else "development AUC"
+    lines.append(f"realizable candidates, {which}: " + ", ".join(f"{k} {fmt_num(v, 3)}" for k, v in dev))
     v, aim = held["chosen"]["value"], d["aim"]
     gap = "reached" if v >= aim else f"short by {fmt_num(aim - v, 2)}"
     lines.append(f"chosen {c} on held-out documents: {fmt_estimate(held['chosen'])}; aim {aim:g}: {gap} "
                  f"(ORACLE true error there: {fmt_estimate(held['oracle_error'])})")
+    if d.get("within_kind"):
+        lines += _within_kind_lines(d)
     oracle, cert = np.asarray(d["heads"]["oracle_error"], float), np.asarray(d["heads"]["certificate"], float)
     gaps = np.nan_to_num(oracle - cert, nan=-np.inf).ravel()
     top = [i for i in np.argsort(-gaps)[:3] if np.isfinite(gaps[i])]
@@ -204,6 +208,27 @@ def format_decomposition(d: dict) -> list[str]:
     lines.append("heads where the certificate loses most of the ORACLE's AUC: " + ", ".join(
         f"layer {i // H} head {i % H} {fmt_num(oracle.ravel()[i], 2)} vs {fmt_num(cert.ravel()[i], 2)}" for i in top))
     return lines
+
+
+def _within_kind_lines(d: dict) -> list[str]:
+    """The table of AUCs within each task kind and stratified over kinds (every document, and held-out)."""
+    w = d["within_kind"]
+    kinds = w["kinds"]
+    counts = ", ".join(f"{k} {c['eviction_caused']} eviction-caused / {c['inherent']} inherent" for k, c in w["counts"].items())
+    lines = ["", f"attribution within each task kind ({counts}); stratified: eviction-caused vs inherent failures of "
+                 f"the same kind only (a score that is the task kind alone gets 0.5); the realizable score is chosen by "
+                 f"its stratified development AUC [doc bootstrap]"]
+    cols = [Column("score", "<"), Column("pooled", ">"), Column("stratified", ">")] + \
+           [Column(f"{k} only", ">") for k in kinds] + [Column("held-out stratified", ">")]
+    names = {**ROW_NAMES, "kind_only": "task kind alone (baseline)"}
+    rows = []
+    for n, label in list(names.items()) + [(d["chosen"], f"realizable, chosen: {d['chosen']}")]:
+        a = w["all_documents"][n]
+        held = w["held_out"].get("chosen" if n == d["chosen"] else n)
+        rows.append([label, fmt_estimate(a["pooled"]), fmt_estimate(a["stratified"])]
+                    + [fmt_estimate(a["by_kind"][k]) if k in a["by_kind"] else "-" for k in kinds]
+                    + [fmt_estimate(held["stratified"]) if held else "-"])
+    return lines + [render_table(cols, rows)]
 
 
 def curves_path(stem: str | Path) -> Path:

@@ -6,8 +6,9 @@ attribution AUC). Two kinds of score of a target, each [n] per (policy, budget),
 
 - **oracle** scores read what a server does not have, the full-cache attention output or the
   full-cache next-token distribution: ``oracle_error`` = mean over layers and heads of ‖ô − o‖/‖o‖
-  (the true error, aggregated as the certificate), ``oracle_kl`` = the output KL(full ‖ evicted).
-  They are ceilings of any certificate-like score, never scores a server can compute.
+  (the true error of that very draw, aggregated as the certificate), ``oracle_kl`` = the output
+  KL(full ‖ evicted). They say how well the draw's own error attributes, never a score a server can
+  compute; they are not an upper limit on what a realizable score can reach.
 - **realizable** candidates (:data:`CANDIDATES`) read only :data:`SERVER_SIDE` variables: the kept
   set's certificate records and what the server knew when it drew the design
   (:mod:`truncsens.certificates.design_records`). Each declares its inputs and receives only those.
@@ -17,7 +18,10 @@ The registry below was written before any result was looked at. Selection rule, 
 positions (0, 2, ...) are **development**, odd ones **held-out**. The candidate with the largest
 attribution AUC (poisson, pooled over budgets) on development documents is chosen (ties: the
 first in the registry); it is reported on held-out documents with a percentile bootstrap over
-held-out documents (:mod:`truncsens.stats`).
+held-out documents (:mod:`truncsens.stats`). In a file with task kinds (``task_kind``) the AUC that
+chooses is the kind-stratified one (:mod:`truncsens.certificates.attribution_strata`), so a score
+cannot be chosen for telling copy from key–value targets; every AUC is then also reported within
+each kind and stratified, beside the "task kind alone" baseline.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from truncsens.certificates.attribution import auc, certificate_score
+from truncsens.certificates.attribution_strata import kind_aucs_by_documents, kind_score, stratified_auc
 from truncsens.stats import percentile_interval, resample_weights
 
 SERVER_SIDE = frozenset({  # results variables a server that drew the design has (no full-cache quantity)
@@ -222,7 +227,11 @@ def decomposition(ds, n_boot: int = 200, seed: int = 0, policy: str = "poisson")
         "development": candidate -> AUC; "chosen": its name; "held_out": name -> {"value", "ci"} of
         "chosen", certificate, oracle_error, oracle_kl, confidence on held-out documents;
         "held_out_every_candidate": candidate -> AUC (not used for the choice); "aim": :data:`AIM`;
-        "heads": :func:`head_aucs`; "candidates": name -> description and inputs}.
+        "heads": :func:`head_aucs`; "candidates": name -> description and inputs; "chosen_by";
+        "within_kind": None without ``task_kind``, else {"kinds", "counts" per kind, "kind_only" (what
+        the baseline is), "all_documents" and "held_out": name ->
+        :func:`~truncsens.certificates.attribution_strata.kind_aucs_by_documents` for every score above
+        and "kind_only"}, and "development_stratified": candidate -> stratified development AUC (the choice)}.
     """
     from truncsens.certificates.attribution import target_records
 
@@ -236,14 +245,33 @@ def decomposition(ds, n_boot: int = 200, seed: int = 0, policy: str = "poisson")
     split = document_split(doc)
     dev = split.pop("development_mask")
     dev_aucs = {c.name: auc(s[c.name][among & dev], caused[among & dev]) for c in CANDIDATES}
-    chosen = choose_candidate(dev_aucs)
+    kind = np.tile(np.asarray(ds["task_kind"].values, dtype=str), ds.sizes["budget"]) if "task_kind" in ds else None
+    dev_strat = (None if kind is None else
+                 {c.name: stratified_auc(s[c.name][among & dev], caused[among & dev], kind[among & dev]) for c in CANDIDATES})
+    chosen = choose_candidate(dev_aucs if dev_strat is None else dev_strat)
     held = among & ~dev
     held_out = auc_by_documents({k: v[~dev] for k, v in {"chosen": s[chosen], **fixed}.items()}, caused[~dev],
                                 among[~dev], doc[~dev], n_boot, seed)
     counts = {name: {"eviction_caused": int((caused & m).sum()), "inherent": int((among & ~caused & m).sum())}
               for name, m in (("development", dev), ("held_out", ~dev))}
-    return {"all_documents": all_docs, "split": split, "counts": counts, "development": dev_aucs, "chosen": chosen,
-            "held_out": held_out, "aim": AIM,
-            "held_out_every_candidate": {c.name: auc(s[c.name][held], caused[held]) for c in CANDIDATES},
-            "heads": head_aucs(ds, among, caused, policy),
-            "candidates": {c.name: {"description": c.description, "inputs": list(c.inputs)} for c in CANDIDATES}}
+    out = {"all_documents": all_docs, "split": split, "counts": counts, "development": dev_aucs, "chosen": chosen,
+           "chosen_by": "pooled development AUC" if dev_strat is None else "kind-stratified development AUC",
+           "held_out": held_out, "aim": AIM,
+           "held_out_every_candidate": {c.name: auc(s[c.name][held], caused[held]) for c in CANDIDATES},
+           "heads": head_aucs(ds, among, caused, policy),
+           "candidates": {c.name: {"description": c.description, "inputs": list(c.inputs)} for c in CANDIDATES},
+           "within_kind": None}
+    if kind is not None:
+        base = kind_score(kind, caused, among, dev)
+        every = {**everything, "kind_only": base}
+        out["development_stratified"] = dev_strat
+        out["within_kind"] = {
+            "kinds": sorted(set(kind[among])),
+            "counts": {k: {"eviction_caused": int((caused & (kind == k)).sum()),
+                           "inherent": int((among & ~caused & (kind == k)).sum())} for k in sorted(set(kind[among]))},
+            "kind_only": "each failure scored by the share of eviction-caused failures of its task kind on development "
+                         "documents: what telling the kinds apart earns",
+            "all_documents": kind_aucs_by_documents(every, caused, among, kind, doc, n_boot, seed),
+            "held_out": kind_aucs_by_documents({k: v[~dev] for k, v in {"chosen": s[chosen], **fixed, "kind_only": base}.items()},
+                                               caused[~dev], among[~dev], kind[~dev], doc[~dev], n_boot, seed)}
+    return out

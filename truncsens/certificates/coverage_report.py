@@ -4,10 +4,13 @@
 
 Paper figures (P. Xie, arXiv 2607.21475): coverage 96.9 / 97.2 / 97.7 % at budgets of 12.5 / 25 /
 50 % of the context (nominal 95 %), Spearman(certificate, error) > 0.94, no accuracy cost against
-deterministic eviction at equal budget. Coverage is that of the emitted certificate
-``radius_certificate`` = r_EB + b·‖ô‖ (:mod:`truncsens.certificates.arithmetic`) over every record
-with a random tail, records at the floor included (and counted apart); calibration gives it at
-nominal 80 / 90 / 95 / 99 % per budget. Verdicts are fixed rules, set before looking at any result:
+deterministic eviction at equal budget. Two statements, each with its own coverage over every
+record with a random tail, records at the floor included (and counted apart)
+(:mod:`truncsens.certificates.arithmetic`): the statistical radius r_EB at δ (``"statements"
+"statistical"``: per δ, budget and layer, Wilson intervals), and the emitted certificate
+``radius_certificate`` = r_EB + τ·‖ô‖ with its tolerance τ (``"emitted"``, the verdict's coverage, and
+its coverage as a function of τ, :data:`~truncsens.certificates.statistics.TOLERANCES`); calibration
+gives both at nominal 80 / 90 / 95 / 99 % per budget. Verdicts are fixed rules, set before looking at any result:
 coverage holds when the Wilson interval reaches 1 − δ; Spearman holds when the estimate exceeds
 0.94; "no accuracy cost" holds when the document-clustered mean of KL(poisson) − KL(topk) is not
 above 0 by more than two standard errors.
@@ -21,7 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from truncsens.certificates.arithmetic import bound_relative_of, certificate_records
-from truncsens.certificates.statistics import coverage, mean_by_documents, reliability, spearman_by_documents, tightness
+from truncsens.certificates.statistics import (
+    TOLERANCES, coverage, coverage_by_tail_mass, mean_by_documents, reliability, spearman_by_documents, tightness, tolerance_curve,
+    variance_check,
+)
 from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table
 
 PAPER_COVERAGE = {12.5: 0.969, 25.0: 0.972, 50.0: 0.977}
@@ -32,10 +38,32 @@ def _records(ds, policy: str, budget: int | None = None) -> dict[str, np.ndarray
     return certificate_records(ds, policy, budget)
 
 
-def _calibration(r: dict) -> list[dict]:
+STATISTICAL = ("||o^ - o|| <= r_EB(delta) with probability >= 1 - delta over the Poisson draw (exact arithmetic); "
+               "coverage of r_EB alone")
+EMITTED = ("||o^ - o|| <= r_EB(delta) + tau ||o^||: the statistical radius plus a declared tolerance tau relative to "
+           "||o^|| (not a bound on the rounding of o^: the error checked is the float64 one)")
+
+
+def _calibration(r: dict, taus=None, by_layer: bool = False) -> list[dict]:
     """:func:`reliability` of the poisson records ``r`` (JSON-ready: one dict per nominal level)."""
     return reliability({k: r[k] for k in ("attn_error", "attn_variance", "value_range", "n_random", "has_tail",
-                                          "arith_bound")})
+                                          "arith_bound", "o_hat_norm")}, taus=taus, by_layer=by_layer)
+
+
+def _statements(budgets: list[dict], pooled: list[dict], tau: float) -> dict:
+    """The two statements of the module docstring, each with its coverage per δ (pooled over budgets
+    and per budget), r_EB's per layer, and the emitted certificate's over τ (at every δ)."""
+    def per_delta(name: str) -> list[dict]:
+        return [{"delta": p["delta"], "nominal": p["nominal"], "coverage": p[name],
+                 "by_budget": [{"budget": b["budget"], "coverage": b["calibration"][i][name],
+                                "by_layer": b["calibration"][i][f"{name}_by_layer"]} for b in budgets]}
+                for i, p in enumerate(pooled)]
+
+    return {"statistical": {"says": STATISTICAL, "radius": "radius_eb", "by_delta": per_delta("eb")},
+            "emitted": {"says": EMITTED, "radius": "radius_certificate", "tolerance_relative": tau,
+                        "tolerance_is": "a declared tolerance (64 eps of the run's dtype), not a rounding bound",
+                        "by_delta": per_delta("certificate"),
+                        "tolerance_curve_by_delta": [{"delta": p["delta"], "curve": p["tolerance_curve"]} for p in pooled]}}
 
 
 def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
@@ -46,6 +74,8 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
     policies = [str(p) for p in ds["policy"].values]
     budgets = []
     oracle_norm = False
+    tau = bound_relative_of(ds)
+    taus = (*TOLERANCES, tau)
     for k in (int(b) for b in ds["budget"].values):
         r = _records(ds, "poisson", k)
         oracle_norm = r["oracle_norm"]
@@ -59,8 +89,13 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
                "coverage_normal": coverage(r["attn_error"], normal, 0.95, floor, doc, n_boot, seed),
                "coverage_certificate_by_layer": [coverage(r["attn_error"][:, l], cert[:, l], 0.95, floor[:, l])
                                                  for l in range(eb.shape[1])],
+               "coverage_eb_by_layer": [coverage(r["attn_error"][:, l], eb[:, l], 0.95, floor[:, l])
+                                        for l in range(eb.shape[1])],
+               "tolerance_curve": tolerance_curve(r["attn_error"], eb, r["o_hat_norm"], taus),
                "tightness_certificate": tightness(cert, r["attn_error"]),
-               "calibration": _calibration(r),
+               "calibration": _calibration(r, taus, by_layer=True),
+               "variance_check": variance_check(r),
+               "coverage_eb_by_tail_mass": coverage_by_tail_mass(r, eb),
                "spearman_eb": spearman_by_documents(r["radius_eb"], r["attn_error"], doc, n_boot, seed),
                "median_relative_error": {}, "kl": {}}
         for p in policies:
@@ -81,7 +116,8 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
     pooled = _records(ds, "poisson")
     spearman = spearman_by_documents(np.moveaxis(pooled["radius_eb"], 0, 0), pooled["attn_error"], doc, n_boot, seed)
     measured = ds["attn_floor_error"].values if "attn_floor_error" in ds else None
-    bound = bound_relative_of(ds)
+    bound = tau
+    reliability_pooled = _calibration(pooled, taus)
     measured_max = float(np.nanmax(measured)) if measured is not None else None
     return {
         "model": ds.attrs.get("model"), "corpus": ds.attrs.get("corpus"), "reference_context": N, "delta": delta,
@@ -96,7 +132,8 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
         "auc": failure_aucs(ds, n_boot, seed),
         "spearman_eb_pooled": spearman,
         "verdict_spearman": "holds" if spearman["rho"] > PAPER_SPEARMAN else f"fails (paper: > {PAPER_SPEARMAN})",
-        "reliability": _calibration(pooled),
+        "reliability": reliability_pooled,
+        "statements": _statements(budgets, reliability_pooled, tau),
         "not_measured": ["attribution on a task set built to be lost by eviction (copy and key-value recall) and "
                          "gated recomputation: see truncsens certify-attribution",
                          "time-uniform validity on a generated trajectory: truncsens certify-attribution --trajectory N"],
@@ -132,6 +169,11 @@ def _pct(c: dict) -> str:
     return f"{100 * c['rate']:.1f}% [{100 * c['ci'][0]:.1f}, {100 * c['ci'][1]:.1f}]" if c["n"] else "-"
 
 
+def _median(values: list) -> str:
+    v = np.asarray(values, float)
+    return fmt_num(float(np.nanmedian(v)), 3) if np.isfinite(v).any() else "-"
+
+
 def _ratio(t: dict) -> str:
     return fmt_num(t["median_ratio"], 3) if t["n"] else "-"
 
@@ -146,13 +188,16 @@ def format_summary(s: dict) -> str:
              f"{s['n_docs']} documents, delta = {s['delta']:g} (nominal coverage {100 * (1 - s['delta']):.1f}%)",
              *([f"process: {s['process']}"] if s.get("process") else []),
              f"design: {s['design']}",
-             f"certificate: r_EB + b ||o^||, b = {fmt_num(fl['declared_relative'], 3)} (arithmetic bound declared from the "
-             f"dtype, relative to {fl['relative_to']}); coverage counts every record, those with ||o^-o|| <= b ||o^|| "
-             f"(at the floor) included{measured}"]
+             f"statement 1, statistical: ||o^ - o|| <= r_EB(delta) with probability >= 1 - delta over the Poisson draw "
+             f"(exact arithmetic); its coverage: column 'r_EB alone'",
+             f"statement 2, emitted certificate: r_EB + tau ||o^||, tau = {fmt_num(fl['declared_relative'], 3)} relative to "
+             f"{fl['relative_to']}, a declared tolerance (64 eps of the dtype), not a bound on the rounding of o^ (the "
+             f"error checked is the float64 one); its coverage: column 'certificate', and over tau below; coverage "
+             f"counts every record, those with ||o^-o|| <= tau ||o^|| (at the floor) included{measured}"]
     if fl["measured_above_declared"]:
         lines.append("warning: the measured full-cache difference from float64 exceeds the declared arithmetic bound")
     lines.append("")
-    cols = [Column("budget", ">"), Column("% of N", ">"), Column("coverage [Wilson]", ">"), Column("[doc bootstrap]", ">"),
+    cols = [Column("budget", ">"), Column("% of N", ">"), Column("certificate [Wilson]", ">"), Column("[doc bootstrap]", ">"),
             Column("paper", ">"), Column("verdict"), Column("r_EB alone", ">"), Column("coverage normal", ">"),
             Column("Spearman EB [doc CI]", ">"), Column("records", ">"), Column("at floor", ">"),
             Column("at floor, r_EB misses", ">"), Column("radius/error", ">")]
@@ -173,18 +218,56 @@ def format_summary(s: dict) -> str:
                [Column(f"radius/error {100 * q:g}%", ">") for q in levels]
         rows = [[str(b["budget"])] + [_pct(c["certificate"]) for c in b["calibration"]]
                 + [_ratio(c["tightness"]) for c in b["calibration"]] for b in s["budgets"]]
-        lines += ["", "calibration: coverage of the certificate at nominal 1 - delta [Wilson], every record; "
+        lines += ["", "calibration of statement 2: coverage of the emitted certificate at nominal 1 - delta [Wilson], every record; "
                       "radius/error: median over records with error > 0", render_table(cols, rows)]
+        cols = [Column("budget", ">")] + [Column(f"nominal {100 * q:g}%", ">") for q in levels]
+        rows = [[str(b["budget"])] + [_pct(c["eb"]) for c in b["calibration"]] for b in s["budgets"]]
+        lines += ["", "calibration of statement 1: coverage of r_EB alone at nominal 1 - delta [Wilson], every record",
+                  render_table(cols, rows)]
+        taus = [t["tau"] for t in s["budgets"][0]["tolerance_curve"]]
+        cols = [Column("budget", ">")] + [Column(f"tau {fmt_num(t, 3)}", ">") for t in taus]
+        rows = [[str(b["budget"])] + [_pct(t["coverage"]) for t in b["tolerance_curve"]] for b in s["budgets"]]
+        lines += ["", f"coverage of r_EB + tau ||o^|| against the tolerance tau (delta = {s['delta']:g}; tau 0: "
+                      f"statement 1, tau {fmt_num(fl['declared_relative'], 3)}: the emitted certificate) [Wilson]",
+                  render_table(cols, rows)]
         cols = [Column("budget", ">")] + [Column(f"nominal {100 * q:g}%", ">") for q in levels] + [Column("records", ">")]
         rows = [[str(b["budget"])] + [_pct(c["certificate_above_floor"]) for c in b["calibration"]]
                 + [str(b["calibration"][0]["certificate_above_floor"]["n"])] for b in s["budgets"]]
-        lines += ["", "calibration over the records above the floor (||o^-o|| > b ||o^||: the statistical part decides)",
+        lines += ["", "calibration over the records above the floor (||o^-o|| > tau ||o^||: the statistical part decides)",
                   render_table(cols, rows)]
         n_layers = len(s["budgets"][0]["coverage_certificate_by_layer"])
         cols = [Column("budget", ">")] + [Column(f"layer {l}", ">") for l in range(n_layers)]
         rows = [[str(b["budget"])] + [f"{100 * c['rate']:.1f}%" if c["n"] else "-" for c in b["coverage_certificate_by_layer"]]
                 for b in s["budgets"]]
         lines += ["", "coverage of the certificate by layer (every record)", render_table(cols, rows)]
+        rows = [[str(b["budget"])] + [f"{100 * c['rate']:.1f}%" if c["n"] else "-" for c in b["coverage_eb_by_layer"]]
+                for b in s["budgets"]]
+        lines += ["", "coverage of r_EB alone by layer (every record)", render_table(cols, rows)]
+        cols = [Column("budget", ">"), Column("measure", "<")] + [Column(f"layer {l}", ">") for l in range(n_layers)]
+        rows = []
+        for b in s["budgets"]:
+            h = b["variance_check"]["by_head"]
+            rows.append([str(b["budget"]), "E[V^]/MSE"] + [_median(x) for x in h["variance_over_mse"]])
+            rows.append(["", f"share n < {b['variance_check']['few_tail_keys']}"] + [_median(x) for x in h["share_few_tail_keys"]])
+            if "median_tail_mass" in h:
+                rows.append(["", "tail mass"] + [_median(x) for x in h["median_tail_mass"]])
+                rows.append(["", f"share mass < {fmt_num(b['variance_check']['negligible_tail_mass'], 2)}"]
+                            + [_median(x) for x in h["share_negligible_tail_mass"]])
+        lines += ["", "variance check, median over heads (E[V^]/MSE: mean V^ over mean ||o^-o||^2, pooled over targets; "
+                      "below 1 the variance understates the error; n: kept random keys; tail mass: median share of the "
+                      "full-cache attention on the keys drawn at random); per head in --json",
+                  render_table(cols, rows)]
+    if s["budgets"] and s["budgets"][0].get("coverage_eb_by_tail_mass"):
+        t0 = s["budgets"][0]["coverage_eb_by_tail_mass"]["threshold"]
+        cols = [Column("budget", ">")] + [Column(f"{h}{w}", ">") for w in (f" < {fmt_num(t0, 2)}", f" >= {fmt_num(t0, 2)}")
+                                          for h in ("r_EB alone, mass", "records", "E[V^]/MSE")]
+        rows = []
+        for b in s["budgets"]:
+            c = b["coverage_eb_by_tail_mass"]
+            rows.append([str(b["budget"])] + [x for part in ("negligible", "with_mass") for x in (
+                _pct(c[part]["coverage"]), str(c[part]["coverage"]["n"]), fmt_num(c[part]["variance_over_mse"], 3))])
+        lines += ["", "statement 1 by the tail's attention mass (the share of the full-cache attention on the keys drawn "
+                      "at random) [Wilson]", render_table(cols, rows)]
     sp = s["spearman_eb_pooled"]
     lines += ["", f"Spearman(radius EB, error), all budgets: {fmt_num(sp['rho'], 3)} [{fmt_num(sp['ci'][0], 3)}, "
                   f"{fmt_num(sp['ci'][1], 3)}] (paper > {PAPER_SPEARMAN}): {s['verdict_spearman']}", ""]
@@ -236,6 +319,9 @@ def save_figures(ds, summary: dict, stem: str | Path) -> list[Path]:
         ax.errorbar(nominal + 0.003 * (i - 1), rate, yerr=err, fmt="o-", ms=3, capsize=2,
                     label=f"certificate, budget {b['budget']}")
     ax.plot(nominal, [r["eb"]["rate"] for r in rel], "s--", ms=3, label="r_EB alone, all budgets")
+    for j, t in enumerate(rel[0].get("tolerance_curve", [])[1:]):  # tau = 0 is r_EB alone, drawn above
+        ax.plot(nominal, [r["tolerance_curve"][j + 1]["coverage"]["rate"] for r in rel], ":", lw=1,
+                label=f"r_EB + tau ||o^||, tau {t['tau']:.2g}")
     ax.plot(nominal, [r["normal"]["rate"] for r in rel], "^--", ms=3, label="normal, all budgets")
     ax.set_xlabel("nominal coverage 1 - delta")
     ax.set_ylabel("measured coverage")
@@ -250,7 +336,7 @@ def save_figures(ds, summary: dict, stem: str | Path) -> list[Path]:
         ax.loglog(r["radius_certificate"][ok], r["attn_error"][ok], ".", ms=2, alpha=0.5, label=f"budget {int(k)}")
     lim = ax.get_xlim()
     ax.plot(lim, lim, "k:", label="error = radius")
-    ax.set_xlabel("certificate radius r_EB + b ||o^||")
+    ax.set_xlabel("certificate radius r_EB + tau ||o^||")
     ax.set_ylabel("true error ||o^ - o||")
     ax.legend(markerscale=4)
     fig.tight_layout()

@@ -7,7 +7,8 @@ Results (NetCDF, :mod:`truncsens.results`): dims (policy, target, budget) for th
 ``nll_ref`` and under the policy ``nll_kept``) and ``kept_tokens``; dims (policy, target, budget,
 layer, head) for the attention-level records of the target's query (``attn_error`` = ‖ô − o‖₂,
 ``attn_norm`` = ‖o‖₂, ``radius_eb``, ``radius_normal``, ``attn_variance`` V̂, ``value_range`` B̂,
-``n_random`` kept random keys, ``has_tail``, ``attn_hat_norm`` = ‖ô‖₂ and the emitted certificate
+``n_random`` kept random keys, ``has_tail``, ``attn_hat_norm`` = ‖ô‖₂, ``attn_tail_mass`` (the share of
+the full-cache attention on the keys drawn at random: an oracle quantity) and the emitted certificate
 ``radius_certificate`` = ``radius_eb`` + b·‖ô‖ (:mod:`truncsens.certificates.arithmetic`); radii NaN for
 topk and random); the top-1 token id and
 its probability (the output confidence) under the full cache (``argmax_ref``, ``confidence_ref``,
@@ -45,7 +46,7 @@ from truncsens.targets import TargetSet
 ATTENTION_VARS = {  # results variable -> record name of certify_batch
     "attn_error": "error", "attn_norm": "o_norm", "radius_eb": "radius_eb", "radius_normal": "radius_normal",
     "attn_variance": "variance", "value_range": "value_range", "n_random": "n_random", "has_tail": "has_tail",
-    "attn_hat_norm": "o_hat_norm",
+    "attn_hat_norm": "o_hat_norm", "attn_tail_mass": "tail_mass",
 }
 
 

@@ -52,6 +52,9 @@ class AttentionRecords:
         o_hat_norm: [...] ``‖ô‖₂`` (server-side: read off the kept set).
         kept_share: [...] ``Σ_{i∈S} w_i / Ẑ``, the Hájek estimate of the share of the query's attention
             on kept keys (in (0, 1]; server-side) [ours].
+        tail_mass: [...] ``Σ_{i∈tail} w_i / Σ_i w_i`` over every available key, the share of the
+            query's full-cache attention on the keys drawn at random (in [0, 1]; a full-cache, oracle
+            quantity) [ours].
     """
 
     o: torch.Tensor
@@ -66,6 +69,7 @@ class AttentionRecords:
     has_tail: torch.Tensor
     o_hat_norm: torch.Tensor | None = None
     kept_share: torch.Tensor | None = None
+    tail_mass: torch.Tensor | None = None
 
 
 def eb_sum_radius(variance: torch.Tensor, value_range: torch.Tensor, n: torch.Tensor, has_tail: torch.Tensor,
@@ -135,10 +139,13 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
     radius_eb = eb_sum_radius(variance, value_range, n_random, has_tail, delta)
     radius_normal = certificate_radius(variance, delta)
     kept_share = (w.sum(-1, keepdim=True) / z_hat).squeeze(-1)  # [...] Σ_S w_i / Ẑ
+    top = torch.where(available, logits, torch.full_like(logits, -math.inf)).amax(-1, keepdim=True)  # [..., 1]
+    w_all = torch.where(available, (logits - top).exp(), torch.zeros_like(logits))  # [..., n] full-cache weights
+    tail_mass = torch.where(tail & available, w_all, torch.zeros_like(w_all)).sum(-1) / w_all.sum(-1)  # [...]
     o_norm, o_hat_norm = o.norm(dim=-1), o_hat.norm(dim=-1)  # [...] each
     error = resolved_error((o_hat - o).norm(dim=-1), torch.maximum(o_norm, o_hat_norm))
     return AttentionRecords(o, o_hat, error, variance, radius_eb, radius_normal, o_norm,
-                            value_range, n_random, has_tail, o_hat_norm, kept_share)
+                            value_range, n_random, has_tail, o_hat_norm, kept_share, tail_mass)
 
 
 F64_RESOLUTION = 64 * torch.finfo(torch.float64).eps

@@ -26,7 +26,7 @@ from truncsens.engine.forward import last_logprobs
 from truncsens.policies import Policy, PolicyError
 
 PROBE_RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail",
-                 "o_hat_norm", "kept_share")
+                 "o_hat_norm", "kept_share", "tail_mass")
 RECORDS = PROBE_RECORDS + DESIGN_RECORDS  # the last four: :mod:`truncsens.certificates.design_records`
 
 

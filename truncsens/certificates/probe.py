@@ -173,7 +173,7 @@ def _evict(probe: CertifyProbe, module, query: torch.Tensor, key: torch.Tensor, 
                           "radius_normal": rec.radius_normal, "o_norm": rec.o_norm, "o": rec.o,
                           "value_range": rec.value_range, "n_random": rec.n_random.to(torch.float64),
                           "has_tail": rec.has_tail.to(torch.float64), "o_hat_norm": rec.o_hat_norm,
-                          "kept_share": rec.kept_share})
+                          "kept_share": rec.kept_share, "tail_mass": rec.tail_mass})
     return rec.o_hat.unsqueeze(1).to(query.dtype)  # [B, 1, H, dv]
 
 

@@ -52,7 +52,7 @@ from truncsens.policies.base import StreamView, uniforms
 
 SCORE_FLOOR = 1e-6  # (as truncsens.certificates.passes.SCORE_FLOOR) added score, relative to the row's mean
 STEP_RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail",
-                "o_hat_norm", "kept_share")
+                "o_hat_norm", "kept_share", "tail_mass")
 
 
 @dataclass
