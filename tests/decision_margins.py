@@ -19,7 +19,9 @@ Decisions and their margins (each the smallest over a run):
 - ``nll``: certify's failure rule NLL > ln 4; margin |NLL − ln 4| / ln 4.
 - coverage (from a certify results file, :func:`certify_margins`): error ≤ radius for the emitted
   certificate, r_EB and the normal radius at every δ printed, and error ≤ the arithmetic floor;
-  margin |error − radius| over 1e-4 relative plus the float64 rounding of the error.
+  margin |error − radius| over 1e-4 relative plus the float64 rounding of the error; the same for the
+  tolerance curve r_EB + τ‖ô‖ (every τ the summary prints), and each record's tail attention mass
+  against the negligible-mass threshold (1e-4 relative).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import truncsens.policies.topk as topk
 from truncsens.certificates.arithmetic import certificate_records
 from truncsens.certificates.attribution import FAILURE_NLL
 from truncsens.certificates.estimator import F64_RESOLUTION
-from truncsens.certificates.statistics import RELIABILITY_DELTAS, radii_at
+from truncsens.certificates.statistics import NEGLIGIBLE_TAIL_MASS, RELIABILITY_DELTAS, TOLERANCES, radii_at
 
 # "well above float noise": relative for scores, radii and probabilities; nats for log-probabilities
 MIN_MARGIN = {"draw": 1e-4, "argmax": 1e-4, "nll": 1e-4, "coverage": 1e-4}
@@ -143,6 +145,14 @@ def certify_margins(ds) -> dict[str, float]:
         e, floor = r["attn_error"][tail], np.broadcast_to(r["arith_bound"], tail.shape)[tail]
         note("floor", e, floor, scale)
         note("resolution", e, 2 * F64_RESOLUTION * scale, scale)
+        o_hat = np.broadcast_to(ds["attn_hat_norm"].sel(policy="poisson", budget=k).values, tail.shape)[tail]
+        eb_file = r["radius_eb"][tail]
+        for tau in TOLERANCES:  # the tolerance curve: r_EB + tau ||o^|| at the file's delta
+            note(f"tolerance@{tau}", e, eb_file + tau * o_hat, scale)
+        if "attn_tail_mass" in ds:  # r_EB's coverage apart where the tail holds (almost) no attention
+            mass = np.broadcast_to(ds["attn_tail_mass"].sel(policy="poisson", budget=k).values, tail.shape)[tail]
+            rel = np.abs(mass - NEGLIGIBLE_TAIL_MASS) / NEGLIGIBLE_TAIL_MASS
+            out["tail_mass"] = min(out.get("tail_mass", math.inf), float(rel.min() / MIN_MARGIN["coverage"] - 1))
         for d in sorted({*RELIABILITY_DELTAS, float(ds.attrs["delta"])}):
             eb, normal = radii_at(r["attn_variance"], r["value_range"], r["n_random"], r["has_tail"], d)
             note(f"eb@{d}", e, eb[tail], scale)
