@@ -98,6 +98,25 @@ def test_measure_out_keeps_the_file_it_returns(tiny, runs, tmp_path):
                           out=tmp_path / "r.nc")
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda m, t: truncsens.measure(m, t, texts=["a"], windows=[0, 4]), "windows (--windows) must be at least 1 token each, got 0"),
+    (lambda m, t: truncsens.measure(m, t, texts=["a"], split="validation"), "split (--split) must be one of auto, "),
+    (lambda m, t: truncsens.measure(m, t, texts=["a"], policies=["sink_recent"], chunk=0), "chunk (--chunk) must be at least 1, got 0"),
+    (lambda m, t: truncsens.measure(m, t, texts=["a"], protocol="nope"), "protocol (--protocol) must be one of "),
+    (lambda m, t: truncsens.plan(m, t, average_windows=[0]), "average_windows (--average-window) must be at least 1 token, got 0"),
+    (lambda m, t: truncsens.plan(m, t, semantics="reencode"), "semantics (--semantics) must be one of "),
+    (lambda m, t: truncsens.certify(m, t, delta=2.0), "delta (--delta) must lie strictly between 0 and 1, got 2.0"),
+    (lambda m, t: truncsens.certify(m, t, obs_window=0), "obs_window (--obs-window) must be at least 1 query row, got 0"),
+])
+def test_api_errors_name_the_keyword_then_the_flag(tiny, call, message):
+    """A Python call is told the keyword it passed (the command's flag beside it, in brackets), before any
+    model pass."""
+    model, tok = tiny
+    with pytest.raises(ValueError) as err:
+        call(model, tok)
+    assert str(err.value).startswith(message), str(err.value)
+
+
 def test_measure_refuses_unclear_input(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="needs its tokenizer"):
