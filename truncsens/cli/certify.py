@@ -25,6 +25,8 @@ def certify(as_json: AsJson = False, **options: Any) -> None:
         # the figures and (unless resuming) the results file are checked together before anything is computed
         with kept_shards_note(cfg.out):
             done = run_certification(cfg, Path(cfg.out).with_suffix(""))
+        for note in done.notes():
+            typer.echo(f"note: {note}", err=True)
         if as_json:
             typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:
