@@ -98,6 +98,25 @@ def test_measure_out_keeps_the_file_it_returns(tiny, runs, tmp_path):
                           out=tmp_path / "r.nc")
 
 
+@pytest.mark.parametrize("call, message", [
+    (lambda m, t: truncsens.measure(m, t, texts=["a"], windows=[0, 4]), "windows (--windows) must be at least 1 token each, got 0"),
+    (lambda m, t: truncsens.measure(m, t, texts=["a"], split="validation"), "split (--split) must be one of auto, "),
+    (lambda m, t: truncsens.measure(m, t, texts=["a"], policies=["sink_recent"], chunk=0), "chunk (--chunk) must be at least 1, got 0"),
+    (lambda m, t: truncsens.measure(m, t, texts=["a"], protocol="nope"), "protocol (--protocol) must be one of "),
+    (lambda m, t: truncsens.plan(m, t, average_windows=[0]), "average_windows (--average-window) must be at least 1 token, got 0"),
+    (lambda m, t: truncsens.plan(m, t, semantics="reencode"), "semantics (--semantics) must be one of "),
+    (lambda m, t: truncsens.certify(m, t, delta=2.0), "delta (--delta) must lie strictly between 0 and 1, got 2.0"),
+    (lambda m, t: truncsens.certify(m, t, obs_window=0), "obs_window (--obs-window) must be at least 1 query row, got 0"),
+])
+def test_api_errors_name_the_keyword_then_the_flag(tiny, call, message):
+    """A Python call is told the keyword it passed (the command's flag beside it, in brackets), before any
+    model pass."""
+    model, tok = tiny
+    with pytest.raises(ValueError) as err:
+        call(model, tok)
+    assert str(err.value).startswith(message), str(err.value)
+
+
 def test_measure_refuses_unclear_input(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="needs its tokenizer"):
@@ -175,7 +194,10 @@ def test_fit_table_is_what_the_cli_prints_and_recommend_reads_it(runs):
     assert cli.exit_code == 0, cli.output
     report = truncsens.fit(out, metrics="tv,kl", bootstrap=20)
     assert isinstance(report, truncsens.FitReport)
-    assert cli.stdout == report.table() + f"\nwrote {root / 'cli.fit.json'}\n"
+    lines = report.table().split("\n")  # the CLI prints the table's notes on stderr, without their indent
+    notes = [ln.lstrip() for ln in lines if ln.lstrip().startswith(("note: ", "warning: "))]
+    assert cli.stdout == "\n".join(ln for ln in lines if ln.lstrip() not in notes) + f"\nwrote {root / 'cli.fit.json'}\n"
+    assert notes and set(notes) <= set(cli.stderr.splitlines()), cli.stderr
     doc = report.to_json()
     saved = json.loads((root / "cli.fit.json").read_text())
     assert doc["kind"] == "truncsens-fit" and doc["fits"] == saved["fits"]

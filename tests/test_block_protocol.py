@@ -231,14 +231,14 @@ def test_block_and_exact_alphas_agree_on_the_synthetic_source(tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--protocol", "block", "--block-fraction", "0"], "--block-fraction must be in (0, 1]"),
-    (["--protocol", "block", "--block-fraction", "1.5"], "--block-fraction must be in (0, 1]"),
-    (["--protocol", "block", "--block-size", "0"], "--block-size must be at least 1"),
+    (["--protocol", "block", "--block-fraction", "0"], "block_fraction (--block-fraction) must be in (0, 1]"),
+    (["--protocol", "block", "--block-fraction", "1.5"], "block_fraction (--block-fraction) must be in (0, 1]"),
+    (["--protocol", "block", "--block-size", "0"], "block_size (--block-size) must be at least 1"),
     (["--protocol", "block", "--policy", "suffix", "--semantics", "streaming", "--chunk", "4"], "needs --chunk 1"),
     (["--protocol", "block", "--policy", "suffix,random", "--semantics", "reencode"], "use --protocol exact"),
-    (["--protocol", "nope"], "--protocol must be one of"),
-    (["--block-size", "8"], "--block-size sets the block protocol's passes; they need --protocol block"),
-    (["--block-fraction", "0.25", "--block-size", "8"], "--block-fraction and --block-size set the block protocol"),
+    (["--protocol", "nope"], "protocol (--protocol) must be one of"),
+    (["--block-size", "8"], "block_size (--block-size) sets the block protocol's passes; they need --protocol block"),
+    (["--block-fraction", "0.25", "--block-size", "8"], "block_fraction (--block-fraction) and block_size (--block-size) set the block protocol"),
 ])
 def test_bad_block_options_exit_2_with_one_line(tmp_path, args, fragment):
     result = CliRunner().invoke(app, ["measure", "--out", str(tmp_path / "x.nc"), "--no-progress", *args])

@@ -323,7 +323,7 @@ def test_the_trajectory_budget_is_checked_only_with_a_trajectory(tiny_llama_dir,
             "--budgets", "50%", "--sinks", "16", "--max-docs", "1", "--copy-per-doc", "1", "--kv-docs", "1",
             "--no-progress"]
     with_trajectory = CliRunner().invoke(app, [*base, "--trajectory", "2", "--out", str(tmp_path / "t.nc")])
-    assert with_trajectory.exit_code == 2 and "--trajectory-budget 25% of N = 16 tokens leaves no room after the 16 sinks" \
+    assert with_trajectory.exit_code == 2 and "trajectory_budget (--trajectory-budget): 25% of N = 16 tokens leaves no room after the 16 sinks" \
         in with_trajectory.stderr, with_trajectory.output
     without = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "n.nc")])
     assert without.exit_code == 0 and (tmp_path / "n.nc").is_file(), without.output

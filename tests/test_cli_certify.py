@@ -18,8 +18,8 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--delta", "0"], "--delta must lie strictly between 0 and 1"),
-    (["--delta", "1.5"], "--delta must lie strictly between 0 and 1"),
+    (["--delta", "0"], "delta (--delta) must lie strictly between 0 and 1"),
+    (["--delta", "1.5"], "delta (--delta) must lie strictly between 0 and 1"),
     (["--budgets", "120%"], "percentage of the reference context must lie in (0%, 100%]"),
     (["--budgets", "64", "--reference-context", "64"], "at or above the reference context of 64 tokens"),
     (["--budgets", "100%", "--reference-context", "64"], "at or above the reference context"),

@@ -199,7 +199,7 @@ def test_a_bad_window_is_named_before_the_output_is_looked_at(tmp_path):
     out = tmp_path / "r.nc"
     out.write_text("keep me")
     r = invoke("measure", "--windows", "4,0,-2", "--out", out)
-    assert r.exit_code == 2 and "error: --windows must be at least 1 token each, got 0, -2" in r.stderr
+    assert r.exit_code == 2 and "error: windows (--windows) must be at least 1 token each, got 0, -2" in r.stderr
     assert out.read_text() == "keep me"
 
 
@@ -237,3 +237,14 @@ def test_wide_tables_fit_a_terminal_of_known_width(code, tmp_path, monkeypatch):
     from truncsens.report.tables import _WIDTH
 
     assert _WIDTH == [None]  # the width was the command's alone: the API's tables, later in the process, print whole
+
+
+def test_a_report_prints_its_notes_and_warnings_on_stderr(capsys):
+    """Notes and warnings inside a printed report (indented or not) go to stderr without their indent;
+    the rest, blank lines included, stays on stdout as it was."""
+    from truncsens.cli.options import echo_report
+
+    echo_report("table\n  row\n  note: layer 1: at the floor\n\nwarning: a tv: beyond\nnote: x\nnotes: kept")
+    out, err = capsys.readouterr()
+    assert out == "table\n  row\n\nnotes: kept\n"
+    assert err == "note: layer 1: at the floor\nwarning: a tv: beyond\nnote: x\n"

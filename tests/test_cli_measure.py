@@ -316,4 +316,4 @@ def test_os_errors_are_user_errors():
 
 def test_bad_split_is_refused_even_for_synthetic_sources(tmp_path):
     r = invoke("measure", "--model", "synthetic:0.5:64", "--split", "validation", "--out", tmp_path / "o.nc", "--no-progress")
-    assert_user_error(r, "--split must be one of auto, train, heldout, all; got 'validation'")
+    assert_user_error(r, "split (--split) must be one of auto, train, heldout, all; got 'validation'")

@@ -269,8 +269,8 @@ def test_fingerprint_unchanged_for_one_draw_and_default_policy_seed():
 
 
 @pytest.mark.parametrize("kw,message", [
-    ({"policies": ["random"], "draws": 0}, "--draws must be at least 1, got 0"),
-    ({"policies": ["random"], "draws": -2}, "--draws must be at least 1, got -2"),
+    ({"policies": ["random"], "draws": 0}, r"draws \(--draws\) must be at least 1, got 0"),
+    ({"policies": ["random"], "draws": -2}, r"draws \(--draws\) must be at least 1, got -2"),
     ({"policies": ["sink_recent"], "draws": 2}, "sink_recent decide deterministically"),
     ({"draws": 2}, "a window sweep is deterministic"),
 ])
@@ -285,5 +285,5 @@ def test_cli_draws_zero(tiny_llama_dir, corpus_dir, tmp_path):
                                    "--budgets", "8", "--reference-context", "32", "--draws", "0", "--out", str(out),
                                    "--no-progress"])
     assert res.exit_code == 2
-    assert res.output.strip().splitlines()[-1] == "error: --draws must be at least 1, got 0"
+    assert res.output.strip().splitlines()[-1] == "error: draws (--draws) must be at least 1, got 0"
     assert not out.exists() and not list(tmp_path.iterdir())

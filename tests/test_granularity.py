@@ -200,7 +200,7 @@ def test_granularity_config():
         MeasureConfig(policies=["suffix"], granularity="x")
     with pytest.raises(MeasureError, match="--granularity head needs a per-head cache; semantics reencode"):
         MeasureConfig(policies=["suffix"], semantics="reencode", granularity="head")
-    with pytest.raises(MeasureError, match="--granularity head needs --policy NAME"):
+    with pytest.raises(MeasureError, match=r"granularity=\'head\' \(--granularity head\) needs --policy NAME"):
         MeasureConfig(granularity="head")
     assert "granularity" not in MeasureConfig(policies=["suffix"]).fingerprint()
     assert MeasureConfig(policies=["suffix"], granularity="head").fingerprint()["granularity"] == "head"

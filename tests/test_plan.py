@@ -61,7 +61,7 @@ def test_plan_for_a_distortion(tiny_llama_dir, corpus_dir):
 def test_input_errors_come_before_any_pass(tiny_llama_dir, corpus_dir):
     """--eps 0 is refused before the model is loaded (a bad path would fail later); a default budget
     that cannot fit says it was the default."""
-    with pytest.raises(PlanError, match="--eps must be a positive distortion"):
+    with pytest.raises(PlanError, match=r"eps \(--eps\) must be a positive distortion"):
         plan("/nonexistent/model", eps=[0.0], progress=False)
     with pytest.raises(PlanError, match="one of the default budgets 64,256"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=48, sweep=[2, 4], sinks=2, targets_per_doc=1,
@@ -76,16 +76,16 @@ def test_plan_under_streaming(tiny_llama_dir, corpus_dir):
 
 
 def test_plan_refuses_bad_budgets_and_sweeps(tiny_llama_dir, corpus_dir):
-    with pytest.raises(PlanError, match="--semantics must be one of prefill_evict, streaming"):
+    with pytest.raises(PlanError, match=r"semantics \(--semantics\) must be one of prefill_evict, streaming"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, semantics="reencode")
     with pytest.raises(PlanError, match="one of the three"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[8], kv_bytes=[1000])
-    with pytest.raises(PlanError, match=r"sweep windows must lie in \[1, N - sinks\)"):
+    with pytest.raises(PlanError, match=r"sweep windows \(sweep, --sweep\) must lie in \[1, N - sinks\)"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[8], sweep=[8, 62], sinks=4,
              progress=False)
-    with pytest.raises(PlanError, match="--average-window must be at least 1 token, got 0"):
+    with pytest.raises(PlanError, match=r"average_windows \(--average-window\) must be at least 1 token, got 0"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[0])
-    with pytest.raises(PlanError, match=r"--average-window 60 leaves nothing to allocate.*N - sinks = 60"):
+    with pytest.raises(PlanError, match=r"average window 60 \(average_windows, --average-window\) leaves nothing to allocate.*N - sinks = 60"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, average_windows=[60], sinks=4, progress=False)
     with pytest.raises(PlanError, match="outside what a plan can allocate"):
         plan(tiny_llama_dir, corpus=corpus_dir, reference_context=64, kv_bytes=[10], progress=False)

@@ -188,11 +188,11 @@ def test_bad_input_clear_message_and_nothing_lost(tiny_llama_dir, corpus_dir, tm
         (["--policy", "random", "--budgets", "16", "--semantics", "sliding"], "unknown semantics 'sliding'"),
         (["--policy", "suffix", "--budgets", "16", "--positions", "reindexed"], "--positions reindexed works only with --semantics reencode"),
         (["--policy", "sink_recent", "--budgets", "3"], "below its minimum of 5"),
-        (["--policy", "suffix", "--windows", "4,8"], "--windows is for suffix truncation"),
-        (["--budgets", "16"], "need --policy"),
-        (["--policy", "suffix", "--budgets", "16", "--docs-per-shard", "0"], "--docs-per-shard must be at least 1"),
-        (["--policy", "suffix", "--budgets", "16", "--max-docs", "0"], "--max-docs must be at least 1"),
-        (["--policy", "suffix", "--budgets", "16", "--reference-context", "0"], "--reference-context must be at least 1"),
+        (["--policy", "suffix", "--windows", "4,8"], "windows (--windows) is for suffix truncation"),
+        (["--budgets", "16"], "need policies (--policy NAME)"),
+        (["--policy", "suffix", "--budgets", "16", "--docs-per-shard", "0"], "docs_per_shard (--docs-per-shard) must be at least 1"),
+        (["--policy", "suffix", "--budgets", "16", "--max-docs", "0"], "max_docs (--max-docs) must be at least 1"),
+        (["--policy", "suffix", "--budgets", "16", "--reference-context", "0"], "reference_context (--reference-context) must be at least 1"),
         (["--policy", "poisson", "--budgets", "16", "--score", "key_norm", "--model", zero], "poisson scores are all zero"),
     ]
     for extra, message in cases:

@@ -53,3 +53,16 @@ def test_show_counts_documents_too_short_beside_skipped_files():
     assert not_measured_note(attrs) == "not measured: 3 corpus files skipped (3 empty), 3 of 67 documents too short for N=64"
     assert not_measured_note({**attrs, "files_skipped": {}}) == "not measured: 3 of 67 documents too short for N=64"
     assert not_measured_note({"reference_context": 64}) == ""  # a file from before these attrs
+
+
+def test_certify_says_the_skipped_files_as_measure_does():
+    """``certify`` prints on stderr the note ``measure`` prints (the golden run shows it on the builtin
+    corpus: ``note: 3 corpus files skipped (3 empty), not measured``), read from the results' attrs."""
+    import xarray as xr
+
+    from truncsens.api.certify import Certification
+
+    done = Certification(xr.Dataset(attrs={"files_skipped": {"hidden": 1, "empty": 2}}), {}, None, [])
+    assert done.notes() == ["3 corpus files skipped (2 empty, 1 hidden), not measured"]
+    assert Certification(xr.Dataset(attrs={"files_skipped": {}}), {}, None, []).notes() == []
+    assert Certification(xr.Dataset(), {}, None, []).notes() == []  # a file from before the attr

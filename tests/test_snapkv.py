@@ -151,7 +151,7 @@ def test_window_and_kernel_options_reach_the_policies():
         MeasureConfig(policies=["snapkv"], semantics="prefill_evict", pooling_kernel=4)
     with pytest.raises(PolicyError, match="observation window >= 1"):
         MeasureConfig(policies=["snapkv"], semantics="prefill_evict", observation_window=0)
-    with pytest.raises(MeasureError, match="--observation-window sets SnapKV's observation window; give --policy snapkv"):
+    with pytest.raises(MeasureError, match=r"observation_window \(--observation-window\) sets SnapKV\'s observation window; give --policy snapkv"):
         MeasureConfig(policies=["h2o"], semantics="prefill_evict", observation_window=16)
 
 

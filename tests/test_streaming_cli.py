@@ -71,9 +71,9 @@ def test_streaming_kernel_equals_the_evicting_cache(tiny_llama_dir):
 
 @pytest.mark.parametrize("args,message", [
     (["--policy", "snapkv", "--semantics", "streaming"], "error: policy snapkv cannot be run with semantics streaming"),
-    (["--policy", "sink_recent", "--chunk", "0"], "error: --chunk must be at least 1, got 0"),
+    (["--policy", "sink_recent", "--chunk", "0"], "error: chunk (--chunk) must be at least 1, got 0"),
     (["--policy", "random", "--per-query"], "error: policy random cannot be run with semantics streaming"),
-    (["--policy", "h2o", "--semantics", "prefill_evict", "--chunk", "4"], "error: --chunk is the decision interval"),
+    (["--policy", "h2o", "--semantics", "prefill_evict", "--chunk", "4"], "error: chunk (--chunk) is the decision interval"),
     (["--policy", "h2o", "--semantics", "reencode"], "error: policy h2o cannot be run with semantics reencode"),
 ])
 def test_bad_streaming_input(tiny_llama_dir, corpus_dir, tmp_path, args, message):

@@ -22,6 +22,7 @@ from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.config import CertifyConfig
 from truncsens.certificates.coverage_report import certify_figure_paths, format_summary, save_figures, summarize
 from truncsens.certificates.driver import run_certify
+from truncsens.corpora.local import skipped_files_note
 from truncsens.engine.options import config_fields
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel
@@ -61,6 +62,13 @@ class Certification:
     def table(self) -> str:
         """The text ``truncsens certify`` prints after its first line (:func:`truncsens.certificates.coverage_report.format_summary`)."""
         return format_summary(self.summary)
+
+    def notes(self) -> list[str]:
+        """What ``truncsens certify`` says on stderr, as ``measure`` does: the corpus files left out
+        (``"3 corpus files skipped (3 empty), not measured"``, from the attr ``files_skipped``); empty
+        when none was."""
+        note = skipped_files_note(self.dataset.attrs.get("files_skipped"))
+        return [f"{note}, not measured"] if note else []
 
     def to_json(self) -> dict:
         """The summary as JSON-safe values (what ``truncsens certify --json`` prints)."""

@@ -196,22 +196,22 @@ def _check_request(metric: str, semantics: str, average_windows, kv_bytes, eps) 
 
     metric_record(metric)  # an unknown metric fails here, before any pass
     if semantics not in PER_LAYER_SEMANTICS:
-        raise PlanError(f"--semantics must be one of {', '.join(PER_LAYER_SEMANTICS)}, got {semantics!r}")
+        raise PlanError(f"semantics (--semantics) must be one of {', '.join(PER_LAYER_SEMANTICS)}, got {semantics!r}")
     defaulted = average_windows is None and kv_bytes is None and eps is None
     if defaulted:
         average_windows = (64, 256)
     if sum(x is not None and len(x) > 0 for x in (average_windows, kv_bytes, eps)) != 1:
-        raise PlanError("give the budgets as average windows (--average-window), as KV bytes (--kv-bytes) or as "
-                        "distortions to reach (--eps), one of the three")
+        raise PlanError("give the budgets as average windows (average_windows, --average-window), as KV bytes (kv_bytes, --kv-bytes) or as "
+                        "distortions to reach (eps, --eps), one of the three")
     for a in average_windows or ():
         if not a >= 1:
-            raise PlanError(f"--average-window must be at least 1 token, got {a:g}")
+            raise PlanError(f"average_windows (--average-window) must be at least 1 token, got {a:g}")
     for b in kv_bytes or ():
         if not b > 0:
-            raise PlanError(f"--kv-bytes must be a positive number of bytes, got {b}")
+            raise PlanError(f"kv_bytes (--kv-bytes) must be a positive number of bytes, got {b}")
     for e in eps or ():
         if not e > 0:
-            raise PlanError(f"--eps must be a positive distortion, got {e:g}")
+            raise PlanError(f"eps (--eps) must be a positive distortion, got {e:g}")
     return average_windows, defaulted
 
 
@@ -243,11 +243,11 @@ def _sweep_windows(sweep, N: int, sinks: int, average_windows, defaulted: bool) 
     for a in average_windows or ():
         if a >= N - sinks:
             given = " (one of the default budgets 64,256)" if defaulted else ""
-            raise PlanError(f"--average-window {a:g}{given} leaves nothing to allocate: every layer would keep its whole "
+            raise PlanError(f"average window {a:g} (average_windows, --average-window){given} leaves nothing to allocate: every layer would keep its whole "
                             f"context (N - sinks = {N - sinks} keys); use a smaller average window")
     windows = [int(w) for w in (sweep or default_sweep(N))]
     if not windows or min(windows) < 1 or max(windows) + sinks >= N:
-        raise PlanError(f"sweep windows must lie in [1, N - sinks) = [1, {N - sinks}), got {windows}")
+        raise PlanError(f"sweep windows (sweep, --sweep) must lie in [1, N - sinks) = [1, {N - sinks}), got {windows}")
     return windows
 
 

@@ -93,16 +93,16 @@ class AttributionConfig(AttributionOptions, CertifyBase):  # the options first: 
     def __post_init__(self) -> None:
         for name in ("copy_per_doc", "kv_docs", "trajectory"):
             if getattr(self, name) < 0:
-                raise CertifyError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+                raise CertifyError(f"{name} (--{name.replace('_', '-')}) must be >= 0, got {getattr(self, name)}")
         if self.copy_rule not in COPY_RULES:
-            raise CertifyError(f"--copy-rule must be one of {', '.join(COPY_RULES)}, got {self.copy_rule!r}")
+            raise CertifyError(f"copy_rule (--copy-rule) must be one of {', '.join(COPY_RULES)}, got {self.copy_rule!r}")
         if self.copy_per_doc == 0 and self.kv_docs == 0:
-            raise CertifyError("no attribution targets: --copy-per-doc and --kv-docs are both 0")
+            raise CertifyError("no attribution targets: copy_per_doc (--copy-per-doc) and kv_docs (--kv-docs) are both 0")
         if self.min_distance is not None and self.min_distance < 1:
-            raise CertifyError(f"--min-distance must be at least 1 token, got {self.min_distance}")
+            raise CertifyError(f"min_distance (--min-distance) must be at least 1 token, got {self.min_distance}")
         super().__post_init__()  # delta, budgets, run options: the checks of CertifyBase / MeasureConfig
-        if len(parse_budgets(self.trajectory_budget, "--trajectory-budget")) != 1:  # the syntax of --budgets, one value
-            raise CertifyError(f"--trajectory-budget takes one budget, got {self.trajectory_budget!r}")
+        if len(parse_budgets(self.trajectory_budget, "trajectory_budget (--trajectory-budget)")) != 1:  # the syntax of --budgets, one value
+            raise CertifyError(f"trajectory_budget (--trajectory-budget) takes one budget, got {self.trajectory_budget!r}")
 
     def check_run_options(self) -> None:
         """Checked by building :meth:`certify_config` (which checks its MeasureConfig once)."""
@@ -173,11 +173,12 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
     budgets = ccfg.resolve_budgets(N)
     traj_budget = None
     if cfg.trajectory:
-        traj_budget = resolve_budgets(parse_budgets(cfg.trajectory_budget, "--trajectory-budget"), N, cfg.n_sink, "--trajectory-budget")[0]
+        named = "trajectory_budget (--trajectory-budget)"
+        traj_budget = resolve_budgets(parse_budgets(cfg.trajectory_budget, named), N, cfg.n_sink, named)[0]
     if cfg.trajectory and N - cfg.trajectory <= traj_budget:
-        raise CertifyError(f"--trajectory {cfg.trajectory} leaves a prefix of {N - cfg.trajectory} tokens, not above "
+        raise CertifyError(f"trajectory={cfg.trajectory} (--trajectory {cfg.trajectory}) leaves a prefix of {N - cfg.trajectory} tokens, not above "
                            f"the trajectory budget of {traj_budget} tokens; use fewer steps or a smaller "
-                           "--trajectory-budget")
+                           "trajectory_budget (--trajectory-budget)")
     mcfg, sweep, docs = certify_sweep(ccfg, loaded, N, budgets, on_stage=lambda text: say(label, text, cfg.progress))
     tok = loaded.tokenizer
     D = cfg.min_distance or default_min_distance(N)

@@ -24,7 +24,7 @@ class CertifyError(ValueError):
     """A certify run cannot run as configured; the message names the problem and the fix."""
 
 
-def parse_budgets(text: str, option: str = "--budgets") -> list[tuple[float, bool]]:
+def parse_budgets(text: str, option: str = "budgets (--budgets)") -> list[tuple[float, bool]]:
     """``"12.5%,256"`` -> [(12.5, True), (256, False)]; ``option`` is named in the errors.
 
     Raises:
@@ -50,7 +50,7 @@ def parse_budgets(text: str, option: str = "--budgets") -> list[tuple[float, boo
 
 
 def resolve_budgets(parsed: list[tuple[float, bool]], reference_context: int, n_sink: int,
-                    option: str = "--budgets") -> list[int]:
+                    option: str = "budgets (--budgets)") -> list[int]:
     """Sorted unique budgets in tokens of :func:`parse_budgets` output for a reference context of N
     tokens: a percentage p gives ``round(p/100 · N)``.
 
@@ -62,7 +62,7 @@ def resolve_budgets(parsed: list[tuple[float, bool]], reference_context: int, n_
     out = []
     for value, percent in parsed:
         k = int(round(value / 100 * N)) if percent else int(value)
-        shown = f"{option} {value:g}% of N = {k} tokens" if percent else f"{option} {k} tokens"
+        shown = f"{option}: {value:g}% of N = {k} tokens" if percent else f"{option}: {k} tokens"
         if k >= N:
             raise CertifyError(f"budget {shown} is at or above the reference context of {N} tokens: nothing would be "
                                "evicted; use budgets below the context")
@@ -109,7 +109,7 @@ class CertifyBase(CertifyOptions):
 
     def __post_init__(self) -> None:
         if not 0 < self.delta < 1:
-            raise CertifyError(f"--delta must lie strictly between 0 and 1, got {self.delta}")
+            raise CertifyError(f"delta (--delta) must lie strictly between 0 and 1, got {self.delta}")
         try:
             self.design
         except DesignError as exc:
@@ -119,7 +119,7 @@ class CertifyBase(CertifyOptions):
         except CertifySemanticsError as exc:
             raise CertifyError(str(exc)) from None
         if not 0 <= self.top_fraction <= 0.75:
-            raise CertifyError(f"--top-fraction must lie in [0, 0.75] (the recent keys take the first quarter of the "
+            raise CertifyError(f"top_fraction (--top-fraction) must lie in [0, 0.75] (the recent keys take the first quarter of the "
                                f"budget), got {self.top_fraction}")
         self.parsed_budgets = parse_budgets(self.budgets)
         self.check_run_options()

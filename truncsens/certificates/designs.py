@@ -62,13 +62,13 @@ class CertifyDesign:
 
     def __post_init__(self) -> None:
         if not (self.temper > 0 and self.temper < float("inf")):
-            raise DesignError(f"--temper must be a positive number, got {self.temper}")
+            raise DesignError(f"temper (--temper) must be a positive number, got {self.temper}")
         if self.granularity not in GRANULARITIES:
-            raise DesignError(f"--granularity must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}")
+            raise DesignError(f"granularity (--granularity) must be one of {', '.join(GRANULARITIES)}, got {self.granularity!r}")
         if self.score not in SCORES:
-            raise DesignError(f"--score must be one of {', '.join(SCORES)}, got {self.score!r}")
+            raise DesignError(f"score (--score) must be one of {', '.join(SCORES)}, got {self.score!r}")
         if self.obs_window < 1:
-            raise DesignError(f"--obs-window must be at least 1 query row, got {self.obs_window}")
+            raise DesignError(f"obs_window (--obs-window) must be at least 1 query row, got {self.obs_window}")
 
     @property
     def per_head(self) -> bool:

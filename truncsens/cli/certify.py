@@ -12,7 +12,7 @@ import typer
 
 from truncsens.certificates.options import CertifyCommandOptions
 from truncsens.cli.errors import kept_shards_note, signals_stop_like_ctrl_c, user_errors
-from truncsens.cli.options import AsJson, run_command
+from truncsens.cli.options import AsJson, echo_report, run_command
 
 
 @run_command(CertifyCommandOptions)
@@ -25,11 +25,13 @@ def certify(as_json: AsJson = False, **options: Any) -> None:
         # the figures and (unless resuming) the results file are checked together before anything is computed
         with kept_shards_note(cfg.out):
             done = run_certification(cfg, Path(cfg.out).with_suffix(""))
+        for note in done.notes():
+            typer.echo(f"note: {note}", err=True)
         if as_json:
             typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:
             typer.echo(f"wrote {done.path} and {', '.join(map(str, done.figures))}")
-            typer.echo(done.table())
+            echo_report(done.table())
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ import typer
 
 from truncsens.certificates.options import AttributionOptions
 from truncsens.cli.errors import kept_shards_note, signals_stop_like_ctrl_c, user_errors
-from truncsens.cli.options import AsJson, run_command
+from truncsens.cli.options import AsJson, echo_report, run_command
 
 
 @run_command(AttributionOptions)
@@ -30,7 +30,7 @@ def certify_attribution(as_json: AsJson = False, **options: Any) -> None:
             typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:
             typer.echo(f"wrote {done.path}, {done.figure} and " + ", ".join(map(str, done.head_figures)))
-            typer.echo(done.table())
+            echo_report(done.table())
 
 
 def register(app: typer.Typer) -> None:

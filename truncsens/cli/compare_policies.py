@@ -31,7 +31,7 @@ def compare_policies(
     """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot;
     with several draws (measure --draws R): means over draws per target, and the spread between draws."""
     from truncsens.api.compare import compare_policies as compare
-    from truncsens.cli.options import split_list
+    from truncsens.cli.options import echo_report, split_list
     from truncsens.fits.fitting import parse_range
     from truncsens.report.plots import figure_paths
     from truncsens.report.policy_comparison import default_plot_stem
@@ -51,9 +51,9 @@ def compare_policies(
             if wrote:
                 typer.echo("wrote " + ", ".join(wrote), err=True)
         else:
-            typer.echo(format_comparison(cmp))
+            echo_report(format_comparison(cmp))
             if cmp.spread:
-                typer.echo(format_draw_spread(cmp))
+                echo_report(format_draw_spread(cmp))
             if wrote:
                 typer.echo("wrote " + ", ".join(wrote))
 

@@ -32,7 +32,7 @@ def fit(
     """Fit the decay laws of :data:`truncsens.fits.laws.FAMILY_RECORDS` to D(w); compare them by held-out
     extrapolation (``--help`` names them: :data:`HELP`)."""
     from truncsens.api.fit import fit as fit_results
-    from truncsens.cli.options import split_list
+    from truncsens.cli.options import echo_report, split_list
     from truncsens.fits.fit_file import default_fit_path, plot_prefix
     from truncsens.report.plots import figure_paths
 
@@ -49,7 +49,7 @@ def fit(
             typer.echo(json.dumps(report.to_json(), indent=1))
             typer.echo(wrote, err=True)
         else:
-            typer.echo(report.table())
+            echo_report(report.table())
             typer.echo(wrote)
 
 

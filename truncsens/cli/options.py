@@ -102,6 +102,21 @@ def run_command(options_cls: type) -> Callable[[Callable[..., Any]], Callable[..
     return wrap
 
 
+NOTICE_PREFIXES = ("note: ", "warning: ")
+
+
+def echo_report(text: str) -> None:
+    """Print a command's report: its lines on stdout, except notes and warnings (a line beginning, after
+    its indent, with ``note: `` or ``warning: ``), which go to stderr without the indent, so that stdout
+    holds the tables alone."""
+    for line in text.split("\n"):
+        notice = line.lstrip()
+        if notice.startswith(NOTICE_PREFIXES):
+            typer.echo(notice, err=True)
+        else:
+            typer.echo(line)
+
+
 def terminal_width() -> Optional[int]:
     """Characters per line of the terminal the output goes to: ``COLUMNS`` when set to a number, else the
     terminal's own width when stdout is one; None (tables printed whole) into a pipe or a file."""

@@ -40,7 +40,7 @@ def plan(
 ) -> None:
     """Plan per-layer KV windows for a KV budget from each layer's measured sensitivity (prefill-evict or streaming)."""
     from truncsens.api.plan import plan as make_plan
-    from truncsens.cli.options import float_list, int_list
+    from truncsens.cli.options import echo_report, float_list, int_list
 
     with user_errors():
         averages = float_list(average_window, "--average-window")
@@ -57,7 +57,7 @@ def plan(
         if as_json:
             typer.echo(json.dumps(report.to_json(), indent=1, allow_nan=False))
         else:
-            typer.echo(report.table())
+            echo_report(report.table())
             if report.written:
                 typer.echo("wrote " + ", ".join(str(p) for p in report.written))
 

@@ -18,7 +18,7 @@ def show(
 ) -> None:
     """Print, per window, n, mean ± standard error, median, p90 and p99 of each metric (n_inf / n_nan count non-finite values)."""
     from truncsens.api.show import show as summarize
-    from truncsens.cli.options import split_list
+    from truncsens.cli.options import echo_report, split_list
     from truncsens.report.printed import format_results_summary
 
     with user_errors():
@@ -26,7 +26,7 @@ def show(
         if as_json:
             typer.echo(json.dumps(summary.to_json(), indent=2, allow_nan=False))
         else:
-            typer.echo(format_results_summary(summary))
+            echo_report(format_results_summary(summary))
 
 
 def register(app: typer.Typer) -> None:

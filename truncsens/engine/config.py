@@ -138,30 +138,31 @@ class MeasureConfig(MeasureOptions):
 
     def __post_init__(self) -> None:
         if self.split not in ("auto", *SPLITS):
-            raise MeasureError(f"--split must be one of auto, {', '.join(SPLITS)}; got {self.split!r}")
-        for option, value in (("--docs-per-shard", self.docs_per_shard), ("--max-docs", self.max_docs),
-                              ("--targets-per-doc", self.targets_per_doc), ("--batch-tokens", self.max_batch_tokens),
-                              ("--reference-context", self.reference_context), ("--chunk", self.chunk),
-                              ("--draws", self.draws)):
-            if value is not None and value < 1:
-                raise MeasureError(f"{option} must be at least 1, got {value}")
+            raise MeasureError(f"split (--split) must be one of auto, {', '.join(SPLITS)}; got {self.split!r}")
+        for keyword, value in (("docs_per_shard", self.docs_per_shard), ("max_docs", self.max_docs),
+                               ("targets_per_doc", self.targets_per_doc), ("batch_tokens", self.max_batch_tokens),
+                               ("reference_context", self.reference_context), ("chunk", self.chunk),
+                               ("draws", self.draws)):
+            if value is not None and value < 1:  # the API's keyword, then the command's flag
+                raise MeasureError(f"{keyword} (--{keyword.replace('_', '-')}) must be at least 1, got {value}")
         if self.n_sink is not None and self.n_sink < 0:
-            raise MeasureError(f"--sinks must be >= 0, got {self.n_sink}")
+            raise MeasureError(f"sinks (--sinks) must be >= 0, got {self.n_sink}")
         check_rule(self.bos)
         bad = [w for w in self.windows or () if w < 1]
         if bad:  # before the output and the model are looked at
-            raise MeasureError(f"--windows must be at least 1 token each, got {', '.join(map(str, bad))}")
+            raise MeasureError(f"windows (--windows) must be at least 1 token each, got {', '.join(map(str, bad))}")
         if self.per_layer:
             self._check_per_layer()
         elif self.policies is None:
             if self.budgets is not None or self.semantics is not None:
-                raise MeasureError("--budgets and --semantics need --policy NAME (window sweeps are re-encode; "
-                                   "for a suffix window under another semantics use --policy suffix)")
+                raise MeasureError("budgets (--budgets) and semantics (--semantics) need policies (--policy NAME): window "
+                                   "sweeps are re-encode; for a suffix window under another semantics use --policy suffix")
             self.semantics = "reencode"
             self.n_sink = 0 if self.n_sink is None else self.n_sink
         else:
             if self.windows:
-                raise MeasureError("--windows is for suffix truncation; with --policy give --budgets instead")
+                raise MeasureError("windows (--windows) is for suffix truncation; with policies (--policy) give budgets "
+                                   "(--budgets) instead")
             if not self.policies:
                 raise PolicyError("no policy given")
             for name in self.policies:
@@ -173,12 +174,12 @@ class MeasureConfig(MeasureOptions):
         semantics = semantics_for(self.semantics)  # the object: every check below reads its attributes
         if self.chunk != 1 and not semantics.streams:
             streaming = " or ".join(semantics.names_where(lambda s: s.streams))
-            raise MeasureError(f"--chunk is the decision interval of --semantics {streaming}; semantics {self.semantics} "
+            raise MeasureError(f"chunk (--chunk) is the decision interval of --semantics {streaming}; semantics {self.semantics} "
                                "decides once per target (leave --chunk at 1)")
         self._check_protocol(semantics)
         if self.granularity == "head" and self.policies is None:
             per_head = " or ".join(semantics.names_where(lambda s: s.needs_transformers))  # those with per-head caches
-            raise MeasureError(f"--granularity head needs --policy NAME with --semantics {per_head} "
+            raise MeasureError(f"granularity='head' (--granularity head) needs --policy NAME with --semantics {per_head} "
                                "(a window sweep re-encodes one sequence, which has a single kept set)")
         try:  # one check of the name and of what the semantics supports
             semantics.check_granularity(self.granularity)
@@ -198,7 +199,7 @@ class MeasureConfig(MeasureOptions):
         if self.protocol == "block" and semantics.policy_blocks:
             check_policy_blocks(semantics, policies, self.positions, self.granularity, self.chunk)
         if self.draws > 1 and not any(p.randomized for p in policies):
-            raise MeasureError(f"--draws {self.draws} repeats the draws of randomized policies (--policy random or "
+            raise MeasureError(f"draws={self.draws} (--draws {self.draws}) repeats the draws of randomized policies (--policy random or "
                                "poisson); " + ("a window sweep is deterministic" if self.policies is None else
                                               f"{', '.join(self.policies)} decide deterministically") + " (leave --draws at 1)")
         if self.out is None:
@@ -212,8 +213,8 @@ class MeasureConfig(MeasureOptions):
         Raises:
             MeasureError: one of them given without such a policy.
         """
-        given = [flag for flag, value in (("--observation-window", self.observation_window),
-                                          ("--pooling-kernel", self.pooling_kernel)) if value is not None]
+        given = [flag for flag, value in (("observation_window (--observation-window)", self.observation_window),
+                                          ("pooling_kernel (--pooling-kernel)", self.pooling_kernel)) if value is not None]
         if given and not any({"window", "kernel"} <= {f.name for f in fields(policy_class(n))} for n in self.policies or ()):
             raise MeasureError(f"{' and '.join(given)} {'sets' if len(given) == 1 else 'set'} SnapKV's observation "
                                "window; give --policy snapkv or snapkv_shared")
@@ -225,34 +226,34 @@ class MeasureConfig(MeasureOptions):
             MeasureError: see the class docstring.
         """
         if self.policies is not None or self.budgets is not None:
-            raise MeasureError("--per-layer sweeps windows layer by layer; it takes --windows, not --policy or --budgets")
+            raise MeasureError("per_layer (--per-layer) sweeps windows layer by layer; it takes --windows, not --policy or --budgets")
         self.semantics = self.semantics or DEFAULT_PER_LAYER_SEMANTICS
         if self.semantics not in PER_LAYER_SEMANTICS:
-            raise MeasureError(f"--per-layer runs under --semantics {' or '.join(PER_LAYER_SEMANTICS)} (the cache a "
+            raise MeasureError(f"per_layer (--per-layer) runs under --semantics {' or '.join(PER_LAYER_SEMANTICS)} (the cache a "
                                f"server keeps per layer), not {self.semantics}")
         if self.protocol != "exact":
-            raise MeasureError("--per-layer runs the exact protocol only (leave --protocol at exact)")
+            raise MeasureError("per_layer (--per-layer) runs the exact protocol only (leave --protocol at exact)")
         if self.granularity != "token":
-            raise MeasureError("--per-layer keeps one window per layer, the same for every head; leave --granularity at token")
+            raise MeasureError("per_layer (--per-layer) keeps one window per layer, the same for every head; leave --granularity at token")
         from truncsens.models import model_source
 
         if model_source(self.model).has_own_corpus:
-            raise MeasureError(f"--per-layer windows the attention layers of a transformers model; {self.model} is a "
+            raise MeasureError(f"per_layer (--per-layer) windows the attention layers of a transformers model; {self.model} is a "
                                "synthetic source without any (use a model id or checkpoint folder)")
         if self.positions != "original":
-            raise MeasureError("--per-layer keeps original positions (each layer's kept keys are those of the full "
+            raise MeasureError("per_layer (--per-layer) keeps original positions (each layer's kept keys are those of the full "
                                "prefill); leave --positions at original")
         self.n_sink = DEFAULT_POLICY_SINKS if self.n_sink is None else self.n_sink
 
     def _check_protocol(self, semantics: Semantics) -> None:
         if self.protocol not in PROTOCOLS:
-            raise MeasureError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+            raise MeasureError(f"protocol (--protocol) must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if not 0 < self.block_fraction <= 1:
-            raise MeasureError(f"--block-fraction must be in (0, 1], got {self.block_fraction}")
+            raise MeasureError(f"block_fraction (--block-fraction) must be in (0, 1], got {self.block_fraction}")
         if self.block_size < 1:
-            raise MeasureError(f"--block-size must be at least 1, got {self.block_size}")
+            raise MeasureError(f"block_size (--block-size) must be at least 1, got {self.block_size}")
         if self.protocol != "block":
-            given = [f"--{name.replace('_', '-')}" for name, default in
+            given = [f"{name} (--{name.replace('_', '-')})" for name, default in
                      (("block_fraction", DEFAULT_BLOCK_FRACTION), ("block_size", DEFAULT_BLOCK_SIZE)) if getattr(self, name) != default]
             if given:
                 raise MeasureError(f"{' and '.join(given)} {'sets' if len(given) == 1 else 'set'} the block protocol's passes; they need --protocol block "

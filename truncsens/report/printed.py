@@ -202,7 +202,7 @@ def format_fit_report(doc: dict) -> str:
     lines.append("")
     for c in doc["curves"]:
         lines.append(_curve_line(c))
-        lines += [f"  note: {n}" for n in c.get("notes", [])]
+        lines += [f"  note: {c['label']}: {n}" for n in c.get("notes", [])]  # the CLI prints notes on stderr
     lines.append(f"intervals: {pct} percentile bootstrap over documents, {s['bootstrap']} resamples, seed {s['seed']}")
     return "\n".join(lines)
 
