@@ -208,6 +208,14 @@ STEPS = [
                                   f"{SMOLLM2_BUDGETS} --out results/smollm2/streaming.nc", ("results/smollm2/streaming.nc",)),
     Step("smollm2-streaming", "truncsens compare-policies results/smollm2/streaming.nc --truncation results/smollm2/code.nc "
                               "--metrics kl,tv", needs=("smollm2-measure-code", "smollm2-streaming-run")),
+    # the independent recomputation of SmolLM2 results with plain transformers (reproduce/independent_gguf_check.py)
+    *[Step(f"gguf-check-{s}", "truncsens measure --model smollm2-135m --domain nl --reference-context 256 --max-docs 4 "
+                              f"--targets-per-doc 2 --policy sink_recent --budgets 32,64 --semantics {s} "
+                              f"--out results/gguf-check/{s}.nc --no-progress", (f"results/gguf-check/{s}.nc",))
+      for s in ("reencode", "prefill_evict", "streaming")],
+    Step("gguf-check", "python reproduce/independent_gguf_check.py results/gguf-check/reencode.nc "
+                       "results/gguf-check/prefill_evict.nc results/gguf-check/streaming.nc",
+         needs=("gguf-check-reencode", "gguf-check-prefill_evict", "gguf-check-streaming")),
     Step("policy-blocks-streaming", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16"),
     Step("policy-blocks-prefill", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16 "
                                   "--semantics prefill_evict --policies h2o,snapkv_shared,key_norm"),
