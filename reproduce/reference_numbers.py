@@ -208,6 +208,8 @@ STEPS = [
                                   f"{SMOLLM2_BUDGETS} --out results/smollm2/streaming.nc", ("results/smollm2/streaming.nc",)),
     Step("smollm2-streaming", "truncsens compare-policies results/smollm2/streaming.nc --truncation results/smollm2/code.nc "
                               "--metrics kl,tv", needs=("smollm2-measure-code", "smollm2-streaming-run")),
+    Step("smollm2-window-check", "python reproduce/independent_window_check.py results/smollm2/code.nc",
+         needs=("smollm2-measure-code",)),
     # the independent recomputation of SmolLM2 results with plain transformers (reproduce/independent_gguf_check.py)
     *[Step(f"gguf-check-{s}", "truncsens measure --model smollm2-135m --domain nl --reference-context 256 --max-docs 4 "
                               f"--targets-per-doc 2 --policy sink_recent --budgets 32,64 --semantics {s} "
