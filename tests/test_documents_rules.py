@@ -79,9 +79,7 @@ def test_tokenizer_ids_beyond_the_model_vocabulary(tmp_path, corpus_dir):
     assert r.exit_code == 2 and "Traceback" not in r.output
     # refused when the model loads (its tokenizer's ids pass the embedding), before any document is read
     assert "past the 200 rows of the model's input embedding: it is not this model's tokenizer" in r.stderr
-    largest = max(max(tok(open(p).read(), add_special_tokens=False)["input_ids"])
-                  for p in sorted(__import__("glob").glob(corpus_dir + "/*.txt")))
-    assert f"produces token id {largest} " in r.stderr and not (tmp_path / "x.nc").exists()
+    assert not (tmp_path / "x.nc").exists()
 
 
 def test_padded_model_vocabulary_is_recorded(tmp_path, corpus_dir):

@@ -56,6 +56,17 @@ SCORE_KINDS = {"attention": ATTENTION_SCORES, "last_attention": ATTENTION_SCORES
                "window_attention": OBSERVATION_WINDOW, "layer_window_attention": LAYER_OBSERVATION_WINDOW}
 
 
+TIE_TOLERANCE = 1e-4
+"""Relative gap below which two neighbouring scores count as tied when a policy ranks them
+(:func:`top_per_row`, :func:`smallest_k`). Scores come from float32 attention: another machine's
+kernels (AVX-512 against AVX2, another thread count) move them by a few ulps (about 1e-7 relative
+each), so scores that close are ordered by rounding, not by the model. In a previous-token head every
+key of the window receives about 1 from its successor: the scores lie within a few 1e-5 of each
+other, and ranked by value, which of them a policy kept changed from one CPU to the next. A run of
+scores whose neighbours are within 1e-4 is one tie group, broken by position like exact ties, so the
+kept set is the same on every machine."""
+
+
 class Policy:
     """Base of the retention policies: subclasses are dataclasses that set ``name`` and implement
     :meth:`keep`.
@@ -82,6 +93,7 @@ class Policy:
     expected_budget: ClassVar[bool] = False
     layer_heads: ClassVar[bool] = False  # kept sets per layer and key/value head (HeadKept)
     shared_variant: ClassVar[str | None] = None  # the same rule with one kept set for all layers and heads
+    tie_tolerance: ClassVar[float] = TIE_TOLERANCE  # relative gap below which scores it ranks tie (0: exact ties only)
 
     def score_kind(self) -> str | None:
         """Which ``scores`` :meth:`keep` and :meth:`evict` need (a key of :data:`SCORE_KINDS`), or None:
@@ -180,7 +192,7 @@ class Policy:
         """
         protected = self.stream_protected(view.end, view.budget, view.alive.device).unsqueeze(0) & view.alive  # [B, e]
         free = (view.budget - 1 - protected.sum(-1)).clamp(min=0)  # [B]
-        keep = protected | top_per_row(self.stream_value(view), view.alive & ~protected, free)
+        keep = protected | top_per_row(self.stream_value(view), view.alive & ~protected, free, self.tie_tolerance)
         return StreamStep(keep, view.offset, view.drawn)
 
     def min_budget(self) -> int:
@@ -200,17 +212,6 @@ class Policy:
              scores: torch.Tensor | None = None) -> Kept:  # pragma: no cover - abstract
         """Kept keys and offsets for ``len(seeds)`` sequences; see the subclasses."""
         raise NotImplementedError
-
-
-TIE_TOLERANCE = 1e-4
-"""Relative gap below which two neighbouring scores count as tied when a policy ranks them
-(:func:`top_per_row`, :func:`smallest_k`). Scores come from float32 attention: another machine's
-kernels (AVX-512 against AVX2, another thread count) move them by a few ulps (about 1e-7 relative
-each), so scores that close are ordered by rounding, not by the model. In a previous-token head every
-key of the window receives about 1 from its successor: the scores lie within a few 1e-5 of each
-other, and ranked by value, which of them a policy kept changed from one CPU to the next. A run of
-scores whose neighbours are within 1e-4 is one tie group, broken by position like exact ties, so the
-kept set is the same on every machine."""
 
 
 def tie_groups(ordered: torch.Tensor, tolerance: float) -> torch.Tensor:

@@ -41,6 +41,7 @@ class RandomPolicy(Policy):
 
     name: ClassVar[str] = "random"
     randomized: ClassVar[bool] = True  # measured once per draw (truncsens.engine.kernel.measure_draws)
+    tie_tolerance: ClassVar[float] = 0.0  # it ranks seeded uniforms, which no kernel rounds: exact ties only
     per_query: bool = False
 
     def requirements(self) -> frozenset[str]:
@@ -101,6 +102,6 @@ class RandomPolicy(Policy):
             u = uniforms(seeds, (T,), device).unsqueeze(1).expand(B, Q, T)  # [B, Q, T]
         earlier = causal(T, queries) & (torch.arange(T, device=device).unsqueeze(0) != queries.unsqueeze(1))  # [Q, T]
         earlier = earlier.unsqueeze(0).expand(B, Q, T)  # [B, Q, T]
-        keep = smallest_k(u, earlier, budget - 1, tolerance=0.0)  # seeded uniforms: exact ties only; [B, Q, T] min(q, k - 1) earlier keys per query
+        keep = smallest_k(u, earlier, budget - 1, self.tie_tolerance)  # [B, Q, T] min(q, k - 1) earlier keys per query
         keep = keep | (torch.arange(T, device=device).unsqueeze(0) == queries.unsqueeze(1)).unsqueeze(0)  # + self
         return Kept(keep, torch.zeros(keep.shape, dtype=torch.float32, device=device), queries)
