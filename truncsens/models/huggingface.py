@@ -90,7 +90,7 @@ def load_hf_checkpoint(path: str, name: str, device: str, torch_dtype: torch.dty
         raise ModelLoadError(f"cannot read the config of {name}: {exc}") from exc
     try:
         model = AutoModelForCausalLM.from_pretrained(path, revision=revision, config=config, **{dtype_keyword(): torch_dtype})
-        tokenizer = load_tokenizer(path, revision)
+        tokenizer = load_folder_tokenizer(path, revision, name)
     except OSError as exc:
         raise ModelLoadError(explain_hub_error(name, exc)) from exc
     except ValueError as exc:
@@ -141,10 +141,9 @@ def check_tokenizer(model: Any, tokenizer: Any, name: str, folder: str | None = 
         shown = ", ".join(sorted(vocab)[:4]) or "none"
         if folder is not None:
             present = [f for f in TOKENIZER_FILES if (Path(folder) / f).is_file()]
-            missing = ("the folder has none of the files a tokenizer's vocabulary is read from (tokenizer.json, "
-                       "vocab.json + merges.txt, vocab.txt, tokenizer.model)" if not present else
+            missing = (NO_TOKENIZER_FILES if not present else
                        f"the folder's tokenizer files ({', '.join(present)}) hold no vocabulary")
-            fix = "save the model's tokenizer beside the weights (tokenizer.save_pretrained(folder))"
+            fix = SAVE_TOKENIZER
         else:
             missing, fix = "the tokenizer holds no vocabulary", "pass the tokenizer the model was trained with"
         raise ModelLoadError(f"the tokenizer of model {name!r} has no tokens besides its {len(vocab)} special one"
@@ -173,6 +172,31 @@ def load_tokenizer(path: str, revision: str | None):
         if "TokenizersBackend" not in str(exc):
             raise
         return PreTrainedTokenizerFast.from_pretrained(path, revision=revision)
+
+
+NO_TOKENIZER_FILES = ("the folder has none of the files a tokenizer's vocabulary is read from (tokenizer.json, "
+                      "vocab.json + merges.txt, vocab.txt, tokenizer.model)")
+SAVE_TOKENIZER = "save the model's tokenizer beside the weights (tokenizer.save_pretrained(folder))"
+
+
+def load_folder_tokenizer(path: str, revision: str | None, name: str):
+    """:func:`load_tokenizer`, saying what is missing when a checkpoint folder has no tokenizer files
+    and transformers cannot build one there (4.x raises, for a GPT-2 folder, an ImportError about
+    protobuf; 5.x builds an empty tokenizer, which :func:`check_tokenizer` refuses).
+
+    Raises:
+        ModelLoadError: a local folder without tokenizer files whose tokenizer cannot be loaded.
+        OSError, ValueError: as :func:`load_tokenizer` otherwise.
+    """
+    try:
+        return load_tokenizer(path, revision)
+    except (OSError, ValueError, ImportError, TypeError) as exc:
+        folder = Path(path)
+        if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+            raise ModelLoadError(f"cannot load a tokenizer for model {name!r}: {NO_TOKENIZER_FILES}; {SAVE_TOKENIZER}") from exc
+        if isinstance(exc, (OSError, ValueError)):
+            raise
+        raise ModelLoadError(f"cannot load the tokenizer of model {name!r}: {exc}") from exc
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
