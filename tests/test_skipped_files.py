@@ -66,3 +66,16 @@ def test_certify_says_the_skipped_files_as_measure_does():
     assert done.notes() == ["3 corpus files skipped (2 empty, 1 hidden), not measured"]
     assert Certification(xr.Dataset(attrs={"files_skipped": {}}), {}, None, []).notes() == []
     assert Certification(xr.Dataset(), {}, None, []).notes() == []  # a file from before the attr
+
+
+def test_certify_attribution_says_the_skipped_files_as_measure_does():
+    """``certify-attribution`` reads the same attr and says the same note (its command prints it on stderr)."""
+    import xarray as xr
+
+    from truncsens.api.certify_attribution import Attribution
+
+    def attribution(attrs):
+        return Attribution(xr.Dataset(attrs=attrs), {}, None, None, [])
+
+    assert attribution({"files_skipped": {"empty": 3}}).notes() == ["3 corpus files skipped (3 empty), not measured"]
+    assert attribution({}).notes() == []

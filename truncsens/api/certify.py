@@ -22,7 +22,7 @@ from truncsens.api.measure import model_argument, python_call
 from truncsens.certificates.config import CertifyConfig
 from truncsens.certificates.coverage_report import certify_figure_paths, format_summary, save_figures, summarize
 from truncsens.certificates.driver import run_certify
-from truncsens.corpora.local import skipped_files_note
+from truncsens.corpora.local import not_measured_notes
 from truncsens.engine.options import config_fields
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel
@@ -67,8 +67,7 @@ class Certification:
         """What ``truncsens certify`` says on stderr, as ``measure`` does: the corpus files left out
         (``"3 corpus files skipped (3 empty), not measured"``, from the attr ``files_skipped``); empty
         when none was."""
-        note = skipped_files_note(self.dataset.attrs.get("files_skipped"))
-        return [f"{note}, not measured"] if note else []
+        return not_measured_notes(self.dataset.attrs.get("files_skipped"))
 
     def to_json(self) -> dict:
         """The summary as JSON-safe values (what ``truncsens certify --json`` prints)."""

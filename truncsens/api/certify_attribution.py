@@ -26,6 +26,7 @@ from truncsens.engine.options import config_fields
 from truncsens.fits.fit_file import check_new_files, sanitize
 from truncsens.models import LoadedModel
 from truncsens.models.caller_state import keeps_caller_state
+from truncsens.corpora.local import not_measured_notes
 
 
 @dataclass
@@ -64,6 +65,11 @@ class Attribution:
     def table(self) -> str:
         """The text ``truncsens certify-attribution`` prints after its first line."""
         return format_attribution(self.summary)
+
+    def notes(self) -> list[str]:
+        """What ``truncsens certify-attribution`` says on stderr, as ``measure`` and ``certify`` do: the
+        corpus files left out (from the attr ``files_skipped``); empty when none was."""
+        return not_measured_notes(self.dataset.attrs.get("files_skipped"))
 
     def to_json(self) -> dict:
         """The summary as JSON-safe values (what ``--json`` prints)."""

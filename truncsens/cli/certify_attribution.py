@@ -26,6 +26,8 @@ def certify_attribution(as_json: AsJson = False, **options: Any) -> None:
         # the results file (unless resuming) and its figures are checked together before anything is computed
         with kept_shards_note(cfg.out):
             done = run_attribution_report(cfg, Path(cfg.out).with_suffix(""))
+        for note in done.notes():
+            typer.echo(f"note: {note}", err=True)
         if as_json:
             typer.echo(json.dumps(done.to_json(), indent=2, allow_nan=False))
         else:

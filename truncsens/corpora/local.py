@@ -53,6 +53,13 @@ def skipped_files_note(skipped: Mapping[str, int] | None) -> str:
     return f"{n} corpus file{'' if n == 1 else 's'} skipped ({describe_skipped(skipped)})"
 
 
+def not_measured_notes(skipped: Mapping[str, int] | None) -> list[str]:
+    """The stderr notes of a command whose results left corpus files out: ``["3 corpus files skipped
+    (3 empty), not measured"]``, or ``[]`` (:func:`skipped_files_note`)."""
+    note = skipped_files_note(skipped)
+    return [f"{note}, not measured"] if note else []
+
+
 def _is_hidden(rel: Path) -> bool:
     return any(part.startswith(".") for part in rel.parts)
 

@@ -63,3 +63,33 @@ def per_layer_masks(model, masks: dict[int, torch.Tensor]) -> Iterator[dict[int,
     finally:
         for h in handles:
             h.remove()
+
+
+def decode_with_layer_masks(model, input_ids: torch.Tensor, cache, masks: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Log-probabilities of the last token of ``input_ids`` [B, T] decoded over ``cache`` (the
+    full-context cache of the first T − 1 tokens, truncated back afterwards so that one prefill
+    serves every call), layer l reading its keys through ``masks[l]`` (:func:`per_layer_masks`).
+
+    Returns:
+        [B, V] float64.
+
+    Raises:
+        LayerMaskError: a layer the forward did not call exactly once with its mask.
+    """
+    from truncsens.engine import kvcache
+    from truncsens.engine.forward import last_logprobs
+
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    q_pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)
+    plain = torch.zeros(B, 1, 1, T, dtype=dtype, device=input_ids.device)  # replaced in every layer
+    try:
+        with per_layer_masks(model, masks) as calls:
+            out = model(input_ids=input_ids[:, T - 1 :], position_ids=q_pos, attention_mask=plain, use_cache=True,
+                        logits_to_keep=1, **{kvcache.cache_keyword(model): cache})
+    finally:
+        kvcache.truncate(cache, T - 1)
+    skipped = sorted(layer for layer, n in calls.items() if n != 1)
+    if skipped:
+        raise LayerMaskError(f"layers {skipped} were not called exactly once with their mask")
+    return last_logprobs(out.logits[:, -1, :])  # [B, V]

@@ -22,10 +22,10 @@ from typing import Sequence
 
 import torch
 
-from truncsens.engine import evict_attention, kvcache
+from truncsens.engine import evict_attention
 from truncsens.engine.attention_windows import layer_windows
 from truncsens.engine.forward import last_logprobs
-from truncsens.engine.layer_masks import LayerMaskError, attention_modules, per_layer_masks  # (imported from here too)
+from truncsens.engine.layer_masks import LayerMaskError, attention_modules, decode_with_layer_masks, per_layer_masks  # (imported from here too)
 from truncsens.engine.masks import masked_value
 
 
@@ -141,18 +141,7 @@ def decode_layer_windows(model, input_ids: torch.Tensor, cache, windows: Sequenc
     B, T = input_ids.shape
     dtype = next(model.parameters()).dtype
     masks = window_masks(model, T, windows, n_sink, B, dtype, input_ids.device)
-    pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)
-    plain = torch.zeros(B, 1, 1, T, dtype=dtype, device=input_ids.device)  # replaced in every layer
-    try:
-        with per_layer_masks(model, masks) as calls:
-            out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos, attention_mask=plain, use_cache=True,
-                        logits_to_keep=1, **{kvcache.cache_keyword(model): cache})
-    finally:
-        kvcache.truncate(cache, T - 1)
-    skipped = sorted(layer for layer, n in calls.items() if n != 1)
-    if skipped:
-        raise LayerMaskError(f"layers {skipped} were not called exactly once with their mask")
-    return last_logprobs(out.logits[:, -1, :])
+    return decode_with_layer_masks(model, input_ids, cache, masks)  # [B, V]
 
 
 def measure_layer_windows(model, targets, configurations: Sequence[Sequence[int | None]], n_sink: int, device,

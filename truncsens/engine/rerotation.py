@@ -28,7 +28,7 @@ import torch
 
 from truncsens.engine import kvcache
 from truncsens.engine.forward import last_logprobs, model_dtype
-from truncsens.engine.layer_masks import LayerMaskError, per_layer_masks
+from truncsens.engine.layer_masks import decode_with_layer_masks
 from truncsens.engine.masks import additive_mask, masked_value
 from truncsens.engine.reference_pass import head_counts
 from truncsens.policies.kept import HeadKept, Kept  # (HeadKept: plain data of the policies, imported from here too)
@@ -214,15 +214,4 @@ def decode_head_masks(model, input_ids: torch.Tensor, heads: torch.Tensor, cache
         keep[..., T - 1] = True  # the query's own key
         keep = keep.repeat_interleave(groups, dim=1)  # [B, H, T]: query head h·G + i reads head h's keys
         masks[layer] = torch.where(keep, zero, masked).unsqueeze(2)  # [B, H, 1, T]
-    q_pos = torch.full((B, 1), T - 1, dtype=torch.long, device=input_ids.device)
-    plain = torch.zeros(B, 1, 1, T, dtype=dtype, device=input_ids.device)  # replaced in every layer
-    try:
-        with per_layer_masks(model, masks) as calls:
-            out = model(input_ids=input_ids[:, T - 1 :], position_ids=q_pos, attention_mask=plain, use_cache=True,
-                        logits_to_keep=1, **{kvcache.cache_keyword(model): cache})
-    finally:
-        kvcache.truncate(cache, T - 1)
-    skipped = sorted(layer for layer, n in calls.items() if n != 1)
-    if skipped:
-        raise LayerMaskError(f"layers {skipped} were not called exactly once with their per-head mask")
-    return last_logprobs(out.logits[:, -1, :])  # [B, V]
+    return decode_with_layer_masks(model, input_ids, cache, masks)  # [B, V]
