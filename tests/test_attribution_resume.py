@@ -49,7 +49,8 @@ def test_progress_interruption_and_resume_give_the_uninterrupted_file(tmp_path, 
     shards = [ln.split(", ")[:2] for ln in lines[3:5]]
     assert shards == [["certify-attribution: shard 1/2 done", "700/770 tokens"],
                       ["certify-attribution: shard 2/2 done", "770/770 tokens"]]
-    assert lines[5:] == ["certify-attribution: greedy trajectory of 2 steps"]
+    assert lines[5:] == ["certify-attribution: greedy trajectory of 2 steps",
+                         "note: 3 corpus files skipped (3 empty), not measured"]  # the builtin corpus's empty files
     ds_full = results.load(full)
     assert ds_full.attrs["n_docs"] == 9 and ds_full.sizes["target"] == 11 and "trajectory" in ds_full.attrs
     assert list(ds_full["task_kind"].values)[-1] == "kv"
