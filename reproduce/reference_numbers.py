@@ -194,6 +194,11 @@ STEPS = [
                                "--targets-per-doc 4 --out results/smollm2/nl-512.nc", ("results/smollm2/nl-512.nc",)),
     Step("smollm2-fit", "truncsens fit results/smollm2/code.nc results/smollm2/nl-512.nc --out results/smollm2/fit.json",
          ("results/smollm2/fit.json",), needs=("smollm2-measure-code", "smollm2-measure-nl")),
+    Step("smollm2-measure-code-2048", "truncsens measure --model smollm2-135m --domain code --reference-context 2048 "
+                                      "--max-docs 6 --targets-per-doc 4 --out results/smollm2/code-2048.nc",
+         ("results/smollm2/code-2048.nc",)),
+    Step("smollm2-fit-2048", "truncsens fit results/smollm2/code-2048.nc --out results/smollm2/fit-2048.json",
+         ("results/smollm2/fit-2048.json",), needs=("smollm2-measure-code-2048",)),
     Step("smollm2-recommend", "truncsens recommend-window results/smollm2/fit.json --eps 0.05 --eps 0.1",
          needs=("smollm2-fit",), merge_stderr=True),
     Step("smollm2-prefill-run", f"truncsens measure {SMOLLM2_OPTS} --policy sink_recent,random --semantics prefill_evict "
@@ -235,6 +240,9 @@ STEPS = [
     Step("throughput-policies-sink-recent", "python benchmarks/policies_throughput.py --policy sink_recent"),
     Step("throughput-certify", "python benchmarks/certify_throughput.py"),
     Step("throughput-certify-streaming", "OMP_NUM_THREADS=1 python benchmarks/certify_streaming_cost.py"),
+    Step("run-overhead", "OMP_NUM_THREADS=1 python benchmarks/run_overhead.py"),
+    Step("streaming-memory", "python benchmarks/streaming_memory.py"),
+    Step("gguf-smollm2", "OMP_NUM_THREADS=2 python benchmarks/gguf_smollm2.py"),
     Step("memory-scaling", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384"),
     Step("memory-scaling-snapkv", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384 --paths "
                                   "prefill_evict:sink_recent prefill_evict:snapkv prefill_evict:snapkv_shared"),
