@@ -223,9 +223,10 @@ STEPS = [
     Step("gguf-check", "python reproduce/independent_gguf_check.py results/gguf-check/reencode.nc "
                        "results/gguf-check/prefill_evict.nc results/gguf-check/streaming.nc",
          needs=("gguf-check-reencode", "gguf-check-prefill_evict", "gguf-check-streaming")),
-    Step("policy-blocks-streaming", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16"),
+    Step("policy-blocks-streaming", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16",
+         env={"OMP_NUM_THREADS": "1"}),
     Step("policy-blocks-prefill", "python benchmarks/policy_blocks.py --docs 16 --targets-per-doc 16 "
-                                  "--semantics prefill_evict --policies h2o,snapkv_shared,key_norm"),
+                                  "--semantics prefill_evict --policies h2o,snapkv_shared,key_norm", env={"OMP_NUM_THREADS": "1"}),
     Step("protocol-pe8", "python benchmarks/protocol_efficiency.py --docs 47 --block-targets 8 --block-size 8 "
                          "--paired-targets --designs --out-dir runs/pe8", ("runs/pe8",)),
     Step("protocol-pe64", "python benchmarks/protocol_efficiency.py --docs 47 --exact-results runs/pe8/exact.nc "
@@ -235,13 +236,16 @@ STEPS = [
     Step("protocol-pe32", "python benchmarks/protocol_efficiency.py --docs 47 --exact-targets 32 --exact-results "
                           "runs/exact32.nc --block-results runs/pe64/block.nc --designs --out-dir runs/pe32",
          ("runs/pe32",), needs=("protocol-pe64", "protocol-exact32")),
-    Step("throughput-measure", "python benchmarks/measure_throughput.py"),
-    Step("throughput-policies", "python benchmarks/policies_throughput.py --sequences 32 --threads 2"),
-    Step("throughput-policies-sink-recent", "python benchmarks/policies_throughput.py --policy sink_recent"),
-    Step("throughput-certify", "python benchmarks/certify_throughput.py"),
+    # the benchmarks of docs/development.md: one thread each, so that other jobs on the machine disturb them less
+    Step("throughput-measure", "python benchmarks/measure_throughput.py", env={"OMP_NUM_THREADS": "1"}),
+    Step("throughput-policies", "python benchmarks/policies_throughput.py --sequences 32 --threads 1",
+         env={"OMP_NUM_THREADS": "1"}),
+    Step("throughput-policies-sink-recent", "python benchmarks/policies_throughput.py --policy sink_recent --threads 1",
+         env={"OMP_NUM_THREADS": "1"}),
+    Step("throughput-certify", "python benchmarks/certify_throughput.py", env={"OMP_NUM_THREADS": "1"}),
     Step("throughput-certify-streaming", "OMP_NUM_THREADS=1 python benchmarks/certify_streaming_cost.py"),
     Step("run-overhead", "OMP_NUM_THREADS=1 python benchmarks/run_overhead.py"),
-    Step("streaming-memory", "python benchmarks/streaming_memory.py"),
+    Step("streaming-memory", "python benchmarks/streaming_memory.py", env={"OMP_NUM_THREADS": "1"}),
     Step("gguf-smollm2", "OMP_NUM_THREADS=2 python benchmarks/gguf_smollm2.py"),
     Step("memory-scaling", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384"),
     Step("memory-scaling-snapkv", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384 --paths "
