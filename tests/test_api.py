@@ -206,7 +206,7 @@ def test_fit_table_is_what_the_cli_prints_and_recommend_reads_it(runs):
     from_file = truncsens.recommend_window(root / "cli.fit.json", [0.05, 0.2], metrics=["tv", "kl"])
     assert [(r.metric, r.eps, r.window, r.basis) for r in recs] == [(r.metric, r.eps, r.window, r.basis) for r in from_file]
     assert [(r.metric, r.eps) for r in recs] == [("tv", 0.05), ("tv", 0.2), ("kl", 0.05), ("kl", 0.2)]
-    with pytest.raises(ValueError, match="--eps for tv"):
+    with pytest.raises(ValueError, match=r"eps \(--eps\) for tv"):
         truncsens.recommend_window(report, 2.0)  # a TV above 1: refused before anything else
 
 

@@ -179,10 +179,10 @@ def test_chunks_above_one_would_not_be_exact(llama):
 
 
 @pytest.mark.parametrize("kwargs,fragment", [
-    (dict(semantics="reencode", policies=["h2o"]), "under --semantics streaming or prefill_evict"),
+    (dict(semantics="reencode", policies=["h2o"]), "under semantics (--semantics) streaming or prefill_evict"),
     (dict(semantics="prefill_evict", positions="reindexed"), "keeps original positions"),
     (dict(granularity="head"), "--granularity token"),
-    (dict(chunk=4), "needs --chunk 1"),
+    (dict(chunk=4), "needs chunk=1 (--chunk 1)"),
 ])
 def test_refusals_name_the_exact_protocol(kwargs, fragment):
     args = dict(semantics="streaming", policies=["h2o"], positions="original", granularity="token", chunk=1)

@@ -234,7 +234,7 @@ def test_block_and_exact_alphas_agree_on_the_synthetic_source(tmp_path):
     (["--protocol", "block", "--block-fraction", "0"], "block_fraction (--block-fraction) must be in (0, 1]"),
     (["--protocol", "block", "--block-fraction", "1.5"], "block_fraction (--block-fraction) must be in (0, 1]"),
     (["--protocol", "block", "--block-size", "0"], "block_size (--block-size) must be at least 1"),
-    (["--protocol", "block", "--policy", "suffix", "--semantics", "streaming", "--chunk", "4"], "needs --chunk 1"),
+    (["--protocol", "block", "--policy", "suffix", "--semantics", "streaming", "--chunk", "4"], "needs chunk=1 (--chunk 1)"),
     (["--protocol", "block", "--policy", "suffix,random", "--semantics", "reencode"], "use --protocol exact"),
     (["--protocol", "nope"], "protocol (--protocol) must be one of"),
     (["--block-size", "8"], "block_size (--block-size) sets the block protocol's passes; they need --protocol block"),

@@ -132,12 +132,12 @@ def test_what_a_bos_in_every_context_refuses(bos_model, corpus_dir, tmp_path):
     with pytest.raises(MeasureError, match="policy h2o keeps no sinks and could evict it"):
         # budgets sink_recent accepts (at least its 4 sinks and one more), so the BOS rule is what refuses
         measured(tmp_path, bos_model, corpus_dir, "h", policies=["sink_recent", "h2o"], budgets=[b for b in BUDGETS if b >= 5])
-    with pytest.raises(MeasureError, match="--protocol block shares one sequence between targets"):
+    with pytest.raises(MeasureError, match=r"protocol='block' \(--protocol block\) shares one sequence between targets"):
         measured(tmp_path, bos_model, corpus_dir, "b", windows=WINDOWS, protocol="block")
     measured(tmp_path, bos_model, corpus_dir, "h2o", policies=["h2o"], budgets=BUDGETS, bos="document")  # as before
-    with pytest.raises(MeasureError, match="--bos must be one of auto, always, never, document, got 'sometimes'"):
+    with pytest.raises(MeasureError, match=r"bos \(--bos\) must be one of auto, always, never, document, got 'sometimes'"):
         MeasureConfig(model="reference", bos="sometimes")
-    with pytest.raises(MeasureError, match="--bos always: model 'synthetic:0.5:64' has no tokenizer with a BOS token"):
+    with pytest.raises(MeasureError, match=r"bos='always' \(--bos always\): model 'synthetic:0.5:64' has no tokenizer with a BOS token"):
         run_measure(MeasureConfig(model="synthetic:0.5:64", reference_context=16, max_docs=2, windows=[2], bos="always",
                                   out=str(tmp_path / "s.nc"), progress=False))
     assert not any(tmp_path.glob("[hbs].nc"))
@@ -147,7 +147,7 @@ def test_cli_bad_bos_rule(tmp_path):
     result = CliRunner().invoke(app, ["measure", "--bos", "sometimes", "--out", str(tmp_path / "x.nc"), "--no-progress"])
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert lines == ["error: --bos must be one of auto, always, never, document, got 'sometimes'"]
+    assert lines == ["error: bos (--bos) must be one of auto, always, never, document, got 'sometimes'"]
 
 
 def test_per_layer_windows_begin_with_the_bos(bos_model, corpus_dir, tmp_path):

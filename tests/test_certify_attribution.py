@@ -77,7 +77,7 @@ def test_copy_positions_span_rule_refuses_a_nearer_copy_of_the_context():
 def test_copy_rule_registry_and_error():
     assert (copy_rule("span").match, copy_rule("span").nearest) == (4, True)
     assert [(r.name, r.match) for r in COPY_RULES.values()] == [("induction", 1), ("span", 4), ("token", 0)]
-    with pytest.raises(TaskError, match="--copy-rule must be one of induction, span, token, got 'bigram'"):
+    with pytest.raises(TaskError, match=r"copy_rule \(--copy-rule\) must be one of induction, span, token, got 'bigram'"):
         copy_rule("bigram")
 
 

@@ -24,10 +24,10 @@ runner = CliRunner()
     (["--budgets", "64", "--reference-context", "64"], "at or above the reference context of 64 tokens"),
     (["--budgets", "100%", "--reference-context", "64"], "at or above the reference context"),
     (["--model", "synthetic:1.0"], "does not use transformers' attention interface"),
-    (["--semantics", "reencode"], "--semantics reencode: a re-encoded context has no cache to certify"),
+    (["--semantics", "reencode"], "semantics='reencode' (--semantics reencode): a re-encoded context has no cache to certify"),
     (["--semantics", "streaming", "--policies", "poisson,h2o"],
-     "--policies h2o under --semantics streaming: a certificate needs a known sampling design"),
-    (["--policies", "topk,random"], "--policies must include poisson"),
+     "policies (--policies) h2o under semantics='streaming' (--semantics streaming): a certificate needs a known sampling design"),
+    (["--policies", "topk,random"], "policies (--policies) must include poisson"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, tiny_llama_dir, corpus_dir, args, message):
     base = ["certify", "--model", tiny_llama_dir, "--corpus", corpus_dir, "--out", str(tmp_path / "c.nc"), "--no-progress"]

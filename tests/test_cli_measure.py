@@ -194,7 +194,7 @@ def test_existing_shards_without_resume(tiny_llama_dir, corpus_dir, tmp_path):
 def test_bogus_positions(tiny_llama_dir, corpus_dir, tmp_path):
     r = invoke(*measure_args(tiny_llama_dir, corpus_dir, tmp_path / "o.nc", "--reference-context", "64",
                              "--positions", "bogus"))
-    assert_user_error(r, "--positions must be one of ('original', 'reindexed'), got 'bogus'")
+    assert_user_error(r, "positions (--positions) must be one of ('original', 'reindexed'), got 'bogus'")
 
 
 def test_bad_windows_text(tiny_llama_dir, corpus_dir, tmp_path):
@@ -257,7 +257,7 @@ def test_show_json_is_valid_json_with_one_target(tmp_path):
 
 def test_synthetic_corpus_needs_a_synthetic_model(tiny_llama_dir, tmp_path):
     r = invoke(*measure_args(tiny_llama_dir, "synthetic", tmp_path / "o.nc", "--reference-context", "64"))
-    assert_user_error(r, "--corpus synthetic", "needs --model synthetic:ALPHA")
+    assert_user_error(r, "corpus='synthetic' (--corpus synthetic)", "needs model='synthetic:ALPHA' (--model synthetic:ALPHA)")
     assert not (tmp_path / "o.nc").exists()
 
 
@@ -265,7 +265,7 @@ def test_out_is_a_folder_fails_before_any_work(tiny_llama_dir, corpus_dir, tmp_p
     folder = tmp_path / "results"
     folder.mkdir()
     r = invoke(*measure_args(tiny_llama_dir, corpus_dir, folder, "--reference-context", "64", "--windows", "1,4"))
-    assert_user_error(r, f"--out {folder} is a folder")
+    assert_user_error(r, f"out (--out) {folder} is a folder")
     assert not Path(str(folder) + ".shards").exists()  # nothing computed, nothing left behind
 
 

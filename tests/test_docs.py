@@ -97,3 +97,32 @@ def test_docs_pages_are_guides_of_bounded_size():
     limits = {name: 30_000 if name == "method.md" else 20_000 for name in sizes}
     assert sorted(name for name, size in sizes.items() if size > limits[name]) == []
     assert sum(sizes.values()) <= 150_000
+
+
+# A section of a page cited in code, tests, benchmarks or reproduce: docs/method.md, "Block protocol"
+CITED_SECTION = re.compile(r'docs/([\w-]+\.md)[^"\n]{0,25}?\\?"([A-Z][^"\n\\]{2,60})\\?"')
+
+
+def _sections(page: Path) -> list[str]:
+    """A page's headings and bold paragraph titles (**Memory.**), lower case."""
+    text = page.read_text()
+    heads = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    return [t.lower() for t in heads + re.findall(r"\*\*([^*]+?)\.?\*\*", text)]
+
+
+def _stale_citations(text: str) -> list[tuple[str, str]]:
+    return [(page, title) for page, title in CITED_SECTION.findall(text)
+            if not (ROOT / "docs" / page).exists() or not any(title.lower() in s for s in _sections(ROOT / "docs" / page))]
+
+
+def test_sections_cited_in_the_code_exist():
+    files = [f for d in ("truncsens", "tests", "benchmarks", "reproduce", "notebooks") for f in sorted((ROOT / d).rglob("*"))
+             if f.suffix in (".py", ".md", ".sh") and f.is_file() and f != Path(__file__).resolve()]  # not the examples below
+    stale = [(str(f.relative_to(ROOT)), *c) for f in files for c in _stale_citations(f.read_text(errors="ignore"))]
+    assert stale == []
+
+
+def test_the_citation_check_sees_a_section_that_moved():
+    assert _stale_citations('(docs/reference-model.md, end of "Stages for copying").') == [
+        ("reference-model.md", "Stages for copying")]
+    assert _stale_citations('see docs/method.md, "Block protocol" and docs/reference-model.md ("Training it")') == []

@@ -90,7 +90,7 @@ def test_same_curve_and_use_fits_from(tmp_path):
 
 def test_recommend_windows_checks_eps_before_fitting(tmp_path):
     nc = _save(tmp_path / "r.nc", C=0.5, alpha=0.5)
-    with pytest.raises(ValueError, match="--eps for tv"):
+    with pytest.raises(ValueError, match=r"eps \(--eps\) for tv"):
         recommend_windows(tmp_path / "missing.nc", [2.0], ["tv"])  # eps checked first, the file never read
     [rec] = recommend_windows(nc, [0.05], ["tv"], FitConfig(n_boot=30))
     # w(eps) = (C/eps)^(1/alpha) = (0.5/0.05)^2 = 100 for the exact law; the noisy fit lies close
@@ -118,11 +118,11 @@ def test_summarize_file_and_its_report(tmp_path):
 
 def test_configs_validate_themselves():
     for bad, message in ((dict(n_boot=-1), "--bootstrap"), (dict(level=1.0), "--level"), (dict(metrics=()), "no metric"),
-                         (dict(families=("cubic",)), "unknown law family"), (dict(fit_range=(8, 4)), "--fit-range")):
+                         (dict(families=("cubic",)), "unknown law family"), (dict(fit_range=(8, 4)), r"fit_range \(--fit-range\)")):
         with pytest.raises(ValueError, match=message):
             FitConfig(**bad)
     assert issubclass(FitError, ValueError)
-    for bad, message in ((dict(metrics=()), "--metrics is empty"), (dict(n_boot=-2), "--bootstrap"), (dict(level=0.0), "--level")):
+    for bad, message in ((dict(metrics=()), r"metrics \(--metrics\) is empty"), (dict(n_boot=-2), r"bootstrap \(--bootstrap\)"), (dict(level=0.0), r"level \(--level\)")):
         with pytest.raises(ValueError, match=message):
             CompareConfig(**bad)
     assert CompareConfig().ratio == ("random", "sink_recent") and CompareConfig(numerator="a").ratio == ("a", "sink_recent")
@@ -142,6 +142,6 @@ def test_compare_policies_file(tmp_path):
     assert [r["value"] for r in cmp.ratios] == pytest.approx([10, 10, 10])
     fit = next(f for f in cmp.fits if f["policy"] == "sink_recent")
     assert fit["alpha"] == pytest.approx(0.5) and fit["sweep"] == "budget" and fit["fit_points"] == K
-    with pytest.raises(ValueError, match=f"--denominator 'lru' is not a policy of {path}"):
+    with pytest.raises(ValueError, match=rf"denominator \(--denominator\) 'lru' is not a policy of {path}"):
         compare_policies_file(path, CompareConfig(metrics=("tv",), denominator="lru"))
     assert math.isclose(cmp.to_json()["level"], 0.95)

@@ -196,9 +196,9 @@ def test_evictions_per_head_kept_sets():
 def test_granularity_config():
     """Unknown granularity, head under reencode (policies or windows): one clear error each; the
     default keeps the fingerprint of runs from before the option; head is part of it."""
-    with pytest.raises(MeasureError, match=r"^--granularity must be token or head, got 'x'$"):
+    with pytest.raises(MeasureError, match=r"^granularity \(--granularity\) must be token or head, got 'x'$"):
         MeasureConfig(policies=["suffix"], granularity="x")
-    with pytest.raises(MeasureError, match="--granularity head needs a per-head cache; semantics reencode"):
+    with pytest.raises(MeasureError, match=r"granularity='head' \(--granularity head\) needs a per-head cache; semantics reencode"):
         MeasureConfig(policies=["suffix"], semantics="reencode", granularity="head")
     with pytest.raises(MeasureError, match=r"granularity=\'head\' \(--granularity head\) needs --policy NAME"):
         MeasureConfig(granularity="head")

@@ -118,7 +118,7 @@ def test_wrong_semantics_and_stray_policy_args(fake_kvpress):
     for semantics in ("streaming", "reencode"):
         with pytest.raises(PolicyError, match="use --semantics prefill_evict"):
             MeasureConfig(policies=["kvpress:KnormPress"], semantics=semantics, out="x.nc")
-    with pytest.raises(PolicyError, match="--policy-arg sets parameters of kvpress"):
+    with pytest.raises(PolicyError, match=r"policy_args \(--policy-arg\) sets parameters of kvpress"):
         MeasureConfig(policies=["suffix"], semantics="prefill_evict", policy_args={"n_sink": 2}, out="x.nc")
     both = ["kvpress:KnormPress", "kvpress:StreamingLLMPress"]
     cfg = MeasureConfig(policies=both, semantics="prefill_evict", policy_args={"n_sink": 2}, out="x.nc")

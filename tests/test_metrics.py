@@ -92,7 +92,7 @@ def test_check_eps_reads_the_bounds_of_the_records(monkeypatch):
     hellinger = M.Metric("hellinger", "Hellinger distance", "probability", np.dtype(np.float32), 0.0, 1.0,
                          M.LOWER_IS_BETTER, True, None, dv.tv, "hellinger(p_ref, p_kept)")
     monkeypatch.setattr(M, "METRICS", M.METRICS + (hellinger,))
-    with pytest.raises(ValueError, match=r"--eps for hellinger must lie in \(0, 1\] since hellinger never exceeds 1; got 5"):
+    with pytest.raises(ValueError, match=r"eps \(--eps\) for hellinger must lie in \(0, 1\] since hellinger never exceeds 1; got 5"):
         check_eps(5, "hellinger")
     assert check_eps(1.0, "hellinger") == 1.0
     assert check_eps(5, "kl") == 5.0  # unbounded above

@@ -59,7 +59,7 @@ def test_budget_and_sink_errors():
         SuffixPolicy().keep(T, 21, QUERIES, [0])
     with pytest.raises(PolicyError, match="below its minimum of 5"):
         SinkRecentPolicy(n_sink=4).keep(T, 4, QUERIES, [0])
-    with pytest.raises(PolicyError, match="sinks must be >= 0"):
+    with pytest.raises(PolicyError, match=r"^sinks \(--sinks\) must be >= 0, got -1$"):
         SinkRecentPolicy(n_sink=-1)
 
 

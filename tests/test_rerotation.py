@@ -149,7 +149,7 @@ def test_multi_head_latent_attention_gathers_by_own_widths_and_refuses_rerotatio
 
 def test_positions_reindexed_accepted_by_prefill_evict_only():
     MeasureConfig(policies=["suffix"], semantics="prefill_evict", positions="reindexed", out="x.nc")
-    with pytest.raises(SemanticsError, match="works only with --semantics reencode or prefill_evict"):
+    with pytest.raises(SemanticsError, match=r"works only with semantics \(--semantics\) reencode or prefill_evict"):
         MeasureConfig(policies=["suffix"], semantics="streaming", positions="reindexed", out="x.nc")
 
 

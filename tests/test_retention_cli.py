@@ -186,7 +186,7 @@ def test_bad_input_clear_message_and_nothing_lost(tiny_llama_dir, corpus_dir, tm
         (["--policy", "lru", "--budgets", "16"], "unknown policy 'lru'"),
         (["--policy", "poisson", "--budgets", "16", "--semantics", "reencode"], "policy poisson cannot be run with semantics reencode"),
         (["--policy", "random", "--budgets", "16", "--semantics", "sliding"], "unknown semantics 'sliding'"),
-        (["--policy", "suffix", "--budgets", "16", "--positions", "reindexed"], "--positions reindexed works only with --semantics reencode"),
+        (["--policy", "suffix", "--budgets", "16", "--positions", "reindexed"], "positions='reindexed' (--positions reindexed) works only with semantics (--semantics) reencode"),
         (["--policy", "sink_recent", "--budgets", "3"], "below its minimum of 5"),
         (["--policy", "suffix", "--windows", "4,8"], "windows (--windows) is for suffix truncation"),
         (["--budgets", "16"], "need policies (--policy NAME)"),
@@ -220,4 +220,4 @@ def test_compare_policies_refuses_an_explicit_policy_not_in_the_file(tmp_path):
     path = results.save(ds, tmp_path / "p.nc")
     out = CliRunner().invoke(app, ["compare-policies", str(path), "--numerator", "bogus", "--no-plot", "--bootstrap", "0"])
     assert out.exit_code == 2
-    assert "error: --numerator 'bogus' is not a policy of" in out.output and "(it has suffix)" in out.output
+    assert "error: numerator (--numerator) 'bogus' is not a policy of" in out.output and "(it has suffix)" in out.output

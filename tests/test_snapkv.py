@@ -175,8 +175,8 @@ def test_the_window_changes_what_is_kept():
     (dict(semantics="reencode"), "snapkv cannot be run with semantics reencode"),
     (dict(semantics="prefill_evict", granularity="head"), "snapkv keeps its own per-layer, per-head kept sets; leave "
                                                            "--granularity at token"),
-    (dict(semantics="prefill_evict", protocol="block"), "snapkv keeps one per layer and key/value head; use --protocol "
-                                                         "exact"),
+    (dict(semantics="prefill_evict", protocol="block"), r"snapkv keeps one per layer and key/value head; use "
+                                                         r"protocol='exact' \(--protocol exact\)"),
 ])
 def test_refused_where_per_layer_head_sets_cannot_run(kwargs, message):
     with pytest.raises((PolicyError, MeasureError), match=message):

@@ -85,7 +85,7 @@ def test_select_targets_no_long_documents():
 
 
 def test_select_targets_bad_arguments():
-    with pytest.raises(ValueError, match="reference context must be at least 1 token, got 0"):
+    with pytest.raises(ValueError, match=r"reference_context \(--reference-context\) must be at least 1 token, got 0"):
         select_targets([_doc("a", 10)], 0, 3, 0)
-    with pytest.raises(ValueError, match="--targets-per-doc must be at least 1, got 0"):
+    with pytest.raises(ValueError, match=r"targets_per_doc \(--targets-per-doc\) must be at least 1, got 0"):
         select_targets([_doc("a", 10)], 4, 0, 0)

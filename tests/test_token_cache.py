@@ -4,6 +4,8 @@ rewritten; another tokenizer, BOS or corpus never reads them."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -147,3 +149,44 @@ def test_a_run_reads_the_cache_and_reports_the_same(tiny_llama_dir, corpus_dir, 
     assert first.attrs["n_docs_checked"] == 6
     for name in first.data_vars:
         np.testing.assert_array_equal(first[name].values, second[name].values, err_msg=name)
+
+
+def _corpus(i):
+    return [Document(f"doc{i}", f"def f{i}(x):\n    return x * {i}\n" * (i + 1))]
+
+
+def test_the_cache_keeps_the_most_recently_used_files(cache_dir, monkeypatch):
+    """Five corpora with a cap of 3 files: after each write only the 3 most recently used stay, and a
+    file read is used (it outlives files written after it)."""
+    monkeypatch.setattr(token_cache, "MAX_FILES", 3)
+    tok, calls = build_tokenizer(), []
+    paths = []
+    for i in range(4):
+        docs = _corpus(i)
+        token_cache.cached_token_docs(docs, corpus_sha256(docs), tok, None, _counting(calls))
+        (new,) = set(cache_dir.iterdir()) - set(paths)
+        paths.append(new)
+        os.utime(new, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))  # written i seconds apart (no clock read)
+    assert sorted(cache_dir.iterdir()) == sorted(paths[1:])  # the 4th write deleted the oldest
+    assert token_cache.cached_token_docs(_corpus(1), corpus_sha256(_corpus(1)), tok, None, _counting(calls))[1] is True
+    docs = _corpus(4)
+    token_cache.cached_token_docs(docs, corpus_sha256(docs), tok, None, _counting(calls))
+    kept = set(cache_dir.iterdir())
+    assert paths[1] in kept and paths[3] in kept and paths[2] not in kept and len(kept) == 3
+    assert calls == [1, 1, 1, 1, 1]
+    # a corpus whose file was deleted is tokenized again
+    assert token_cache.cached_token_docs(_corpus(2), corpus_sha256(_corpus(2)), tok, None, _counting(calls))[1] is False
+
+
+def test_prune_keeps_a_size_cap_and_always_the_newest(tmp_path):
+    sizes = {"a": 100, "b": 300, "c": 200, "d": 50}
+    for i, (name, size) in enumerate(sizes.items()):  # a oldest, d newest
+        f = tmp_path / f"{name}.npz"
+        f.write_bytes(b"x" * size)
+        os.utime(f, ns=(10**18 + i * 10**9,) * 2)
+    (tmp_path / ".e.npz.7.tmp").write_bytes(b"x" * 1000)  # a writer's temporary file: not the cache's to delete
+    assert token_cache.prune(tmp_path, max_files=10, max_bytes=260) == [tmp_path / "b.npz", tmp_path / "a.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".e.npz.7.tmp", "c.npz", "d.npz"]
+    assert token_cache.prune(tmp_path, max_files=10, max_bytes=10) == [tmp_path / "c.npz"]  # d alone is over: kept
+    assert token_cache.prune(tmp_path, max_files=0, max_bytes=0) == []
+    assert token_cache.prune(tmp_path / "missing") == []

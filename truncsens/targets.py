@@ -79,9 +79,9 @@ def draw_positions(length: int, reference_context: int, targets_per_doc: int | N
 
 def _check_selection(reference_context: int, targets_per_doc: int | None) -> None:
     if reference_context < 1:
-        raise ValueError(f"reference context must be at least 1 token, got {reference_context}")
+        raise ValueError(f"reference_context (--reference-context) must be at least 1 token, got {reference_context}")
     if targets_per_doc is not None and targets_per_doc < 1:
-        raise ValueError(f"--targets-per-doc must be at least 1, got {targets_per_doc}")
+        raise ValueError(f"targets_per_doc (--targets-per-doc) must be at least 1, got {targets_per_doc}")
 
 
 def _target_set(docs: list[TokenDoc], reference_context: int, doc_ids: list[str], positions: list[int],

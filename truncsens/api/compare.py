@@ -56,7 +56,7 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
     """
     names = (tuple(v.strip() for v in metrics.split(",") if v.strip()) if isinstance(metrics, str) else tuple(metrics or ())) or DEFAULT_METRICS
     if isinstance(fit_range, str):
-        fit_range = parse_range(fit_range, "--fit-range")
+        fit_range = parse_range(fit_range, "fit_range (--fit-range)")
     cfg = CompareConfig(metrics=names, numerator=numerator, denominator=denominator, n_boot=bootstrap, seed=seed,
                         fit_range=tuple(fit_range) if fit_range else None)
     check_new_files([json_out, *(figure_paths(plot_out) if plot_out is not None else [])], overwrite)  # before the bootstrap

@@ -84,7 +84,7 @@ def fit_config(metrics: str | Sequence[str] | None = None, families: str | Seque
         truncsens.fits.laws.FitError: no metric, an unknown family.
     """
     return FitConfig(metrics=tuple(_names(metrics) or fitting.DEFAULT_METRICS), families=tuple(_names(families) or FAMILIES),
-                     fit_range=_range(fit_range, "--fit-range"), holdout_range=_range(holdout_range, "--holdout-range"),
+                     fit_range=_range(fit_range, "fit_range (--fit-range)"), holdout_range=_range(holdout_range, "holdout_range (--holdout-range)"),
                      n_boot=bootstrap, seed=seed, level=level)
 
 

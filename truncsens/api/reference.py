@@ -182,7 +182,8 @@ def train_reference(out_dir: str | Path = "runs/reference", *, minutes: float = 
         recall_lr: the recall stage's peak learning rate (> 0).
         min_lr: the floor to which each stage's learning rate decays by cosine (> 0, at most each
             peak; 2e-4 for every run of the installed model). A floor well below the peak in a
-            short recall stage anneals the model (docs/reference-model.md, end of "Stages for copying").
+            short recall stage anneals the model (CHANGELOG.md, 0.1.0, "Changed: the reference model's
+            lineage": the anneals tried and not installed).
         recall_repeat_spans, recall_repeat_min_distance: spans copied forward in each of the recall
             stage's repeat sequences, and their shortest distance in tokens (each ≥ 1; the distances
             are log-uniform up to the crop length).

@@ -107,7 +107,7 @@ def budget_for(C: Sequence[float], alpha: Sequence[float], cost: Sequence[float]
         AllocationError: eps <= 0, or as :func:`continuous_allocation`.
     """
     if not eps > 0:
-        raise AllocationError(f"--eps must be a positive distortion, got {eps}")
+        raise AllocationError(f"eps (--eps) must be a positive distortion, got {eps}")
     b, lo_a, hi_a = (np.asarray(x, dtype=np.float64) for x in (cost, lo, hi))
     if predicted_distortion(C, alpha, hi_a) > eps:
         return None

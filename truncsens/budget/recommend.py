@@ -163,7 +163,7 @@ def recommend(fit_doc: dict, eps_values: Sequence[float], metric: str = "tv", le
                        "not a cache budget for the model; use truncsens plan for per-layer windows at a KV budget")
     eps_values = [check_eps(e, metric) for e in eps_values]
     if not eps_values:
-        raise ValueError("give at least one --eps")
+        raise ValueError("give at least one eps (--eps)")
     fits = [f for f in fit_doc["fits"] if f["metric"] == metric and f["family"] == "power"]
     if not fits:
         have = sorted({f["metric"] for f in fit_doc["fits"]})

@@ -41,14 +41,14 @@ def check_eps(eps: float, metric: str = "tv") -> float:
     try:
         eps = float(eps)
     except (TypeError, ValueError):
-        raise ValueError(f"--eps must be a number, got {eps!r}") from None
+        raise ValueError(f"eps (--eps) must be a number, got {eps!r}") from None
     if not math.isfinite(eps):
-        raise ValueError(f"--eps must be finite, got {eps}")
+        raise ValueError(f"eps (--eps) must be finite, got {eps}")
     if eps <= 0:
-        raise ValueError(f"--eps must be > 0 (a distortion target), got {eps}")
+        raise ValueError(f"eps (--eps) must be > 0 (a distortion target), got {eps}")
     top = _metrics.bounded_divergences().get(metric)
     if top is not None and eps > top:
-        raise ValueError(f"--eps for {metric} must lie in (0, {top:.6g}] since {metric} never exceeds {top:.6g}; got {eps}")
+        raise ValueError(f"eps (--eps) for {metric} must lie in (0, {top:.6g}] since {metric} never exceeds {top:.6g}; got {eps}")
     return eps
 
 

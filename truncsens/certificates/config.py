@@ -185,7 +185,7 @@ class CertifyBase(CertifyOptions):
         check_documents_before_loading(self.measure_config())
         if self.reference_context:
             if self.reference_context < 2:
-                raise MeasureError(f"reference context must be at least 2 tokens, got {self.reference_context}")
+                raise MeasureError(f"reference_context (--reference-context) must be at least 2 tokens, got {self.reference_context}")
             self.resolve_budgets(self.reference_context)
 
 

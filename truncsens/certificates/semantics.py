@@ -63,13 +63,13 @@ class CertifySemantics:
         for name in names:
             if name not in self.allowed:
                 raise CertifySemanticsError(
-                    f"--policies {name} under --semantics {self.name}: a certificate needs a known sampling design; "
+                    f"policies (--policies) {name} under semantics={self.name!r} (--semantics {self.name}): a certificate needs a known sampling design; "
                     f"certify runs {CERTIFIED} (certainty-plus-Poisson) with the comparisons "
                     f"{', '.join(p for p in self.allowed if p != CERTIFIED)}")
         if CERTIFIED not in names:
-            raise CertifySemanticsError(f"--policies must include {CERTIFIED}, the certified policy; got {','.join(names)}")
+            raise CertifySemanticsError(f"policies (--policies) must include {CERTIFIED}, the certified policy; got {','.join(names)}")
         if len(set(names)) != len(names):
-            raise CertifySemanticsError(f"--policies lists a policy twice: {','.join(names)}")
+            raise CertifySemanticsError(f"policies (--policies) lists a policy twice: {','.join(names)}")
 
 
 CERTIFY_SEMANTICS = {s.name: s for s in (
@@ -94,7 +94,7 @@ def certify_semantics(name: str) -> CertifySemantics:
         CertifySemanticsError: ``reencode`` (with why) or an unknown name.
     """
     if name in REFUSED:
-        raise CertifySemanticsError(f"--semantics {name}: {REFUSED[name]}; use {' or '.join(CERTIFY_SEMANTICS)}")
+        raise CertifySemanticsError(f"semantics={name!r} (--semantics {name}): {REFUSED[name]}; use {' or '.join(CERTIFY_SEMANTICS)}")
     if name not in CERTIFY_SEMANTICS:
-        raise CertifySemanticsError(f"--semantics must be one of {', '.join(CERTIFY_SEMANTICS)}, got {name!r}")
+        raise CertifySemanticsError(f"semantics (--semantics) must be one of {', '.join(CERTIFY_SEMANTICS)}, got {name!r}")
     return CERTIFY_SEMANTICS[name]

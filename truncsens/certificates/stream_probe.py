@@ -219,7 +219,7 @@ def stream_attention(state: StreamState, module, query: torch.Tensor, key: torch
     end = key.shape[2]
     layer = getattr(module, "layer_idx", None)
     if layer is None:
-        raise RuntimeError("certify --semantics streaming needs attention modules with a layer index (layer_idx)")
+        raise RuntimeError("certify with semantics='streaming' (--semantics streaming) needs attention modules with a layer index (layer_idx)")
     first = end - c
     T = state.alive.shape[-1]
     if c > 1:  # the first chunk: nothing evicted yet

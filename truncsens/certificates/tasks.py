@@ -107,7 +107,7 @@ def copy_rule(name: str) -> CopyRule:
         TaskError: no such rule (the message lists them).
     """
     if name not in COPY_RULES:
-        raise TaskError(f"--copy-rule must be one of {', '.join(COPY_RULES)}, got {name!r}")
+        raise TaskError(f"copy_rule (--copy-rule) must be one of {', '.join(COPY_RULES)}, got {name!r}")
     return COPY_RULES[name]
 
 
@@ -153,7 +153,7 @@ def copy_positions(ids: Sequence[int], eligible: np.ndarray, reference_context: 
     """
     N, D, m = reference_context, min_distance, rule.match
     if not 1 <= D <= N:
-        raise TaskError(f"--min-distance must lie in [1, N = {N}], got {D}")
+        raise TaskError(f"min_distance (--min-distance) must lie in [1, N = {N}], got {D}")
     ids = [int(i) for i in ids]
     last: dict[int, int] = {}  # token -> its latest position so far
     after: dict[tuple[int, ...], int] = {}  # m tokens -> the position right after their latest occurrence

@@ -85,7 +85,7 @@ def default_special_tokens(tokenizer) -> tuple[str, int | None]:
 def check_rule(rule: str) -> None:
     """Raises: MeasureError: ``rule`` is not one of :data:`BOS_RULES`."""
     if rule not in BOS_RULES:
-        raise MeasureError(f"--bos must be one of {', '.join(BOS_RULES)}, got {rule!r}")
+        raise MeasureError(f"bos (--bos) must be one of {', '.join(BOS_RULES)}, got {rule!r}")
 
 
 def resolve_bos(rule: str, tokenizer, model_name: str) -> BosChoice:
@@ -99,7 +99,7 @@ def resolve_bos(rule: str, tokenizer, model_name: str) -> BosChoice:
     if rule == "always":
         bos = getattr(tokenizer, "bos_token_id", None)
         if bos is None:
-            raise MeasureError(f"--bos always: model {model_name!r} has no tokenizer with a BOS token; "
+            raise MeasureError(f"bos='always' (--bos always): model {model_name!r} has no tokenizer with a BOS token; "
                                "use --bos auto or never")
         return BosChoice(rule, bos, bos, True)
     if rule == "never":
@@ -121,9 +121,9 @@ def with_bos_sinks(cfg, choice: BosChoice, policies):
     """
     if choice.prepend is None:
         return cfg
-    why = f"--bos {choice.rule} begins every context with the BOS token, kept as the first sink"
+    why = f"bos={choice.rule!r} (--bos {choice.rule}) begins every context with the BOS token, kept as the first sink"
     if cfg.protocol == "block":
-        raise MeasureError(f"{why}; --protocol block shares one sequence between targets, so it cannot; use "
+        raise MeasureError(f"{why}; protocol='block' (--protocol block) shares one sequence between targets, so it cannot; use "
                            "--protocol exact, or --bos document")
     sinkless = [p.name for p in policies if getattr(p, "n_sink", None) is None]
     if sinkless:

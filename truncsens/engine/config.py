@@ -264,7 +264,7 @@ class MeasureConfig(MeasureOptions):
             if not window_like:
                 able = " or ".join(semantics.names_where(lambda s: s.policy_blocks))
                 raise MeasureError(
-                    "--protocol block measures re-encode window sweeps (no --policy, or one of --policy "
+                    "protocol='block' (--protocol block) measures re-encode window sweeps (no policies, or one of --policy "
                     f"{' / '.join(BLOCK_POLICIES)}) and policy sweeps under --semantics {able} "
                     f"(docs/method.md, Block protocol); policy {', '.join(self.policies)} under {semantics.name}: use "
                     "--protocol exact")

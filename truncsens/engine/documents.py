@@ -100,8 +100,8 @@ def check_documents_before_loading(cfg: MeasureConfig) -> None:
     source = model_source(cfg.model)
     if cfg.corpus == "synthetic" or (cfg.corpus is None and source.has_own_corpus):
         if not source.has_own_corpus:
-            raise MeasureError(f"--corpus synthetic is sampled from a synthetic source: it needs --model synthetic:ALPHA "
-                               f"(or synthetic-geometric:RATE), not {cfg.model!r}")
+            raise MeasureError(f"corpus='synthetic' (--corpus synthetic) is sampled from a synthetic source: it needs "
+                               f"model='synthetic:ALPHA' (--model synthetic:ALPHA) (or synthetic-geometric:RATE), not {cfg.model!r}")
         return
     check_corpus(cfg.corpus, cfg.domain)
 
@@ -124,8 +124,8 @@ def load_documents(cfg: MeasureConfig, loaded: LoadedModel, reference_context: i
     source = model_source(cfg.model)
     if cfg.corpus == "synthetic" or (cfg.corpus is None and source.has_own_corpus):
         if not source.has_own_corpus:
-            raise MeasureError(f"--corpus synthetic is sampled from a synthetic source: it needs --model synthetic:ALPHA "
-                               f"(or synthetic-geometric:RATE), not {cfg.model!r}")
+            raise MeasureError(f"corpus='synthetic' (--corpus synthetic) is sampled from a synthetic source: it needs "
+                               f"model='synthetic:ALPHA' (--model synthetic:ALPHA) (or synthetic-geometric:RATE), not {cfg.model!r}")
         if on_stage is not None:
             on_stage(f"sampling {cfg.max_docs or 64} sequences of {2 * reference_context} tokens from {cfg.model}")
         token_docs = source.documents(cfg.model, cfg.max_docs or 64, 2 * reference_context, cfg.seed)

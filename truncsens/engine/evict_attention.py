@@ -1,4 +1,4 @@
-"""Attention from eviction steps, without a T x T mask (streaming semantics, docs/method.md "Memory").
+"""Attention from eviction steps, without a T x T mask (streaming semantics; docs/method.md, "Three semantics").
 
 A streaming decision is one eviction step per key (:class:`truncsens.policies.streaming.Evictions`):
 key j is read by the queries q with ``j <= q < evict[b, j]``, with the additive logit offset

@@ -97,7 +97,7 @@ def resolve_reference_context(cfg: MeasureConfig, loaded: LoadedModel) -> int:
             f"reference context {N} is beyond the model's position limit of {loaded.max_context} tokens; "
             f"use reference_context={loaded.max_context} or less (--reference-context {loaded.max_context})")
     if N < 2:
-        raise MeasureError(f"reference context must be at least 2 tokens, got {N}")
+        raise MeasureError(f"reference_context (--reference-context) must be at least 2 tokens, got {N}")
     return N
 
 

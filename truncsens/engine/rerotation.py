@@ -53,13 +53,13 @@ def rope_inv_freq(model) -> torch.Tensor:
     """
     what = type(model).__name__
     if getattr(getattr(model, "config", None), "kv_lora_rank", None) is not None:
-        raise RotaryError(f"key re-rotation (--positions reindexed under prefill_evict) rotates cached keys; {what} "
+        raise RotaryError(f"key re-rotation (positions='reindexed', --positions reindexed, under prefill_evict) rotates cached keys; {what} "
                           "uses multi-head latent attention (kv_lora_rank) and caches a compressed latent instead; "
                           "use --positions original")
     found = {id(m): m for name, m in model.named_modules()
              if name.rsplit(".", 1)[-1] == "rotary_emb" and isinstance(getattr(m, "inv_freq", None), torch.Tensor)}
     if not found:
-        raise RotaryError(f"key re-rotation (--positions reindexed under prefill_evict) needs a RoPE model; {what} has "
+        raise RotaryError(f"key re-rotation (positions='reindexed', --positions reindexed, under prefill_evict) needs a RoPE model; {what} has "
                           "no rotary embedding (rotary_emb.inv_freq); use --positions original")
     mods = list(found.values())
     if any(m.inv_freq.shape != mods[0].inv_freq.shape or not torch.equal(m.inv_freq, mods[0].inv_freq) for m in mods):

@@ -112,9 +112,9 @@ def check_sweep_before_loading(cfg: MeasureConfig) -> None:
     """
     if cfg.reference_context:
         if cfg.reference_context < 2:
-            raise MeasureError(f"reference context must be at least 2 tokens, got {cfg.reference_context}")
+            raise MeasureError(f"reference_context (--reference-context) must be at least 2 tokens, got {cfg.reference_context}")
         resolve_sweep(cfg, cfg.reference_context)
         return
     bad = [b for b in cfg.budgets or [] if b < 1]
     if bad:
-        raise PolicyError(f"--budgets must be at least 1 token each, got {', '.join(map(str, bad))}")
+        raise PolicyError(f"budgets (--budgets) must be at least 1 token each, got {', '.join(map(str, bad))}")

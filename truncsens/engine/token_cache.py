@@ -13,7 +13,11 @@ one file per (corpus, tokenizer, BOS) under the user's cache folder and read bac
   ``$XDG_CACHE_HOME/truncsens/tokens`` (``~/.cache/truncsens/tokens``);
 - the file (``<key>.npz``, uncompressed numpy arrays): every document's ids concatenated (int64),
   the offsets where each starts (``[n_docs + 1]``), the document ids (UTF-8 JSON) and a SHA-256 of
-  those three, checked on every read. Written atomically (a temporary file renamed over it).
+  those three, checked on every read. Written atomically (a temporary file renamed over it);
+- bounded: a file read is marked used (its modification time set to now), and after each write the
+  folder keeps the :data:`MAX_FILES` (32) most recently used files within :data:`MAX_BYTES` (1 GiB)
+  together, the newest always, deleting the others (:func:`prune`); a file of an older format or of
+  a corpus no longer measured thus goes in time.
 
 A file that cannot be read, fails its checksum or holds other documents is ignored: the corpus is
 tokenized and the file rewritten. A tokenizer without a serialized state (a slow, Python-only one)
@@ -38,6 +42,8 @@ from truncsens.targets import TokenDoc
 
 CACHE_ENV = "TRUNCSENS_CACHE_DIR"
 FORMAT = "truncsens-token-ids-1"  # bump when the layout of a file or the BOS rule changes
+MAX_FILES = 32  # token-id files kept, the most recently used (a corpus of 64 documents of 8k tokens: ~4 MB)
+MAX_BYTES = 1 << 30  # and at most this many bytes together (the most recently used file always stays)
 
 
 def cache_folder() -> Path | None:
@@ -142,10 +148,52 @@ def cached_token_docs(docs, corpus_sha256: str, tokenizer, bos_id: int | None, t
     if data is not None:
         found = decode(data, [d.id for d in docs])
         if found is not None:
+            try:
+                os.utime(path)  # used now: the last file pruning deletes
+            except OSError:
+                pass
             return found, True
     token_docs = tokenize(docs, tokenizer, bos_id)
     try:
         write_atomic(path, encode(token_docs))
     except OSError:  # a cache folder that cannot be written (read-only, full): tokenized, not kept
-        pass
+        return token_docs, False
+    prune(folder)
     return token_docs, False
+
+
+def prune(folder: Path, max_files: int | None = None, max_bytes: int | None = None) -> list[Path]:
+    """Delete the least recently used token-id files (``*.npz``) of ``folder`` beyond ``max_files``
+    files or ``max_bytes`` bytes together (defaults :data:`MAX_FILES`, :data:`MAX_BYTES`), the most
+    recently used one always kept. Recency is the modification time (set on every read and write;
+    ties: by name). Files that vanish or cannot be deleted meanwhile (another run) are passed over.
+
+    Returns:
+        the deleted files, least recently used last.
+    """
+    max_files = MAX_FILES if max_files is None else max_files
+    max_bytes = MAX_BYTES if max_bytes is None else max_bytes
+    found = []
+    try:
+        for f in folder.glob("*.npz"):
+            try:
+                st = f.stat()
+            except OSError:  # deleted by another run meanwhile
+                continue
+            found.append((st.st_mtime_ns, f.name, st.st_size, f))
+    except OSError:
+        return []
+    found.sort(reverse=True)  # most recently used first
+    deleted, total = [], 0
+    for i, (_, _, size, f) in enumerate(found):
+        total += size
+        if i == 0 or (i < max_files and total <= max_bytes):
+            continue
+        try:
+            f.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError:  # cannot be deleted (a read-only folder): it stays
+            continue
+        deleted.append(f)
+    return deleted

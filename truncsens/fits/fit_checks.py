@@ -1,4 +1,4 @@
-"""Checks of a fit file's contents (docs/fit.md, "The fit file"), run by
+"""Checks of a fit file's contents (docs/results.md, "What a file must hold"), run by
 :func:`truncsens.fits.fit_file.read_fit_file` on every fit file read (``recommend-window``, ``plot
 --fit``, ``fit --use-fits``), so an edited or damaged file is refused with one line naming the
 entry, the rule and the first offending value instead of being used.

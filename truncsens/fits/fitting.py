@@ -90,10 +90,10 @@ class FitConfig:
         if unknown:
             raise FitError(f"unknown law family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
         if self.n_boot < 0:
-            raise ValueError(f"--bootstrap must be >= 0, got {self.n_boot}")
+            raise ValueError(f"bootstrap (--bootstrap) must be >= 0, got {self.n_boot}")
         if not 0 < self.level < 1:
-            raise ValueError(f"--level must lie in (0, 1), got {self.level}")
-        for name, r in (("--fit-range", self.fit_range), ("--holdout-range", self.holdout_range)):
+            raise ValueError(f"level (--level) must lie in (0, 1), got {self.level}")
+        for name, r in (("fit_range (--fit-range)", self.fit_range), ("holdout_range (--holdout-range)", self.holdout_range)):
             if r is not None and not (len(r) == 2 and 1 <= r[0] <= r[1]):
                 raise ValueError(f"{name} {r} is empty or starts below 1: need 1 <= LO <= HI")
 
@@ -113,7 +113,7 @@ def default_ranges(points: np.ndarray, reference_context: int) -> tuple[tuple[in
         FitError: N unknown (0), or fewer than 2 points up to N/2; the message names ``--fit-range``.
     """
     if reference_context <= 0:
-        raise FitError("the results file states no reference_context; give --fit-range LO:HI")
+        raise FitError("the results file states no reference_context; give fit_range (--fit-range LO:HI)")
     hi8, hi4, hi2 = reference_context // 8, reference_context // 4, reference_context // 2
     pts = sorted({int(w) for w in points})
     chosen = [w for w in pts if 4 <= w <= hi8]
@@ -126,7 +126,7 @@ def default_ranges(points: np.ndarray, reference_context: int) -> tuple[tuple[in
             chosen.append(w)
     if len(chosen) < 2:
         raise FitError(f"the default fit range needs at least 2 windows up to N/2 = {hi2}, the run has "
-                       f"{list(map(int, points))}; give --fit-range LO:HI")
+                       f"{list(map(int, points))}; give fit_range (--fit-range LO:HI)")
     fit_range = (min(chosen), max(max(chosen), hi8))
     hold = (fit_range[1] + 1, hi2) if hi2 > fit_range[1] else None
     return fit_range, hold
@@ -217,10 +217,10 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None,
     if in_fit.sum() < 2:
         raise FitError(
             f"{curve.label}: the fit range {fit_range[0]}:{fit_range[1]} holds {int(in_fit.sum())} measured "
-            f"{curve.sweep}(s) of {pts.tolist()}; need at least 2: give a wider --fit-range LO:HI")
+            f"{curve.sweep}(s) of {pts.tolist()}; need at least 2: give a wider fit_range (--fit-range LO:HI)")
     if cfg.n_boot > 0 and curve.n_docs < 2:
         raise FitError(f"{curve.label}: bootstrap over documents needs at least 2 documents, the file has {curve.n_docs}; "
-                       "pass --bootstrap 0 to fit without intervals")
+                       "pass bootstrap=0 (--bootstrap 0) to fit without intervals")
     B = int(cfg.n_boot)
     mult = resample_weights(curve.n_docs, B, cfg.seed if seed is None else seed)  # [1+B, G]
     metrics_out: dict[str, dict] = {}
@@ -256,7 +256,7 @@ def fit_curve(curve: Curve, cfg: FitConfig, seed: int | None = None,
             reason = (f"{metric} has {int(fw.sum())} usable {curve.sweep}(s) in the fit range {fit_range[0]}:{fit_range[1]}"
                       f" (excluded: {cls.excluded})")
             if cls.exact_zero_at is None and not cls.noise_floor and not cls.infinite:
-                raise FitError(f"{curve.label}: {reason}; need at least 2: give a wider --fit-range LO:HI")
+                raise FitError(f"{curve.label}: {reason}; need at least 2: give a wider fit_range (--fit-range LO:HI)")
             skip = reason + ("; the curve reaches exactly 0 at " + f"{curve.sweep} {cls.exact_zero_at}" if cls.exact_zero_at is not None
                              else "; the curve is at the noise floor or infinite there") + ": no law to fit, the measurement is the answer"
         fam_mae: dict[str, np.ndarray] = {}

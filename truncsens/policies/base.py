@@ -354,7 +354,7 @@ GRANULARITIES = ("token", "head")
 def check_granularity(granularity: str) -> None:
     """Raise :class:`PolicyError` unless ``granularity`` is one of :data:`GRANULARITIES`."""
     if granularity not in GRANULARITIES:
-        raise PolicyError(f"--granularity must be token or head, got {granularity!r}")
+        raise PolicyError(f"granularity (--granularity) must be token or head, got {granularity!r}")
 
 
 def head_seeds(seeds: Sequence[int], n_heads: int) -> list[int]:

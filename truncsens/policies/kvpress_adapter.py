@@ -107,9 +107,9 @@ def parse_policy_args(items: Sequence[str] | None) -> dict | None:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise PolicyError(f"--policy-arg takes key=value, got {item!r}")
+            raise PolicyError(f"policy_args (--policy-arg) takes key=value, got {item!r}")
         if key in out:
-            raise PolicyError(f"--policy-arg {key} given twice")
+            raise PolicyError(f"policy_args (--policy-arg) {key} given twice")
         out[key] = parse_value(value.strip())
     return out
 
@@ -303,12 +303,12 @@ def check_policy_args(classes: Sequence[type], args: dict | None) -> None:
         return
     presses = [c for c in classes if isinstance(c, type) and issubclass(c, KVPressPolicy)]
     if not presses:
-        raise PolicyError(f"--policy-arg sets parameters of {PREFIX}<PressClass> policies; none is given")
+        raise PolicyError(f"policy_args (--policy-arg) sets parameters of {PREFIX}<PressClass> policies; none is given")
     known = set().union(*(c.parameters() for c in presses))
     unknown = sorted(set(args) - known - {"compression_ratio"})
     if unknown:
         names = ", ".join(c.press for c in presses)
-        raise PolicyError(f"--policy-arg {', '.join(unknown)}: no parameter of press {names}; "
+        raise PolicyError(f"policy_args (--policy-arg) {', '.join(unknown)}: no parameter of press {names}; "
                           f"their parameters: {', '.join(sorted(known)) or 'none'}")
 
 

@@ -91,7 +91,7 @@ class PoissonPolicy(Policy):
 
     def __post_init__(self) -> None:
         if self.n_sink < 0:
-            raise PolicyError(f"--sinks must be >= 0, got {self.n_sink}")
+            raise PolicyError(f"sinks (--sinks) must be >= 0, got {self.n_sink}")
         if not (0 <= self.recent_fraction <= 1 and 0 <= self.top_fraction <= 1 and self.recent_fraction + self.top_fraction <= 1):
             raise PolicyError("poisson recent and top fractions must lie in [0, 1] and sum to at most 1")
         if self.score not in SCORES:
@@ -215,7 +215,7 @@ class PoissonPolicy(Policy):
         thin = tail.sum(-1) > m  # [B] rows holding more than m tail keys
         positive = tail & (score > 0)
         if m > 0 and bool((thin & ~positive.any(-1)).any()):
-            raise PolicyError("poisson scores are all zero: no tail token can be drawn; use --score attention, or a "
+            raise PolicyError("poisson scores are all zero: no tail token can be drawn; use score='attention' (--score attention), or a "
                               "model whose keys are not all zero")
         # a zero score on a tail key gives it the smallest positive score of its row times 1e-6
         smallest = torch.where(positive, score, torch.full_like(score, math.inf)).amin(-1, keepdim=True)  # [B, 1]

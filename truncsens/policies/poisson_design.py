@@ -74,7 +74,7 @@ def solve_scale(scores: torch.Tensor, eligible: torch.Tensor, expected: torch.Te
                 "are not all zero")
         raise PoissonDesignError(
             f"poisson tail budget {float(m[short].max()):g} exceeds the {int(n_pos[short].min())} tail tokens with a "
-            "positive score; raise the certain set (--sinks) or use another --score")
+            "positive score; raise the certain set (sinks, --sinks) or use another score (--score)")
     active = m > 0
     desc = torch.sort(s, dim=-1, descending=True).values  # [..., n]
     rest = desc.flip(-1).cumsum(-1).flip(-1)  # [..., n]  R_j = sum_{i >= j} s_(i)

@@ -28,7 +28,7 @@ class SinkRecentPolicy(Policy):
 
     def __post_init__(self) -> None:
         if self.n_sink < 0:
-            raise PolicyError(f"--sinks must be >= 0, got {self.n_sink}")
+            raise PolicyError(f"sinks (--sinks) must be >= 0, got {self.n_sink}")
 
     def min_budget(self) -> int:
         """``n_sink + 1``: the query's own token needs a slot after the sinks."""

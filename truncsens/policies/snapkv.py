@@ -42,8 +42,8 @@ from truncsens.policies.kept import head_kept
 def check_window(name: str, window: int, kernel: int) -> None:
     """Raise :class:`PolicyError` unless ``window`` >= 1 and ``kernel`` is odd and >= 1."""
     if window < 1 or kernel < 1 or kernel % 2 == 0:
-        raise PolicyError(f"{name} needs an observation window >= 1 (--observation-window) and an odd pooling kernel "
-                          f">= 1 (--pooling-kernel), got {window}, {kernel}")
+        raise PolicyError(f"{name} needs an observation window >= 1 (observation_window, --observation-window) and an odd pooling kernel "
+                          f">= 1 (pooling_kernel, --pooling-kernel), got {window}, {kernel}")
 
 
 def pooled_votes(window_mean: torch.Tensor, prefix: int, window: int, kernel: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ def chunk_bounds(context_len: int, chunk: int) -> list[tuple[int, int]]:
         PolicyError: chunk < 1 or T < 1.
     """
     if chunk < 1:
-        raise PolicyError(f"--chunk must be at least 1 token, got {chunk}")
+        raise PolicyError(f"chunk (--chunk) must be at least 1 token, got {chunk}")
     if context_len < 1:
         raise PolicyError("a streaming run needs at least one token")
     prompt = context_len - 1

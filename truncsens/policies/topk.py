@@ -37,7 +37,7 @@ class TopKPolicy(Policy):
 
     def __post_init__(self) -> None:
         if self.n_sink < 0:
-            raise PolicyError(f"--sinks must be >= 0, got {self.n_sink}")
+            raise PolicyError(f"sinks (--sinks) must be >= 0, got {self.n_sink}")
         if not 0 <= self.recent_fraction <= 1:
             raise PolicyError("topk recent fraction must lie in [0, 1]")
         if self.score not in SCORES:

@@ -77,11 +77,11 @@ class CompareConfig:
 
     def __post_init__(self) -> None:
         if not self.metrics:
-            raise ValueError("--metrics is empty")
+            raise ValueError("metrics (--metrics) is empty")
         if self.n_boot < 0:
-            raise ValueError(f"--bootstrap must be >= 0, got {self.n_boot}")
+            raise ValueError(f"bootstrap (--bootstrap) must be >= 0, got {self.n_boot}")
         if not 0 < self.level < 1:
-            raise ValueError(f"--level must lie in (0, 1), got {self.level}")
+            raise ValueError(f"level (--level) must lie in (0, 1), got {self.level}")
 
     @property
     def ratio(self) -> tuple[str, str]:
@@ -209,7 +209,7 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         FitError: bootstrap asked with fewer than 2 documents.
     """
     in_file = policy_names(ds)
-    for option, given in (("--numerator", cfg.numerator), ("--denominator", cfg.denominator)):
+    for option, given in (("numerator (--numerator)", cfg.numerator), ("denominator (--denominator)", cfg.denominator)):
         if given is not None and given not in in_file:  # the defaults may be absent: that is only a note
             raise ValueError(f"{option} {given!r} is not a policy of {source} (it has {', '.join(in_file)})")
     named = policy_curves(ds, cfg.metrics)  # per-target means over draws
@@ -219,7 +219,7 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
     budgets = [int(k) for k in named[0][1].points]
     G = named[0][1].n_docs
     if cfg.n_boot > 0 and G < 2:
-        raise FitError(f"bootstrap over documents needs at least 2 documents, the file has {G}; pass --bootstrap 0")
+        raise FitError(f"bootstrap over documents needs at least 2 documents, the file has {G}; pass bootstrap=0 (--bootstrap 0)")
     mult = resample_weights(G, cfg.n_boot, cfg.seed)  # [1+B, G]
     means: dict[tuple[str, str], np.ndarray] = {}
     table, ratios, fits, notes = [], [], [], []

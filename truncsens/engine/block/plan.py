@@ -96,27 +96,28 @@ def check_policy_blocks(semantics, policies: Sequence, positions: str, granulari
         from truncsens.engine.semantics import semantics_for  # (the registry imports no block module)
 
         semantics = semantics_for(semantics)
-    fix = "use --protocol exact"
+    fix = "use protocol='exact' (--protocol exact)"
+    block = "protocol='block' (--protocol block)"
     if not semantics.policy_blocks:
         able = " or ".join(semantics.names_where(lambda s: s.policy_blocks))
         windows = " or ".join(semantics.names_where(lambda s: not s.policy_blocks))
-        raise MeasureError(f"--protocol block runs policy sweeps under --semantics {able} "
+        raise MeasureError(f"{block} runs policy sweeps under semantics (--semantics) {able} "
                            f"(under {windows} only --policy suffix or sink_recent, as window sweeps); {fix}")
     for p in policies:
         if PREFILL_LAYERS in p.requirements():
-            raise MeasureError(f"--protocol block does not run kvpress presses ({p.name}: per-layer kept sets); {fix}")
+            raise MeasureError(f"{block} does not run kvpress presses ({p.name}: per-layer kept sets); {fix}")
         if p.layer_heads:
-            raise MeasureError(f"--protocol block measures one kept set per target; {p.name} keeps one per layer and "
+            raise MeasureError(f"{block} measures one kept set per target; {p.name} keeps one per layer and "
                                f"key/value head; {fix} (or snapkv_shared, one set for all layers and heads)")
     if positions != "original":
-        raise MeasureError(f"--protocol block keeps original positions (--positions {positions} re-rotates each "
+        raise MeasureError(f"{block} keeps original positions (positions={positions!r}, --positions {positions}, re-rotates each "
                            f"target's keys); {fix}")
     if granularity != "token":
-        raise MeasureError(f"--protocol block measures one kept set per target (--granularity token); {fix}")
+        raise MeasureError(f"{block} measures one kept set per target (granularity='token', --granularity token); {fix}")
     if chunk != 1:
-        raise MeasureError(f"--protocol block under streaming needs --chunk 1: with chunks of {chunk} tokens a "
+        raise MeasureError(f"{block} under streaming needs chunk=1 (--chunk 1): with chunks of {chunk} tokens a "
                            "target's own stream evicts at its last prompt token, which a stream shared by a block "
-                           f"does not; {fix} or --chunk 1")
+                           f"does not; {fix} or chunk=1")
 
 
 def check_block_budgets(budgets: Sequence[int], reference_context: int, block: int, room: int = 0) -> None:

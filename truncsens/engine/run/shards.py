@@ -78,11 +78,11 @@ def check_output(out: str | Path, overwrite: bool, resume: bool) -> None:
     """
     out = Path(out)
     if out.is_dir():
-        raise MeasureError(f"--out {out} is a folder; give a results file path such as {out / 'results.nc'}")
+        raise MeasureError(f"out (--out) {out} is a folder; give a results file path such as {out / 'results.nc'}")
     try:
         check_creatable(out)
     except OSError as exc:
-        raise MeasureError(f"--out: {exc}") from None
+        raise MeasureError(f"out (--out): {exc}") from None
     if out.exists() and not overwrite and not (resume and kept_shards(out)):
         raise MeasureError(f"{out} already exists: pass --overwrite to replace it, or choose another --out")
 

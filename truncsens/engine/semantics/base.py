@@ -97,12 +97,12 @@ class Semantics:
     def check_positions(self, positions: str) -> None:
         """Raise :class:`SemanticsError` for an unknown or unsupported position mode."""
         if positions not in POSITIONS:
-            raise SemanticsError(f"--positions must be one of {POSITIONS}, got {positions!r}")
+            raise SemanticsError(f"positions (--positions) must be one of {POSITIONS}, got {positions!r}")
         if positions not in self.positions:
             able = " or ".join(self.names_where(lambda s: positions in s.positions))
             raise SemanticsError(
                 f"semantics {self.name} keeps original positions (keys are computed once, at their own position); "
-                f"--positions {positions} works only with --semantics {able}")
+                f"positions={positions!r} (--positions {positions}) works only with semantics (--semantics) {able}")
 
     def check_policy(self, policy: Policy) -> None:
         """Raise :class:`~truncsens.policies.PolicyError` when the policy needs what this semantics lacks."""
@@ -137,7 +137,7 @@ class Semantics:
         :class:`SemanticsError` for ``head`` under a semantics without per-head caches."""
         check_granularity(granularity)
         if granularity == "head" and not self.needs_transformers:
-            raise SemanticsError(f"--granularity head needs a per-head cache; semantics {self.name} re-encodes one "
+            raise SemanticsError(f"granularity='head' (--granularity head) needs a per-head cache; semantics {self.name} re-encodes one "
                                  "sequence of kept tokens, which has a single kept set: use --granularity token")
 
     def queries(self, context_len: int, device: torch.device | str) -> torch.Tensor:

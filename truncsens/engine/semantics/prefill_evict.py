@@ -116,10 +116,10 @@ class PrefillEvict(Semantics):
                 raise SemanticsError(layer_heads_refusal("a policy with kept sets per layer and head", None, self.name,
                                                          windows.describe()))
             if windows.windowed:
-                raise SemanticsError(f"per-head kept sets and --positions reindexed under {self.name} need a model "
+                raise SemanticsError(f"per-head kept sets and positions='reindexed' (--positions reindexed) under {self.name} need a model "
                                      f"without sliding-window layers; this one has {windows.describe()}")
             if kept.per_head and not isinstance(kept, HeadKept):
-                raise SemanticsError("--positions reindexed with --granularity head is not supported under "
+                raise SemanticsError("positions='reindexed' (--positions reindexed) with granularity='head' (--granularity head) is not supported under "
                                      f"{self.name}; use --positions original or --granularity token")
             return decode_gathered(model, input_ids, kept, ref.cache, positions == "reindexed")
         keep_last, offset_last = kept.keep[..., -1:, :], kept.offset[..., -1:, :]  # [B, (Hkv,) 1, T] each

@@ -35,12 +35,12 @@ def start_from(init_from: str, recall_steps: int, out: Path) -> tuple[dict, str]
     from truncsens.models.identity import checkpoint_sha256
 
     if recall_steps <= 0:
-        raise TrainError(f"--init-from {init_from} starts the run at the recall stage, which has no steps; "
+        raise TrainError(f"init_from={init_from!r} (--init-from {init_from}) starts the run at the recall stage, which has no steps; "
                          "give --recall-steps")
     folder = init_folder(init_from)
     for name in ("model.safetensors", "tokenizer.json"):
         if not (folder / name).is_file():
-            raise TrainError(f"--init-from {init_from}: {folder / name} does not exist; give an exported model "
+            raise TrainError(f"init_from={init_from!r} (--init-from {init_from}): {folder / name} does not exist; give an exported model "
                              "folder (config.json, model.safetensors, tokenizer.json) or 'reference'")
     (out / "final").mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -60,7 +60,7 @@ def load_start(model, weights: dict, init_from: str) -> None:
     extra = sorted(set(weights) - set(own))
     shapes = sorted(k for k in set(own) & set(weights) if tuple(own[k].shape) != tuple(weights[k].shape))
     if missing or extra or shapes:
-        raise TrainError(f"--init-from {init_from} does not fit this recipe's model "
+        raise TrainError(f"init_from={init_from!r} (--init-from {init_from}) does not fit this recipe's model "
                          f"(missing {missing[:3]}, unexpected {extra[:3]}, other shapes {shapes[:3]})")
     model.load_state_dict(weights, strict=False)  # copies into float32 parameters
 
