@@ -176,6 +176,13 @@ def test_a_run_with_draws_and_the_corrected_variance_writes_reads_and_reports_th
     get = lambda v: sel[v].transpose("target", "certify_draw", "layer", "head").values  # noqa: E731
     want = draw_check(get("draw_attn_error"), get("draw_attn_variance_hajek"), sel["has_tail"].values)
     assert draws["draw_check"]["hajek"]["variance_over_mse"] == pytest.approx(want["variance_over_mse"])
+    mass = sel["attn_tail_mass"].values
+    split = draws["draw_check_by_tail_mass"]["hajek"]
+    low = draw_check(get("draw_attn_error"), get("draw_attn_variance_hajek"), (sel["has_tail"].values > 0) & (mass < 1e-7))
+    assert split["negligible"]["n_records"] == low["n_records"]
+    assert split["negligible"]["n_records"] + split["with_mass"]["n_records"] == want["n_records"]
+    assert split["with_mass"]["variance_over_mse"] == pytest.approx(draw_check(
+        get("draw_attn_error"), get("draw_attn_variance_hajek"), (sel["has_tail"].values > 0) & (mass >= 1e-7))["variance_over_mse"])
     tail = sel["has_tail"].values[:, None] > 0
     e = get("draw_attn_error")
     mask = np.broadcast_to(tail, e.shape)

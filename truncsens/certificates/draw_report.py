@@ -18,7 +18,7 @@ import warnings
 
 import numpy as np
 
-from truncsens.certificates.statistics import RELIABILITY_DELTAS, coverage, radii_at
+from truncsens.certificates.statistics import NEGLIGIBLE_TAIL_MASS, RELIABILITY_DELTAS, coverage, radii_at
 from truncsens.report.tables import Column, fmt_num, render_table
 
 DRAW_DIM = "certify_draw"
@@ -99,6 +99,9 @@ def draws_summary(ds, budget: int) -> dict | None:
     neither several draws nor a corrected variance (a default run: its summary stays as before).
 
     Coverage counts every draw of every record when the file has draws (D times the records of draw 0).
+    With draws and ``attn_tail_mass``, the draw check is also given apart for records whose tail holds
+    less than :data:`~truncsens.certificates.statistics.NEGLIGIBLE_TAIL_MASS` of the full-cache
+    attention and for the others (``"draw_check_by_tail_mass"``: name -> {"negligible", "with_mass"}).
     """
     plain = "attn_variance_hajek" in ds
     if DRAW_DIM not in ds.dims and not plain:
@@ -114,6 +117,12 @@ def draws_summary(ds, budget: int) -> dict | None:
         if plain:
             variances["hajek"] = get("draw_attn_variance_hajek")
         out["draw_check"] = {k: draw_check(error, v, tail) for k, v in variances.items()}
+        if "attn_tail_mass" in sel:
+            mass = sel["attn_tail_mass"].values
+            parts = {"negligible": (tail > 0) & (mass < NEGLIGIBLE_TAIL_MASS), "with_mass": (tail > 0) & (mass >= NEGLIGIBLE_TAIL_MASS)}
+            out["draw_check_by_tail_mass"] = {k: {part: {x: c[x] for x in ("variance_over_mse", "median_record_ratio", "n_records")}
+                                                  for part, m in parts.items() for c in [draw_check(error, v, m)]}
+                                              for k, v in variances.items()}
         tail = tail[:, None]
     else:
         error, rng, n = sel["attn_error"].values, sel["value_range"].values, sel["n_random"].values
@@ -135,16 +144,24 @@ def format_draws(budgets: list[dict]) -> list[str]:
                              f"{100 * cov['rate']:.1f}% [{100 * cov['ci'][0]:.1f}, {100 * cov['ci'][1]:.1f}]",
                              str(cov["n"]), "yes" if cov["reaches_nominal"] else "no"])
         for name, d in (s.get("draw_check") or {}).items():
+            split = (s.get("draw_check_by_tail_mass") or {}).get(name)
             checks.append([str(b["budget"]), name, str(d["draws"]), str(d["n_records"]), fmt_num(d["variance_over_mse"], 3),
-                           fmt_num(d["median_record_ratio"], 3)])
+                           fmt_num(d["median_record_ratio"], 3)]
+                          + [x for part in ("negligible", "with_mass") for x in (
+                              (str(split[part]["n_records"]), fmt_num(split[part]["variance_over_mse"], 3),
+                               fmt_num(split[part]["median_record_ratio"], 3)) if split else ("-", "-", "-"))])
     if not rows:
         return []
     lines = ["", "r_EB alone (no tolerance) with each variance estimate, every record and draw [Wilson]",
              render_table([Column("budget", ">"), Column("nominal", ">"), Column("variance"), Column("coverage", ">"),
                            Column("records", ">"), Column("reaches nominal")], rows)]
     if checks:
+        m = fmt_num(NEGLIGIBLE_TAIL_MASS, 2)
         lines += ["", "variance against the squared error over the run's own draws (E[V^]/MSE pooled over records; "
-                      "median over records of E[V^]_r/MSE_r); per layer and head in --json",
+                      "median over records of E[V^]_r/MSE_r), all records and apart by the tail's attention mass; "
+                      "per layer and head in --json",
                   render_table([Column("budget", ">"), Column("variance"), Column("draws", ">"), Column("records", ">"),
-                                Column("E[V^]/MSE", ">"), Column("median per record", ">")], checks)]
+                                Column("E[V^]/MSE", ">"), Column("median per record", ">"),
+                                *(Column(f"{h}, mass {w}", ">") for w in (f"< {m}", f">= {m}")
+                                  for h in ("records", "E[V^]/MSE", "median per record"))], checks)]
     return lines
