@@ -15,7 +15,7 @@ from conftest import sharp_tiny_llama
 from truncsens import results
 from truncsens.certificates.config import CertifyConfig, CertifyError
 from truncsens.certificates.draw_report import draw_check, eb_coverage_by_variance
-from truncsens.certificates.driver import compute_arrays, run_certify
+from truncsens.certificates.driver import DRAW_VARS, compute_arrays, run_certify, shard_dataset
 from truncsens.certificates.estimator import attention_records, eb_sum_radius
 from truncsens.certificates.passes import certify_batch
 from truncsens.cli.main import app
@@ -25,6 +25,7 @@ from truncsens.engine.semantics import SEMANTICS
 from truncsens.engine.sweep import Sweep
 from truncsens.policies import make_policy
 from truncsens.policies.poisson_design import hajek_bias
+from truncsens.results.schema import REQUIRED_ATTRS
 from truncsens.targets import TargetSet, doc_seed
 
 runner = CliRunner()
@@ -131,7 +132,7 @@ def test_each_further_draw_equals_a_single_draw_run_with_its_seeds():
         torch.testing.assert_close(out.draws["error"][1, 0, d], one.records["error"][1, 0], rtol=0, atol=0)
 
 
-def test_draw_seeds_of_a_run_are_the_documented_strings():
+def test_draw_seeds_of_a_run_are_the_documented_strings(tmp_path):
     model = sharp_tiny_llama(layers=2).double()
     N, k, seed = 32, 10, 3
     g = torch.Generator().manual_seed(9)
@@ -143,6 +144,15 @@ def test_draw_seeds_of_a_run_are_the_documented_strings():
     plain = compute_arrays(model, plan, sweep, seed, 0.05, "cpu", 10_000, lambda n: None)
     np.testing.assert_array_equal(arrays["records"]["error"], plain["records"]["error"])
     assert "draws" not in plain and arrays["draws"]["error"].shape == (1, 2, 1, 3, 2, 4)
+    attrs = {**{a: "test" for a in REQUIRED_ATTRS}, "n_sink": 2, "seed": seed, "reference_context": N, "delta": 0.05,
+             "semantics": "prefill_evict", "positions": "original", "dtype": "float64", "device": "cpu"}
+    ds = shard_dataset(arrays, plan, sweep, attrs)  # the file a shard writes: every draw round-trips exactly
+    back = results.load(results.save(ds, tmp_path / "s.nc"))
+    for var, rec in DRAW_VARS.items():
+        if rec in arrays["draws"]:
+            np.testing.assert_array_equal(back[var].transpose("policy", "target", "budget", "certify_draw", "layer",
+                                                              "head").values, arrays["draws"][rec])
+    assert back["certify_draw"].values.tolist() == [0, 1, 2]
     for i, (doc, pos) in enumerate((("a.txt", 40), ("b.txt", 77))):
         for d in range(3):
             text = f"{doc}:{pos}:poisson:{k}" + (f":{d}" if d else "")  # draw 0: certify's seed as before
