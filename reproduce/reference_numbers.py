@@ -107,6 +107,12 @@ STEPS = [
           "results/certify-stream-fresh-47-scatter.png")),
     Step("certify-stream-heldout", "python benchmarks/certify_heldout.py results/certify-stream-fresh-47.nc --skip-docs 8",
          needs=("certify-stream-fresh-run",)),
+    # r_EB's variance against the squared error over repeated Poisson draws, and the corrected variance (docs/method.md 5)
+    Step("certify-draws-run", "truncsens certify --domain code --reference-context 1024 --max-docs 16 --draws 8 "
+                              "--variance hajek_bias --out results/certify-draws.nc",
+         ("results/certify-draws.nc", "results/certify-draws-reliability.png", "results/certify-draws-scatter.png")),
+    Step("certify-draws", "python benchmarks/certify_heldout.py results/certify-draws.nc --skip-docs 0",
+         needs=("certify-draws-run",)),
     Step("certify-designs", "python benchmarks/certify_designs.py --reference-context 1024 --out results/certify-designs.json",
          ("results/certify-designs.json",)),
     Step("certify-designs-2", "python benchmarks/certify_designs.py --reference-context 1024 --round 2 "
@@ -209,6 +215,10 @@ STEPS = [
                             "--targets-per-doc 2 --out results/smollm2/certify-512.nc",
          ("results/smollm2/certify-512.nc", "results/smollm2/certify-512-reliability.png",
           "results/smollm2/certify-512-scatter.png")),
+    Step("smollm2-certify-draws", "truncsens certify --model smollm2-135m --domain code --reference-context 512 --max-docs 2 "
+                                  "--targets-per-doc 2 --draws 4 --variance hajek_bias --out results/smollm2/certify-draws.nc",
+         ("results/smollm2/certify-draws.nc", "results/smollm2/certify-draws-reliability.png",
+          "results/smollm2/certify-draws-scatter.png")),
     Step("smollm2-streaming-run", f"truncsens measure {SMOLLM2_OPTS} --policy sink_recent,random --semantics streaming "
                                   f"{SMOLLM2_BUDGETS} --out results/smollm2/streaming.nc", ("results/smollm2/streaming.nc",)),
     Step("smollm2-streaming", "truncsens compare-policies results/smollm2/streaming.nc --truncation results/smollm2/code.nc "

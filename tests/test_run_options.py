@@ -19,7 +19,7 @@ from truncsens.certificates.options import AttributionOptions, CertifyCommandOpt
 from truncsens.cli.main import app
 from truncsens.cli.options import run_command
 from truncsens.engine.config import LATER_OPTIONS, RUN_ONLY_FIELDS
-from truncsens.engine.options import MeasureOptions, config_fields, option, recorded_attrs, run_options
+from truncsens.engine.options import MeasureOptions, config_fields, later_options, option, recorded_attrs, run_options
 from truncsens.results.join import ATTR_DEFAULTS
 
 # keywords an API function has beyond the declared run options: the model object's tokenizer, texts
@@ -129,3 +129,18 @@ def test_help_names_values_instead_of_types(args):
     assert not [t for t in TYPE_COLUMNS if t in r.output], r.output
     if args == ["measure"]:  # the declared metavars, and typer's fallback by type
         assert "--windows" in r.output and " LIST " in r.output and " PATH " in r.output and " N " in r.output
+
+
+def test_certify_draws_and_variance_are_later_options_of_certify_only():
+    """certify's --draws and --variance came after certify results existed: at their defaults they stay
+    out of the resume fingerprint (an earlier run resumes), changed they enter it; attribution has neither."""
+    from truncsens.certificates.config import CertifyConfig
+
+    later = later_options(CertifyCommandOptions)
+    assert later["draws"] == 1 and later["variance"] == "hajek"
+    assert not {"draws", "variance"} & {o.keyword for o in run_options(AttributionOptions)}
+    base = CertifyConfig(out="x.nc").fingerprint()
+    assert "draws" not in base and "variance" not in base
+    changed = CertifyConfig(out="x.nc", draws=4, variance="hajek_bias").fingerprint()
+    assert changed["draws"] == 4 and changed["variance"] == "hajek_bias"
+    assert {k: v for k, v in changed.items() if k not in ("draws", "variance")} == base

@@ -86,7 +86,7 @@ def certify_config(model: str = "reference", *, domain: str = "code", corpus: st
                    out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
                    granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
                    temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25, semantics: str = "prefill_evict",
-                   policies: str | None = None,
+                   policies: str | None = None, draws: int = 1, variance: str = "hajek",
                    command: str = "") -> CertifyConfig:
     """The validated :class:`~truncsens.certificates.config.CertifyConfig` from ``truncsens certify``'s options
     (``out=None``: ``results/<model>-<corpus or domain>-certify.nc``).
@@ -129,7 +129,7 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
             plot_out: str | Path | None = None, resume: bool = False, overwrite: bool = False, progress: bool = True,
             granularity: str = "head", score: str = "window", obs_window: int = DEFAULT_OBS_WINDOW,
                    temper: float = DEFAULT_TEMPER, top_fraction: float = 0.25, semantics: str = "prefill_evict",
-                   policies: str | None = None,
+                   policies: str | None = None, draws: int = 1, variance: str = "hajek",
             command: str | None = None) -> Certification:
     """Measure the certificates of poisson eviction (and its comparisons) at every budget.
 
@@ -146,6 +146,10 @@ def certify(model: Any = "reference", tokenizer: Any = None, *, domain: str = "c
             tail with known inclusion probabilities); "reencode" is refused (no cache to certify).
         policies: comma-separated, poisson among them (None: poisson, topk, random under
             prefill_evict; poisson under streaming, where sink_recent is the comparison).
+        draws: D >= 1 independent Poisson draws per target (prefill_evict; D >= 2 adds the records of
+            every draw and the squared error over them against V̂ to the summary).
+        variance: "hajek" (the linearized Poisson variance) or "hajek_bias" (plus the squared estimated
+            bias of the Hájek ratio) for the radii (prefill_evict).
         out: keep the results file here; plot_out: write the figures as ``<plot_out>-*.png``.
         the others: ``truncsens certify``'s options (``truncsens certify --help``).
 

@@ -198,18 +198,30 @@ class CertifyConfig(CertifyCommandOptions, CertifyBase):
         text_field: as in :class:`~truncsens.engine.config.MeasureConfig`.
         targets_per_doc: targets drawn per document (a small default: 2 per document, 16 documents);
             ``out`` defaults to ``results/<model>-<corpus or domain>-certify.nc``.
+        draws: D >= 1 independent Poisson draws per target (:func:`~truncsens.certificates.driver.draw_seeds`).
+        variance: the radii's variance estimate (:data:`~truncsens.certificates.estimator.VARIANCES`).
 
     Raises:
-        CertifyError: δ outside (0, 1), a bad budget.
+        CertifyError: δ outside (0, 1), a bad budget, draws below 1, an unknown variance, or either
+            of them other than its default under streaming.
         MeasureError: a count below 1, negative sinks, an unknown split (:class:`MeasureConfig`).
     """
 
     OUT_SUFFIX: ClassVar[str] = "-certify"
     # fields named as MeasureConfig's that mean something else there (a budgets text; the sampling design's)
-    OTHER_MEANING: ClassVar[tuple[str, ...]] = ("budgets", "granularity", "score", "policies")
+    OTHER_MEANING: ClassVar[tuple[str, ...]] = ("budgets", "granularity", "score", "policies", "draws")
 
     def check_run_options(self) -> None:
-        """Checked by building :meth:`measure_config`."""
+        """Checked by building :meth:`measure_config`; ``draws`` and ``variance`` here."""
+        from truncsens.certificates.estimator import VARIANCES
+
+        if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
+            raise CertifyError(f"draws (--draws) must be a whole number >= 1, got {self.draws!r}")
+        if self.variance not in VARIANCES:
+            raise CertifyError(f"variance (--variance) must be one of {', '.join(VARIANCES)}, got {self.variance!r}")
+        if (self.draws > 1 or self.variance != "hajek") and self.rule.streams:
+            raise CertifyError(f"draws (--draws) and variance (--variance) are measured under prefill_evict only, not under "
+                               f"{self.semantics}; use --semantics prefill_evict")
         self.measure_config()
 
     def measure_config(self, budgets: list[int] | None = None) -> MeasureConfig:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from truncsens.certificates.arithmetic import bound_relative_of, certificate_records
+from truncsens.certificates.draw_report import draws_summary, format_draws
 from truncsens.certificates.statistics import (
     TOLERANCES, coverage, coverage_by_tail_mass, mean_by_documents, reliability, spearman_by_documents, tightness, tolerance_curve,
     variance_check,
@@ -105,6 +106,8 @@ def summarize(ds, n_boot: int = 200, seed: int = 0) -> dict:
         if "topk" in policies:
             diff = ds["kl"].sel(policy="poisson", budget=k).values - ds["kl"].sel(policy="topk", budget=k).values
             row["kl_poisson_minus_topk"] = mean_by_documents(diff, doc)
+        if (draws := draws_summary(ds, k)) is not None:  # --draws D >= 2 or a corrected --variance
+            row["draws"] = draws
         paper = PAPER_COVERAGE.get(round(row["percent"], 1))
         row["paper_coverage"] = paper
         cov = row["coverage_certificate"]
@@ -268,6 +271,7 @@ def format_summary(s: dict) -> str:
                 _pct(c[part]["coverage"]), str(c[part]["coverage"]["n"]), fmt_num(c[part]["variance_over_mse"], 3))])
         lines += ["", "statement 1 by the tail's attention mass (the share of the full-cache attention on the keys drawn "
                       "at random) [Wilson]", render_table(cols, rows)]
+    lines += format_draws(s["budgets"])
     sp = s["spearman_eb_pooled"]
     lines += ["", f"Spearman(radius EB, error), all budgets: {fmt_num(sp['rho'], 3)} [{fmt_num(sp['ci'][0], 3)}, "
                   f"{fmt_num(sp['ci'][1], 3)}] (paper > {PAPER_SPEARMAN}): {s['verdict_spearman']}", ""]

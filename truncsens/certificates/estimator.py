@@ -29,8 +29,14 @@ from dataclasses import dataclass
 import torch
 
 from truncsens.policies.poisson_design import (
-    certificate_radius, hajek_attention, hajek_variance,
+    certificate_radius, hajek_attention, hajek_bias, hajek_variance,
 )
+
+VARIANCES = ("hajek", "hajek_bias")
+"""Variance estimates the radii may use (``truncsens certify --variance``): ``hajek``, the linearized
+Poisson variance V̂ (:func:`~truncsens.policies.poisson_design.hajek_variance`); ``hajek_bias``,
+V̂ + ‖b̂‖² with b̂ the estimated bias of the Hájek ratio (:func:`~truncsens.policies.poisson_design.hajek_bias`),
+an estimate of the mean squared error (docs/method.md section 5)."""
 
 
 @dataclass
@@ -41,7 +47,7 @@ class AttentionRecords:
         o: [..., d] exact full-context output.
         o_hat: [..., d] Hájek output over the kept keys (plain attention when π = 1 on every kept key).
         error: [...] ``‖ô − o‖₂`` (units of the values); 0 below float64 resolution (:func:`resolved_error`).
-        variance: [...] ``V̂`` (squared units).
+        variance: [...] the variance estimate of the radii (``V̂``, or ``V̂ + ‖b̂‖²`` under ``hajek_bias``; squared units).
         radius_eb: [...] empirical-Bernstein radius (module docstring).
         radius_normal: [...] ``z_{1−δ/2}·sqrt(V̂)``.
         o_norm: [...] ``‖o‖₂`` (a full-cache, oracle quantity).
@@ -55,6 +61,7 @@ class AttentionRecords:
         tail_mass: [...] ``Σ_{i∈tail} w_i / Σ_i w_i`` over every available key, the share of the
             query's full-cache attention on the keys drawn at random (in [0, 1]; a full-cache, oracle
             quantity) [ours].
+        variance_hajek: [...] the plain ``V̂`` (equal to ``variance`` under the ``hajek`` variance).
     """
 
     o: torch.Tensor
@@ -70,6 +77,7 @@ class AttentionRecords:
     o_hat_norm: torch.Tensor | None = None
     kept_share: torch.Tensor | None = None
     tail_mass: torch.Tensor | None = None
+    variance_hajek: torch.Tensor | None = None
 
 
 def eb_sum_radius(variance: torch.Tensor, value_range: torch.Tensor, n: torch.Tensor, has_tail: torch.Tensor,
@@ -100,7 +108,8 @@ def eb_sum_radius(variance: torch.Tensor, value_range: torch.Tensor, n: torch.Te
 
 
 def attention_records(logits: torch.Tensor, values: torch.Tensor, available: torch.Tensor, kept: torch.Tensor,
-                      pi: torch.Tensor, tail: torch.Tensor, delta: float = 0.05) -> AttentionRecords:
+                      pi: torch.Tensor, tail: torch.Tensor, delta: float = 0.05,
+                      variance: str = "hajek") -> AttentionRecords:
     """Exact and Hájek outputs of one query per row, the variance estimate and both radii.
 
     Args:
@@ -111,13 +120,17 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
         pi: [..., n] inclusion probabilities, 1 on surely kept keys; broadcastable.
         tail: [..., n] bool keys drawn at random; broadcastable.
         delta: miss probability of the radii, in (0, 1).
+        variance: the variance estimate of the radii, one of :data:`VARIANCES`.
 
     Returns:
         :class:`AttentionRecords` (float64).
 
     Raises:
-        ValueError: ``delta`` outside (0, 1), or a π outside [0, 1] / zero on a kept key.
+        ValueError: ``delta`` outside (0, 1), a π outside [0, 1] / zero on a kept key, or an unknown
+            ``variance`` (named).
     """
+    if variance not in VARIANCES:
+        raise ValueError(f"variance must be one of {', '.join(VARIANCES)}, got {variance!r}")
     logits = logits.to(torch.float64)
     values = values.to(torch.float64)
     shape = logits.shape
@@ -126,7 +139,8 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
     pi_kept = torch.where(kept & tail, pi, torch.ones_like(pi))  # [..., n] π on kept random keys, 1 on certain ones
     o = hajek_attention(logits, values, available, torch.ones_like(logits))  # [..., d] exact: every key, π = 1
     o_hat = hajek_attention(logits, values, kept, pi_kept)  # [..., d]
-    variance = hajek_variance(logits, values, kept, pi_kept, tail)  # [...]
+    plain = hajek_variance(logits, values, kept, pi_kept, tail)  # [...] V̂
+    estimate = plain if variance == "hajek" else plain + (hajek_bias(logits, values, kept, pi_kept, tail) ** 2).sum(-1)
     # plug-in range B̂ = max over kept random keys of w_i ‖v_i − ô‖ / (π_i Ẑ) (module docstring)
     shift = torch.where(kept, logits, torch.full_like(logits, -math.inf)).amax(-1, keepdim=True)  # [..., 1]
     w = torch.where(kept, (logits - shift).exp(), torch.zeros_like(logits))  # [..., n]
@@ -136,16 +150,16 @@ def attention_records(logits: torch.Tensor, values: torch.Tensor, available: tor
     value_range = terms.amax(-1)  # [...]
     n_random = (kept & tail).sum(-1)  # [...]
     has_tail = tail.any(-1)  # [...]
-    radius_eb = eb_sum_radius(variance, value_range, n_random, has_tail, delta)
-    radius_normal = certificate_radius(variance, delta)
+    radius_eb = eb_sum_radius(estimate, value_range, n_random, has_tail, delta)
+    radius_normal = certificate_radius(estimate, delta)
     kept_share = (w.sum(-1, keepdim=True) / z_hat).squeeze(-1)  # [...] Σ_S w_i / Ẑ
     top = torch.where(available, logits, torch.full_like(logits, -math.inf)).amax(-1, keepdim=True)  # [..., 1]
     w_all = torch.where(available, (logits - top).exp(), torch.zeros_like(logits))  # [..., n] full-cache weights
     tail_mass = torch.where(tail & available, w_all, torch.zeros_like(w_all)).sum(-1) / w_all.sum(-1)  # [...]
     o_norm, o_hat_norm = o.norm(dim=-1), o_hat.norm(dim=-1)  # [...] each
     error = resolved_error((o_hat - o).norm(dim=-1), torch.maximum(o_norm, o_hat_norm))
-    return AttentionRecords(o, o_hat, error, variance, radius_eb, radius_normal, o_norm,
-                            value_range, n_random, has_tail, o_hat_norm, kept_share, tail_mass)
+    return AttentionRecords(o, o_hat, error, estimate, radius_eb, radius_normal, o_norm,
+                            value_range, n_random, has_tail, o_hat_norm, kept_share, tail_mass, plain)
 
 
 F64_RESOLUTION = 64 * torch.finfo(torch.float64).eps

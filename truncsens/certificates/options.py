@@ -58,6 +58,8 @@ class CertifyCommandOptions(CertifyOptions):
 
     text_field: str = "text"
     targets_per_doc: int = option(2, "Targets drawn per document.")
+    draws: int = option(1, "D: independent Poisson draws per target (the same certain set, independent uniforms); D >= 2 records every draw and reports the squared error measured over them against the variance estimate.", metavar="D", later=True)
+    variance: str = option("hajek", "Variance estimate of the radii: hajek (the linearized Poisson variance) or hajek_bias (plus the squared estimated bias of the Hajek ratio; the plain one is recorded beside it).", metavar="NAME", later=True)
 
 
 @dataclass

@@ -28,6 +28,8 @@ from truncsens.policies import Policy, PolicyError
 PROBE_RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail",
                  "o_hat_norm", "kept_share", "tail_mass")
 RECORDS = PROBE_RECORDS + DESIGN_RECORDS  # the last four: :mod:`truncsens.certificates.design_records`
+DRAW_RECORDS = ("error", "variance", "value_range", "n_random", "o_hat_norm")  # kept per draw (``draws`` >= 2)
+PLAIN_VARIANCE = "variance_hajek"  # the plain V̂, recorded beside a corrected variance
 
 
 @dataclass
@@ -45,6 +47,9 @@ class BatchRecords:
         scores: [B, T] float32 attention score of each key (the token-level design's score).
         floor: [B, L, H] float64 relative difference of the full-cache attention output in the run's
             dtype from its float64 value (the measured numerical floor, :class:`~truncsens.certificates.probe.CertifyProbe`).
+        draws: None, or with D >= 2 draws name (:data:`DRAW_RECORDS`, and :data:`PLAIN_VARIANCE` under a
+            corrected variance) -> [P, K, D, B, L, H] float64, the records of every draw (draw 0 is
+            ``records``'; a policy that is not randomized repeats its one draw).
     """
 
     ref_logprobs: torch.Tensor
@@ -53,6 +58,7 @@ class BatchRecords:
     kept_tokens: torch.Tensor
     scores: torch.Tensor
     floor: torch.Tensor
+    draws: dict[str, torch.Tensor] | None = None
 
 
 def design_of(policy: Policy, context_len: int, budget: int, seeds: Sequence[int], scores: torch.Tensor):
@@ -140,7 +146,8 @@ def _head_scores(probe: CertifyProbe, design: CertifyDesign, T: int) -> torch.Te
 @torch.no_grad()
 def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], budgets: Sequence[int],
                   seeds: Sequence[Sequence[Sequence[int]]], delta: float,
-                  design: CertifyDesign = CertifyDesign()) -> BatchRecords:
+                  design: CertifyDesign = CertifyDesign(), variance: str = "hajek",
+                  draw_seeds: Sequence[Sequence[Sequence[Sequence[int]]]] | None = None) -> BatchRecords:
     """All passes of B targets.
 
     Args:
@@ -151,6 +158,11 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
         seeds: seeds[p][j] is the list of B seeds of policy p at budget j.
         delta: miss probability of the radii, in (0, 1).
         design: per layer and key/value head (default) or shared (:mod:`truncsens.certificates.designs`).
+        variance: the variance estimate of the radii (:data:`~truncsens.certificates.estimator.VARIANCES`);
+            other than "hajek", the records add :data:`PLAIN_VARIANCE`.
+        draw_seeds: None (one draw), or ``draw_seeds[p][j][d]`` the B seeds of draw d + 1 of policy p at
+            budget j: each further draw of a randomized policy is one more decode of the target's
+            query over the same prefill (the same certain set, independent uniforms).
 
     Returns:
         :class:`BatchRecords`.
@@ -166,6 +178,11 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
     P, K = len(policies), len(budgets)
     with probed(model):
         probe, cache, heads, ref_lp = full_cache_pass(model, input_ids, delta, design)
+        probe.variance = variance
+        names = RECORDS + ((PLAIN_VARIANCE,) if variance != "hajek" else ())
+        per_draw = DRAW_RECORDS + ((PLAIN_VARIANCE,) if variance != "hajek" else ())
+        D = 1 + (len(draw_seeds[0][0]) if draw_seeds else 0)
+        draws: dict[str, torch.Tensor] = {}
         kw = {kvcache.cache_keyword(model): cache}
         scores = probe.received / heads  # [B, T] mean over layers and heads, summed over query rows
         head_scores = _head_scores(probe, design, T) if design.per_head else None  # [B, L, Hkv, T]
@@ -180,27 +197,37 @@ def certify_batch(model, input_ids: torch.Tensor, policies: Sequence[Policy], bu
             for j, k in enumerate(budgets):
                 if k >= T:
                     raise PolicyError(f"budget {k} is at or above the context of {T} tokens: nothing would be evicted")
-                if head_scores is not None:
-                    kept, pi, tail = head_design_of(policy, T, k, seeds[p][j], head_scores)  # [B, L, Hkv, T]
-                else:
-                    kept, pi, tail = design_of(policy, T, k, seeds[p][j], scores)  # [B, T]
-                probe.evict(kept, pi, tail)
-                try:
-                    out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=ones,
-                                use_cache=True, logits_to_keep=1, certify_probe=probe, **kw)
-                finally:
-                    kvcache.truncate(cache, T - 1)
-                logprobs[p, j] = last_logprobs(out.logits[:, -1, :])
-                kept_tokens[p, j] = kept.sum(-1).to(torch.float64).reshape(B, -1).mean(1).round().long().cpu()
-                L, H = probe.stacked("error").shape[1:]
-                drawn = design_records(kept if kept.dim() == 4 else kept[:, None, None, :],
-                                       pi if pi.dim() == 4 else pi[:, None, None, :], share)  # name -> [B, L', Hkv']
-                for name in RECORDS:
-                    values = probe.stacked(name).cpu() if name in PROBE_RECORDS else per_head(drawn[name], L, H).cpu()
-                    if name in ("radius_eb", "radius_normal") and not hasattr(policy, "design"):
-                        values = torch.full_like(values, float("nan"))
-                    if name not in records:
-                        records[name] = torch.full((P, K, *values.shape), float("nan"), dtype=torch.float64)
-                    records[name][p, j] = values
+                for d in range(D if policy.randomized else 1):
+                    row_seeds = seeds[p][j] if d == 0 else draw_seeds[p][j][d - 1]  # type: ignore[index]
+                    if head_scores is not None:
+                        kept, pi, tail = head_design_of(policy, T, k, row_seeds, head_scores)  # [B, L, Hkv, T]
+                    else:
+                        kept, pi, tail = design_of(policy, T, k, row_seeds, scores)  # [B, T]
+                    probe.evict(kept, pi, tail)
+                    try:
+                        out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos[:, T - 1 :], attention_mask=ones,
+                                    use_cache=True, logits_to_keep=1, certify_probe=probe, **kw)
+                    finally:
+                        kvcache.truncate(cache, T - 1)
+                    if D > 1:
+                        for name in per_draw:
+                            values = probe.stacked(name).cpu()  # [B, L, H]
+                            if name not in draws:
+                                draws[name] = torch.full((P, K, D, *values.shape), float("nan"), dtype=torch.float64)
+                            draws[name][p, j, d:] = values  # a policy that is not randomized: its one draw repeated
+                    if d:
+                        continue
+                    logprobs[p, j] = last_logprobs(out.logits[:, -1, :])
+                    kept_tokens[p, j] = kept.sum(-1).to(torch.float64).reshape(B, -1).mean(1).round().long().cpu()
+                    L, H = probe.stacked("error").shape[1:]
+                    drawn = design_records(kept if kept.dim() == 4 else kept[:, None, None, :],
+                                           pi if pi.dim() == 4 else pi[:, None, None, :], share)  # name -> [B, L', Hkv']
+                    for name in names:
+                        values = probe.stacked(name).cpu() if name not in DESIGN_RECORDS else per_head(drawn[name], L, H).cpu()
+                        if name in ("radius_eb", "radius_normal") and not hasattr(policy, "design"):
+                            values = torch.full_like(values, float("nan"))
+                        if name not in records:
+                            records[name] = torch.full((P, K, *values.shape), float("nan"), dtype=torch.float64)
+                        records[name][p, j] = values
     floor = torch.stack(probe.floor, dim=1).cpu()  # L x [B, H] -> [B, L, H]
-    return BatchRecords(ref_lp, logprobs, records, kept_tokens, scores, floor)
+    return BatchRecords(ref_lp, logprobs, records, kept_tokens, scores, floor, draws or None)

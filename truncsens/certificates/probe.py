@@ -52,6 +52,7 @@ class CertifyProbe:
     Attributes:
         mode: "prefill", "reference" or "evict".
         delta: miss probability of the radii.
+        variance: the variance estimate of the radii (:data:`~truncsens.certificates.estimator.VARIANCES`).
         received: [B, T] float32 attention received per key, summed over layers, heads and rows.
         n_heads_seen: layer × head count added to ``received`` by the last forward of each mode.
         obs_window: W, the prefill rows of the per-head ``window`` score.
@@ -62,13 +63,15 @@ class CertifyProbe:
         floor: per layer [B, H] float64 ``‖o_dtype − o_float64‖/‖o_float64‖`` of the full-cache
             decode ("reference" mode).
         records: per layer a dict name -> [B, H] float64 (error, variance, radius_eb,
-            radius_normal, o_norm, value_range, n_random, has_tail, o_hat_norm, kept_share) and
+            radius_normal, o_norm, value_range, n_random, has_tail, o_hat_norm, kept_share, tail_mass,
+            variance_hajek: the plain V̂) and
             "o" -> [B, H, d], filled in
             "evict" mode.
     """
 
     mode: str = "prefill"
     delta: float = 0.05
+    variance: str = "hajek"
     received: torch.Tensor | None = None
     n_heads_seen: int = 0
     obs_window: int = 32
@@ -168,12 +171,14 @@ def _evict(probe: CertifyProbe, module, query: torch.Tensor, key: torch.Tensor, 
         return t.repeat_interleave(n_rep, dim=1) if t.shape[1] > 1 else t
 
     rec = attention_records(logits, v, torch.ones(1, 1, T, dtype=torch.bool, device=logits.device),
-                            heads(probe.kept), heads(probe.pi), heads(probe.tail), probe.delta)
+                            heads(probe.kept), heads(probe.pi), heads(probe.tail), probe.delta,
+                            probe.variance)
     probe.records.append({"error": rec.error, "variance": rec.variance, "radius_eb": rec.radius_eb,
                           "radius_normal": rec.radius_normal, "o_norm": rec.o_norm, "o": rec.o,
                           "value_range": rec.value_range, "n_random": rec.n_random.to(torch.float64),
                           "has_tail": rec.has_tail.to(torch.float64), "o_hat_norm": rec.o_hat_norm,
-                          "kept_share": rec.kept_share, "tail_mass": rec.tail_mass})
+                          "kept_share": rec.kept_share, "tail_mass": rec.tail_mass,
+                          "variance_hajek": rec.variance_hajek})
     return rec.o_hat.unsqueeze(1).to(query.dtype)  # [B, 1, H, dv]
 
 

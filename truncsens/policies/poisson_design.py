@@ -219,6 +219,36 @@ def hajek_variance(logits: torch.Tensor, values: torch.Tensor, kept: torch.Tenso
     return terms.sum(-1) / z_hat**2
 
 
+def hajek_bias(logits: torch.Tensor, values: torch.Tensor, kept: torch.Tensor, pi: torch.Tensor,
+               tail: torch.Tensor) -> torch.Tensor:
+    """Estimated bias of the Hájek ratio, the second-order term the linearization drops, from the kept set.
+
+    ``E[ô − o] ≈ −Cov(Ŷ − oẐ, Ẑ)/Z² = −(1/Z²) Σ_tail (1 − π_i)/π_i · w_i² (v_i − o)`` (the ratio
+    estimator's bias, Cochran, *Sampling Techniques*, 3rd ed., 1977, section 6.8, under Poisson
+    sampling), estimated by ``b̂ = −(1/Ẑ²) Σ_{i∈S∩tail} (1 − π_i)/π_i² · w_i² (v_i − ô)``
+    (docs/method.md section 5 [ours]). Its squared norm added to :func:`hajek_variance` estimates the
+    mean squared error ``Var + ‖bias‖²`` (the ``hajek_bias`` variance of ``truncsens certify``).
+
+    Args:
+        logits: [..., n]; values: [..., n, d]; kept: [..., n] bool; pi: [..., n] (1 for certain);
+        tail: [..., n] bool, the tokens drawn at random.
+
+    Returns:
+        [..., d] the bias estimate (units of ``values``).
+
+    Raises:
+        ValueError: a π is NaN or outside [0, 1].
+    """
+    check_probabilities(pi, "pi")
+    shift = torch.where(kept, logits, torch.full_like(logits, -math.inf)).amax(-1, keepdim=True)  # [..., 1]
+    w = torch.where(kept, (logits - shift).exp(), torch.zeros_like(logits))  # [..., n]
+    safe_pi = torch.where(kept, pi.to(logits.dtype), torch.ones_like(logits))
+    z_hat = (w / safe_pi).sum(-1)  # [...]
+    o_hat = hajek_attention(logits, values, kept, pi)  # [..., d]
+    coef = torch.where(kept & tail, (1 - safe_pi) / safe_pi**2 * w**2, torch.zeros_like(w))  # [..., n]
+    return -(coef.unsqueeze(-1) * (values - o_hat.unsqueeze(-2))).sum(-2) / z_hat.unsqueeze(-1) ** 2
+
+
 def certificate_radius(variance: torch.Tensor, delta: float = 0.05) -> torch.Tensor:
     """Normal certificate radius ``z_{1−δ/2}·sqrt(V̂)`` for the attention-output error norm.
 
