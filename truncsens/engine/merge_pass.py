@@ -29,7 +29,8 @@ from truncsens.policies.steps import chunk_bounds
 
 def merge_slots(cache, dest: torch.Tensor, count: torch.Tensor, n_new: int) -> torch.Tensor:
     """Replace the cache's n slots by ``n_new``: slot i of every layer becomes the count-weighted mean
-    of the old slots j with ``dest[b, j] == i``, keys and values alike.
+    of the old slots j with ``dest[b, j] == i``, keys and values alike (float64 sums; a slot of one
+    member is copied unchanged, so only the merged slots are computed).
 
     Args:
         cache: a transformers cache of B sequences and n slots; dest: [B, n] int64 in 0..n_new − 1;
@@ -39,18 +40,32 @@ def merge_slots(cache, dest: torch.Tensor, count: torch.Tensor, n_new: int) -> t
         [B, n_new] float64 counts of the new slots.
     """
     B, n = dest.shape
-    new_count = torch.zeros(B, n_new, dtype=torch.float64, device=dest.device).scatter_add_(1, dest, count)
-    w = count  # [B, n] float64
+    device = dest.device
+    new_count = torch.zeros(B, n_new, dtype=torch.float64, device=device).scatter_add_(1, dest, count)
+    members = torch.zeros(B, n_new, dtype=torch.long, device=device).scatter_add_(1, dest, torch.ones_like(dest))
+    order = torch.arange(n, device=device).expand(B, n)
+    first = torch.full((B, n_new), n, dtype=torch.long, device=device).scatter_reduce_(1, dest, order, "amin")  # [B, n_new]
+    multi = members.gather(1, dest) > 1  # [B, n] old slots of a merged group
+    r = int(multi.sum(1).max()) if n else 0
+    if r:
+        idx = torch.argsort((~multi).to(torch.int8), dim=1, stable=True)[:, :r]  # [B, r] merged slots first
+        weight = torch.where(multi.gather(1, idx), count.gather(1, idx), torch.zeros((), dtype=torch.float64))  # [B, r]
+        into = dest.gather(1, idx)  # [B, r]
+        merged = (members > 1).view(B, 1, n_new, 1)
 
-    def mean(t: torch.Tensor) -> torch.Tensor:
+    def new_slots(t: torch.Tensor) -> torch.Tensor:
         H, d = t.shape[1], t.shape[3]
+        out = t.gather(2, first.view(B, 1, n_new, 1).expand(B, H, n_new, d))  # [B, H, n_new, d] copies
+        if not r:
+            return out
+        part = t.gather(2, idx.view(B, 1, r, 1).expand(B, H, r, d)).double() * weight.view(B, 1, r, 1)
         num = torch.zeros(B, H, n_new, d, dtype=torch.float64, device=t.device)
-        num.scatter_add_(2, dest.view(B, 1, n, 1).expand(B, H, n, d), t.double() * w.view(B, 1, n, 1))
-        return (num / new_count.view(B, 1, n_new, 1)).to(t.dtype)  # [B, H, n_new, d]
+        num.scatter_add_(2, into.view(B, 1, r, 1).expand(B, H, r, d), part)
+        return torch.where(merged, (num / new_count.view(B, 1, n_new, 1)).to(t.dtype), out)
 
     for layer in range(kvcache.n_layers(cache)):
         k, v = kvcache.layer_kv(cache, layer)
-        kvcache.set_layer_kv(cache, layer, mean(k), mean(v))
+        kvcache.set_layer_kv(cache, layer, new_slots(k), new_slots(v))
     return new_count
 
 

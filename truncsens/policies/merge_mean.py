@@ -52,7 +52,13 @@ class MergeMeanPolicy(MergePolicy):
         """
         target = view.budget - 1
         groups, anchors = [], []
+        done: dict[tuple, tuple[list, list]] = {}  # rows of equal anchors and counts merge alike (decided once)
         for anchor, count in zip(view.anchor.tolist(), view.count.tolist()):
+            if (tuple(anchor), tuple(count)) in done:
+                slots, heads = done[tuple(anchor), tuple(count)]
+                groups.append(slots)
+                anchors.append(heads)
+                continue
             n = len(anchor)
             slots = [[i] for i in range(n)]
             counts = list(count)
@@ -69,4 +75,5 @@ class MergeMeanPolicy(MergePolicy):
                 old_end -= 1
             groups.append(slots)
             anchors.append(heads)
+            done[tuple(anchor), tuple(count)] = slots, heads
         return groups_to_step(groups, anchors, view.anchor.shape[1], view.anchor.device)

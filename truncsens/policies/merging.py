@@ -94,8 +94,12 @@ class MergePolicy(Policy):
 
 def groups_to_step(groups: list[list[list[int]]], anchors: list[list[int]], n: int, device) -> MergeStep:
     """A :class:`MergeStep` from, per row, the new slots as lists of old slot indices (in new-slot order)."""
-    dest = torch.empty(len(groups), n, dtype=torch.long)
-    for b, row in enumerate(groups):
+    rows = []
+    for row in groups:
+        dest = [0] * n
         for new, members in enumerate(row):
-            dest[b, members] = new
-    return MergeStep(dest.to(device), torch.tensor(anchors, dtype=torch.long, device=device))
+            for i in members:
+                dest[i] = new
+        rows.append(dest)
+    return MergeStep(torch.tensor(rows, dtype=torch.long, device=device),
+                     torch.tensor(anchors, dtype=torch.long, device=device))
