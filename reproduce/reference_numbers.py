@@ -214,8 +214,11 @@ STEPS = [
     *(Step(f"merge-{sem}-run", f"OMP_NUM_THREADS=1 truncsens measure {MERGE_POLICIES} --semantics {name} {POLICY_OPTS} "
                                f"--out results/merge/{sem}.nc", (f"results/merge/{sem}.nc",))
       for sem, name in (("streaming", "streaming --chunk 4"), ("prefill", "prefill_evict"))),
-    *(Step(f"merge-{sem}", f"truncsens compare-policies results/merge/{sem}.nc --metrics kl,tv --paired-against sink_recent",
-           needs=(f"merge-{sem}-run",)) for sem in ("streaming", "prefill")),
+    *(Step(f"merge-{sem}", f"truncsens compare-policies results/merge/{sem}.nc --metrics kl,tv --paired-against sink_recent"
+                           f"{plot}", figures, needs=(f"merge-{sem}-run",))
+      for sem, plot, figures in (("streaming", " --plot", ("results/merge/streaming-policies.png",
+                                                           "results/merge/streaming-policies.pdf")), ("prefill", "", ()))),
+    Step("merge-cost", "OMP_NUM_THREADS=1 python benchmarks/merge_cost.py"),
     Step("smollm2-window-check", "python reproduce/independent_window_check.py results/smollm2/code.nc",
          needs=("smollm2-measure-code",)),
     # the independent recomputation of SmolLM2 results with plain transformers (reproduce/independent_gguf_check.py)
@@ -255,6 +258,7 @@ STEPS = [
 FIGURES = {  # a step's figure -> the path the pages show it at
     "results/reference.fit.png": "docs/reference-fit.png",
     "results/stream-a-policies.png": "docs/reference-policies.png",
+    "results/merge/streaming-policies.png": "docs/reference-merge.png",
     "results/reference-code-attribution-recomputation.png": "docs/reference-attribution.png",
     "results/certify-fresh-47-reliability.png": "docs/reference-certify-reliability.png",
     "results/reference-code-attribution-2048-attribution-heads.png": "docs/reference-attribution-heads.png",
