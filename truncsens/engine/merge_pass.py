@@ -92,7 +92,7 @@ def _bias_mask(count: torch.Tensor, c: int, dtype: torch.dtype) -> torch.Tensor:
     return mask.to(dtype)
 
 
-def _step(model, cache, policy: MergePolicy, budget: int, anchor: torch.Tensor, count: torch.Tensor, end: int):
+def _step(cache, policy: MergePolicy, budget: int, anchor: torch.Tensor, count: torch.Tensor, end: int):
     """Merge the cache down to k − 1 slots when it holds more: (anchor [B, n'], count [B, n'])."""
     if anchor.shape[1] <= budget - 1:
         return anchor, count
@@ -136,7 +136,7 @@ def stream_merging(model, input_ids: torch.Tensor, policy: MergePolicy, budget: 
         count = torch.cat([count, torch.ones(B, c, dtype=torch.float64, device=device)], 1)
         if e == T:
             return last_logprobs(out.logits[:, -1, :]), read_tokens(anchor, count, T)
-        anchor, count = _step(model, cache, policy, budget, anchor, count, e)
+        anchor, count = _step(cache, policy, budget, anchor, count, e)
     raise AssertionError("unreachable: chunk_bounds ends at T")
 
 
@@ -160,7 +160,7 @@ def prefill_merging(model, input_ids: torch.Tensor, full_cache, policy: MergePol
                                [kvcache.layer_kv(full_cache, l)[1][:, :, : T - 1] for l in layers])
     anchor = torch.arange(T - 1, device=device).expand(B, T - 1)
     count = torch.ones(B, T - 1, dtype=torch.float64, device=device)
-    anchor, count = _step(model, cache, policy, budget, anchor, count, T - 1)
+    anchor, count = _step(cache, policy, budget, anchor, count, T - 1)
     pos = torch.full((B, 1), T - 1, device=device)
     out = model(input_ids=input_ids[:, T - 1 :], position_ids=pos, attention_mask=_bias_mask(count, 1, model_dtype(model)),
                 use_cache=True, logits_to_keep=1, **{kvcache.cache_keyword(model): cache})
