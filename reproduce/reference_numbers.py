@@ -73,6 +73,7 @@ PAIRED_OPTS = "--domain code --reference-context 1024 --max-docs 12 --targets-pe
 PAIRED_BUDGETS = "--budgets 8,16,32,64,128,256,512"
 SMOLLM2_OPTS = "--model smollm2-135m --domain code --reference-context 1024 --max-docs 12 --targets-per-doc 4"
 SMOLLM2_BUDGETS = "--budgets 16,32,64,128,256"
+MERGE_POLICIES = "--policy suffix,sink_recent,h2o,merge_mean,merge_nearest"  # docs/policies.md, merging caches
 STEPS = [
     Step("measure-code", "truncsens measure --domain code --reference-context 1024", ("results/reference-code.nc",)),
     Step("measure-code-max", "truncsens measure --domain code --reference-context 2048 --out results/reference-code-2048.nc",
@@ -223,6 +224,16 @@ STEPS = [
                                   f"{SMOLLM2_BUDGETS} --out results/smollm2/streaming.nc", ("results/smollm2/streaming.nc",)),
     Step("smollm2-streaming", "truncsens compare-policies results/smollm2/streaming.nc --truncation results/smollm2/code.nc "
                               "--metrics kl,tv", needs=("smollm2-measure-code", "smollm2-streaming-run")),
+    # merging caches against the suffix law (docs/policies.md): one run per semantics (streaming decides every
+    # 4 tokens, one thread), then each policy's exponent in k paired with sink_recent's on the same targets
+    *(Step(f"merge-{sem}-run", f"OMP_NUM_THREADS=1 truncsens measure {MERGE_POLICIES} --semantics {name} {POLICY_OPTS} "
+                               f"--out results/merge/{sem}.nc", (f"results/merge/{sem}.nc",))
+      for sem, name in (("streaming", "streaming --chunk 4"), ("prefill", "prefill_evict"))),
+    *(Step(f"merge-{sem}", f"truncsens compare-policies results/merge/{sem}.nc --metrics kl,tv --paired-against sink_recent"
+                           f"{plot}", figures, needs=(f"merge-{sem}-run",))
+      for sem, plot, figures in (("streaming", " --plot", ("results/merge/streaming-policies.png",
+                                                           "results/merge/streaming-policies.pdf")), ("prefill", "", ()))),
+    Step("merge-cost", "OMP_NUM_THREADS=1 python benchmarks/merge_cost.py"),
     Step("smollm2-window-check", "python reproduce/independent_window_check.py results/smollm2/code.nc",
          needs=("smollm2-measure-code",)),
     # the independent recomputation of SmolLM2 results with plain transformers (reproduce/independent_gguf_check.py)
@@ -269,6 +280,7 @@ STEPS = [
 FIGURES = {  # a step's figure -> the path the pages show it at
     "results/reference.fit.png": "docs/reference-fit.png",
     "results/stream-a-policies.png": "docs/reference-policies.png",
+    "results/merge/streaming-policies.png": "docs/reference-merge.png",
     "results/reference-code-attribution-recomputation.png": "docs/reference-attribution.png",
     "results/certify-fresh-47-reliability.png": "docs/reference-certify-reliability.png",
     "results/reference-code-attribution-2048-attribution-heads.png": "docs/reference-attribution-heads.png",

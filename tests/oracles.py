@@ -8,6 +8,7 @@ full logits. The benchmarks time the engine against them too.
 from __future__ import annotations
 
 import contextlib
+import math
 import inspect
 
 import torch
@@ -652,3 +653,110 @@ def layer_head_prefill_evict(model, input_ids: torch.Tensor, heads: torch.Tensor
         assert sorted(calls) == sorted(modules), calls
         rows.append(_logprobs(out.logits[:, -1, :]))
     return torch.cat(rows)
+
+
+def _merge_rule(slots: list[list[int]], keys: list[torch.Tensor], rule: str, budget: int, n_sink: int,
+                n_summary: int) -> list[list[int]]:
+    """One merging step on plain lists: ``slots`` (cache order) are lists of the token positions each
+    slot stands for; ``keys[layer]`` [H_kv, T, d] every token's key. Returns at most budget - 1 slots."""
+    slots = [list(m) for m in slots]
+    target = budget - 1
+
+    def is_sink(m):
+        return len(m) == 1 and m[0] < n_sink
+
+    def key(m, layer):  # [H_kv, d] the slot's key: the mean of its tokens' keys
+        return keys[layer][:, m].float().mean(1)
+
+    if rule == "mean":
+        sinks = sum(1 for m in slots if is_sink(m))
+        recent = max(0, target - sinks - n_summary)
+        old_end = len(slots) - recent
+        while len(slots) > target:
+            best = None
+            for i in range(sinks, old_end - 1):
+                total = len(slots[i]) + len(slots[i + 1])
+                if best is None or total < best[0]:
+                    best = (total, i)
+            i = best[1]
+            slots[i : i + 2] = [slots[i] + slots[i + 1]]
+            old_end -= 1
+        return slots
+    r = len(slots) - target
+    if r <= 0:
+        return slots
+    victims = [i for i, m in enumerate(slots) if not is_sink(m)][:r]
+    survivors = [i for i in range(len(slots)) if i not in victims]
+    joined = {i: [] for i in survivors}
+    for v in victims:
+        best = None
+        for i in survivors:
+            if is_sink(slots[i]):
+                continue
+            sims = [torch.nn.functional.cosine_similarity(key(slots[v], l), key(slots[i], l), dim=-1).mean()
+                    for l in range(len(keys))]
+            sim = float(sum(sims) / len(sims))
+            if best is None or sim >= best[0]:  # ties: the newer slot
+                best = (sim, i)
+        joined[best[1]] += slots[v]
+    return [slots[i] + joined[i] for i in survivors]
+
+
+def _slot_cache(model, slots: list[list[int]], keys: list[torch.Tensor], values: list[torch.Tensor]):
+    """A fresh cache of one sequence whose slot s holds the mean key and value of the tokens slots[s]."""
+    cache = _new_cache(model)
+    for layer in range(len(keys)):
+        k = torch.stack([keys[layer][:, m].double().mean(1) for m in slots], 1).to(keys[layer].dtype)  # [H, n, d]
+        v = torch.stack([values[layer][:, m].double().mean(1) for m in slots], 1).to(values[layer].dtype)
+        cache.update(k.unsqueeze(0), v.unsqueeze(0), layer)
+    return cache
+
+
+@torch.no_grad()
+def merging_loop(model, input_ids: torch.Tensor, rule: str, budget: int, n_sink: int, n_summary: int = 1,
+                 chunk: int = 1, semantics: str = "streaming") -> torch.Tensor:
+    """A k-slot merging cache, one sequence at a time, the cache rebuilt from plain lists at every step.
+
+    Each slot is the list of token positions it stands for; its key and value are the means of those
+    tokens' keys and values (keys as cached, after the rotary embedding) and its logit gets
+    log(len(slot)). ``rule`` "mean": sinks, ``n_summary`` summaries and recent tokens, the old region
+    merged by adjacent pairs of fewest tokens (oldest first); "nearest": the oldest non-sink slots
+    merged into the non-sink survivor of most similar key (cosine, mean over layers and heads, the
+    survivors' keys before the step). ``streaming``: chunks of ``chunk`` tokens, merging down to
+    budget - 1 slots after each prompt chunk; ``prefill_evict``: a full prefill of x[0..T-2], one
+    merge, then x[T-1] decoded.
+
+    Returns:
+        [B, V] float64 log-probabilities after the last token.
+    """
+    B, T = input_ids.shape
+    dtype = next(model.parameters()).dtype
+    kw = _cache_keyword(model)
+    steps = _chunk_steps(T, chunk) if semantics == "streaming" else [(0, T - 1), (T - 1, T)]
+    rows = []
+    for b in range(B):
+        keys: list[torch.Tensor] = []  # per layer [H_kv, T, d]: column q holds token q's key once computed
+        values: list[torch.Tensor] = []
+        slots: list[list[int]] = []
+        for s, e in steps:
+            c, n = e - s, len(slots)
+            cache = _slot_cache(model, slots, keys, values) if slots else _new_cache(model)
+            mask = torch.zeros(c, n + c)
+            mask[:, :n] = torch.tensor([math.log(len(m)) for m in slots])
+            mask[:, n:] = torch.full((c, c), float("-inf")).triu(1)
+            out = model(input_ids=input_ids[b : b + 1, s:e], position_ids=torch.arange(s, e).unsqueeze(0),
+                        attention_mask=mask.to(dtype).view(1, 1, c, n + c), use_cache=True, **{kw: cache})
+            if e == T:
+                rows.append(_logprobs(out.logits[0, -1]))
+                break
+            for layer in range(_n_layers(cache)):
+                k_new, v_new = _layer_kv(cache, layer)  # [1, H_kv, n + c, d], the chunk last
+                if len(keys) <= layer:
+                    keys.append(k_new.new_zeros(k_new.shape[1], T, k_new.shape[3]))
+                    values.append(v_new.new_zeros(v_new.shape[1], T, v_new.shape[3]))
+                keys[layer][:, s:e] = k_new[0, :, n:]
+                values[layer][:, s:e] = v_new[0, :, n:]
+            slots = slots + [[j] for j in range(s, e)]
+            if len(slots) > budget - 1:
+                slots = _merge_rule(slots, keys, rule, budget, n_sink, n_summary)
+    return torch.stack(rows)

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from engine_calls import prefill_evict_logprobs, retention_targets
-from oracles import evicting_loop, layer_head_prefill_evict, windowed_prefill_evict, windowed_streaming_loop
+from oracles import evicting_loop, layer_head_prefill_evict, merging_loop, windowed_prefill_evict, windowed_streaming_loop
 from truncsens.engine.attention_features import attention_features
 from truncsens.engine.attention_windows import layer_windows
 from truncsens.engine.evict_attention import EvictAttentionError, evict_attention, evict_kwargs
@@ -121,8 +121,9 @@ def accepted_policies(semantics: str) -> list:
 
 
 def refused_on(model, semantics: str, policy) -> bool:
-    """Kept sets per layer and key/value head are refused on sliding-window layers (prefill_evict)."""
-    return semantics == "prefill_evict" and policy.layer_heads and layer_windows(model).windowed
+    """Kept sets per layer and key/value head are refused on sliding-window layers (prefill_evict);
+    merging policies run on their own (tests below) and are refused on sliding-window layers."""
+    return (semantics == "prefill_evict" and policy.layer_heads and layer_windows(model).windowed) or policy.merges
 
 
 def test_every_registered_policy_is_accepted_somewhere():
@@ -153,7 +154,17 @@ def test_nothing_evicted_is_the_models_own_output(family_model, semantics):
     assert kl[:, :, 1].max() < 1e-8, (family, dict(zip([p.name for p in runs], kl[:, :, 1].max(axis=1))))
     assert kl[0, :, 0].min() > 1e-4
     for policy in policies:
-        if policy not in runs:
+        if policy.merges:  # at their smallest budget (sinks, a slot to merge into and the query)
+            k = policy.min_budget()
+            if layer_windows(model).windowed:
+                with pytest.raises(SemanticsError, match=rf"policy {policy.name} merges keys of different positions "
+                                                         "into one slot, which sliding-window layers cannot window"):
+                    retention_targets(model, targets, [policy], [k, T], semantics, "original", 0, "cpu", 10_000)
+                continue
+            metrics, _, _ = retention_targets(model, targets, [policy], [k, T], semantics, "original", 0, "cpu", 10_000)
+            assert metrics["kl"][0, :, 1].max() < 1e-8, (family, policy.name)
+            assert metrics["kl"][0, :, 0].min() > 1e-4, (family, policy.name)
+        elif policy not in runs:
             with pytest.raises(SemanticsError, match=rf"policy {policy.name} keeps a kept set per layer and key/value "
                                                      rf"head.*use --policy {policy.shared_variant} "):
                 retention_targets(model, targets, [policy], [3, T], semantics, "original", 0, "cpu", 10_000)
@@ -240,6 +251,22 @@ def test_every_prefill_evict_policy_equals_its_naive_reference(family_model):
             slow = windowed_prefill_evict(model, ids, kept.keep[:, 0], kept.offset[:, 0], list(windows.layer_types),
                                           windows.type_windows())
         assert_same(fast, slow)
+
+
+@pytest.mark.parametrize("semantics", ["streaming", "prefill_evict"])
+def test_merging_caches_equal_a_naive_merging_loop(family_model, semantics):
+    """k = 6 of 16, 2 sinks: each merging policy equals a k-slot cache rebuilt from lists of merged
+    tokens at every step (oracles.merging_loop) on every family without sliding-window layers
+    (multi-head latent attention merges its cached latents and rotary parts alike)."""
+    family, model = family_model
+    if layer_windows(model).windowed:
+        return  # refused (test_nothing_evicted_is_the_models_own_output)
+    ids = random_ids(2, 4)
+    sem = SEMANTICS[semantics]
+    for name, rule in (("merge_mean", "mean"), ("merge_nearest", "nearest")):
+        policy = make_policy(name, n_sink=2)
+        fast, _ = sem.policy_logprobs(model, ids, policy, 6, [0, 1], sem.reference(model, ids, [policy]), "original")
+        assert_same(fast, merging_loop(model, ids, rule, 6, 2, semantics=semantics))
 
 
 def test_attention_from_eviction_steps_refuses_what_it_cannot_apply():

@@ -33,9 +33,10 @@ BLOCK_SEMANTICS = [n for n, s in SEMANTICS.items() if s.policy_blocks]  # those 
 
 def runnable(semantics: str) -> list[str]:
     """The registered policies the semantics runs in blocks (every one but snapkv and snapkv_shared under
-    streaming, and snapkv, whose kept sets are per layer and head, anywhere), in registry order."""
+    streaming, snapkv, whose kept sets are per layer and head, and the merging caches (refused by
+    name: tests/test_merge_policies.py) anywhere), in registry order."""
     return [n for n in POLICIES if make_policy(n, n_sink=2).requirements() <= SEMANTICS[semantics].provides
-            and not POLICIES[n].layer_heads]
+            and not POLICIES[n].layer_heads and not POLICIES[n].merges]
 
 
 STREAMING = runnable("streaming")

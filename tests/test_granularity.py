@@ -39,9 +39,11 @@ def supported(name: str, semantics: str) -> bool:
     return True
 
 
-STREAMING = [p for p in POLICIES if supported(p, "streaming")]
+# merging caches take --granularity token only (refused by name: test_merge_policies.py)
+STREAMING = [p for p in POLICIES if supported(p, "streaming") and not POLICIES[p].merges]
 # snapkv keeps its own set per layer and key/value head (--granularity head is refused for it: test_snapkv.py)
-PREFILL = [p for p in POLICIES if supported(p, "prefill_evict") and not POLICIES[p].layer_heads]
+PREFILL = [p for p in POLICIES if supported(p, "prefill_evict") and not POLICIES[p].layer_heads
+           and not POLICIES[p].merges]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ def as_sets(keep: torch.Tensor) -> list[set[int]]:
 
 def test_registry_finds_every_policy_by_name():
     assert set(POLICIES) == {"suffix", "sink_recent", "random", "poisson", "h2o", "tova", "snapkv", "snapkv_shared",
-                             "key_norm", "topk"}
+                             "key_norm", "topk", "merge_mean", "merge_nearest"}
     for name, cls in POLICIES.items():
         assert isinstance(make_policy(name), cls)
         assert cls.__doc__ and cls.__module__.endswith(name)

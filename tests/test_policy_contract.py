@@ -32,6 +32,7 @@ from truncsens.targets import TargetSet
 T, K = 24, 10
 PAIRS = list(itertools.product(POLICIES, SEMANTICS))
 SCORED = {"poisson", "h2o", "tova", "key_norm", "snapkv", "snapkv_shared", "topk"}
+MERGING = {"merge_mean", "merge_nearest"}  # no kept sets: merged caches (tests/test_merge_policies.py)
 
 
 def supported(policy_name: str, semantics_name: str) -> bool:
@@ -43,15 +44,16 @@ def supported(policy_name: str, semantics_name: str) -> bool:
 
 
 RUNNABLE = [(p, s) for p, s in PAIRS if supported(p, s)]
-PER_QUERY = [(p, s) for p, s in RUNNABLE if s != "streaming"]
-STREAMING = [p for p, s in RUNNABLE if s == "streaming"]
+PER_QUERY = [(p, s) for p, s in RUNNABLE if s != "streaming" and p not in MERGING]
+STREAMING = [p for p, s in RUNNABLE if s == "streaming" and p not in MERGING]
 
 
 def test_refused_pairs():
     """Policies that read scores need a semantics with a pass to read them from; SnapKV's observation
     window exists only in a full prefill; independent per-query draws are no streaming cache."""
     refused = sorted(set(PAIRS) - set(RUNNABLE))
-    assert refused == sorted([(p, "reencode") for p in SCORED] + [("snapkv", "streaming"), ("snapkv_shared", "streaming")])
+    assert refused == sorted([(p, "reencode") for p in SCORED | MERGING]
+                             + [("snapkv", "streaming"), ("snapkv_shared", "streaming")])
     with pytest.raises(PolicyError, match="random cannot be run with semantics streaming: it needs an independent kept "
                                           "set per query .*use --semantics reencode or prefill_evict"):
         SEMANTICS["streaming"].check_policy(make_policy("random", per_query=True))

@@ -33,7 +33,8 @@ def _streamable(name: str) -> bool:
     return True
 
 
-ONLINE = tuple(n for n in POLICIES if _streamable(n))  # every registered policy a streaming cache can run
+# every registered policy a streaming cache can run by evicting (merging caches: tests/test_merge_policies.py)
+ONLINE = tuple(n for n in POLICIES if _streamable(n) and not POLICIES[n].merges)
 
 
 def random_ids(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:

@@ -23,8 +23,9 @@ from truncsens.results.join import join_policy_runs
 def compare_policies(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | None = None,
                      numerator: str | None = None, denominator: str | None = None, bootstrap: int = 1000,
                      seed: int = 0, fit_range: str | tuple[int, int] | None = None,
-                     truncation: str | Path | xr.Dataset | None = None, json_out: str | Path | None = None,
-                     plot_out: str | Path | None = None, overwrite: bool = False) -> PolicyComparison:
+                     truncation: str | Path | xr.Dataset | None = None, paired_against: str | None = None,
+                     json_out: str | Path | None = None, plot_out: str | Path | None = None,
+                     overwrite: bool = False) -> PolicyComparison:
     """Compare the policies of budget sweeps (``truncsens measure --policy ...``).
 
     Args:
@@ -39,6 +40,9 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
             for suffix) over the truncation fit's range, and the difference of the two exponents reported: paired,
             with a document-bootstrap interval and a verdict, when both runs measured the same targets
             (:attr:`~truncsens.report.policy_comparison.PolicyComparison.paired`).
+        paired_against: a policy of the results (e.g. ``"sink_recent"``): every other policy's power-law
+            exponent in k minus its, paired on the same targets, with a document-bootstrap interval and a
+            verdict (faster / same / slower; :attr:`~truncsens.report.policy_comparison.PolicyComparison.against`).
         json_out: also write the comparison as JSON here; plot_out: draw the log-log figure to
             ``<plot_out>.png`` / ``.pdf``.
         overwrite: replace them; without it an existing one is refused before the bootstrap.
@@ -49,7 +53,7 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
 
     Raises:
         FileExistsError: an output exists and not ``overwrite``.
-        ValueError: no metric, a bad range, an explicit ratio policy the results lack.
+        ValueError: no metric, a bad range, an explicit ratio or ``paired_against`` policy the results lack.
         FileNotFoundError, truncsens.results.ResultsError: a missing or unreadable file, runs of other
             targets or settings, not a budget sweep.
         truncsens.fits.laws.FitError: bootstrap with fewer than 2 documents.
@@ -58,7 +62,7 @@ def compare_policies(results: Results | Sequence[Results], *, metrics: str | Seq
     if isinstance(fit_range, str):
         fit_range = parse_range(fit_range, "fit_range (--fit-range)")
     cfg = CompareConfig(metrics=names, numerator=numerator, denominator=denominator, n_boot=bootstrap, seed=seed,
-                        fit_range=tuple(fit_range) if fit_range else None)
+                        fit_range=tuple(fit_range) if fit_range else None, paired_against=paired_against)
     check_new_files([json_out, *(figure_paths(plot_out) if plot_out is not None else [])], overwrite)  # before the bootstrap
     datasets, sources = datasets_of(results)
     sources = [s or label for s, label in zip(sources, curve_labels(sources))]  # a Dataset in memory: "results"

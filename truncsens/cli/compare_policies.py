@@ -22,6 +22,7 @@ def compare_policies(
     seed: int = typer.Option(0, help="Seed of the resampling."),
     fit_range: Optional[str] = typer.Option(None, metavar="LO:HI", help="Budgets LO:HI of the power-law fits (default: as truncsens fit)."),
     truncation: Optional[Path] = typer.Option(None, help="A window results file (truncsens measure) whose power-law alpha is listed beside the policies'; recency policies are also fitted against the recent span they keep (k - S for sink_recent, k for suffix) and their exponent's difference from truncation's is printed, paired with an interval and a verdict when both runs measured the same targets (measure --sinks S: the matched run for S sinks)."),
+    paired_against: Optional[str] = typer.Option(None, metavar="POLICY", help="A policy of the results (e.g. sink_recent): every other policy's power-law exponent in k minus its, paired on the same targets, with an interval and a verdict (faster, same or slower decay)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON to stdout instead of the table."),
     json_out: Optional[Path] = typer.Option(None, "--json-out", help="Also write the comparison as JSON to this file."),
     plot: bool = typer.Option(False, "--plot/--no-plot", help="Draw the log-log plot (default prefix: <results>-policies next to the results)."),
@@ -42,7 +43,7 @@ def compare_policies(
         stem = (plot_out or default_plot_stem(results_file[0])) if plot else None
         cmp = compare(results_file, metrics=split_list(metrics, "--metrics"), numerator=numerator, denominator=denominator,
                       bootstrap=bootstrap, seed=seed, fit_range=parse_range(fit_range, "--fit-range") if fit_range else None,
-                      truncation=truncation, json_out=json_out, plot_out=stem, overwrite=overwrite)
+                      truncation=truncation, paired_against=paired_against, json_out=json_out, plot_out=stem, overwrite=overwrite)
         wrote = [str(p) for p in figure_paths(stem)] if plot else []
         if json_out:
             wrote.append(str(json_out))

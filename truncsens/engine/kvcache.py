@@ -145,3 +145,11 @@ def gather_slots(cache, index: torch.Tensor) -> None:
             cache.layers[layer].keys, cache.layers[layer].values = take(k), take(v)
         else:  # transformers 4.x
             cache.key_cache[layer], cache.value_cache[layer] = take(k), take(v)
+
+
+def set_layer_kv(cache, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Replace layer ``layer``'s keys [B, H_k, L, d_k] and values [B, H_v, L, d_v] of ``cache`` (any L)."""
+    if hasattr(cache, "layers"):
+        cache.layers[layer].keys, cache.layers[layer].values = keys, values
+    else:  # transformers 4.x
+        cache.key_cache[layer], cache.value_cache[layer] = keys, values

@@ -119,3 +119,55 @@ def paired_exponents(policy: Curve, truncation: Curve, cfg: FitConfig, paired: b
                      "truncation_fit_points": t["fit_points"], "difference": diff, "difference_ci": ci,
                      "relative": diff / b if b else None, "verdict": verdict(diff, ci)})
     return rows
+
+
+def against_verdict(ci: list[float] | None) -> str | None:
+    """``"faster"`` when the interval of ``alpha - alpha_against`` lies above 0 (the policy's D decays
+    faster in k), ``"slower"`` below 0, ``"same"`` when it contains 0; None without an interval."""
+    if not ci or any(c is None or not math.isfinite(c) for c in ci):
+        return None
+    return "faster" if ci[0] > 0.0 else "slower" if ci[1] < 0.0 else "same"
+
+
+def exponents_against(policy: Curve, against: Curve, cfg: FitConfig) -> list[dict]:
+    """Power-law exponents in the budget k of two policies of the same targets and their paired
+    difference: ``against`` fitted as ``truncsens fit`` would (``cfg.fit_range`` or the default
+    range), ``policy`` over the same budgets, both on the same document resamples
+    (:func:`paired_exponents`).
+
+    Returns:
+        one row per metric: ``{"metric", "status", "reason", "fit_range", "alpha", "alpha_ci",
+        "fit_points" (budgets), "against_alpha", "against_alpha_ci", "difference" (alpha -
+        against_alpha), "difference_ci", "verdict"}`` (:func:`against_verdict`).
+
+    Raises:
+        ValueError: the curves hold other documents (or another order).
+    """
+    rows = []
+    for row in paired_exponents(policy, against, cfg, True):
+        reason = row["reason"] and row["reason"].replace("span fit", "fit").replace("truncation fit", f"{against.label} fit")
+        rows.append({"metric": row["metric"], "status": row["status"], "reason": reason,
+                     "fit_range": row["fit_range"], "alpha": row["alpha"], "alpha_ci": row["alpha_ci"],
+                     "fit_points": row["fit_points"], "against_alpha": row["truncation_alpha"],
+                     "against_alpha_ci": row["truncation_alpha_ci"], "difference": row["difference"],
+                     "difference_ci": row["difference_ci"], "verdict": against_verdict(row["difference_ci"])})
+    return rows
+
+
+def power_fit_rows(name: str, curve: Curve, cfg: FitConfig) -> list[dict]:
+    """Rows of :attr:`truncsens.report.policy_comparison.PolicyComparison.fits` for one curve: its power-law
+    fit per metric (skipped rows when the fit fails)."""
+    try:
+        cf = fit_curve(curve, cfg)
+    except FitError as exc:
+        return [{"policy": name, "metric": m, "status": "skipped", "reason": str(exc), "alpha": None, "alpha_ci": None,
+                 "C": None, "C_ci": None, "sweep": curve.sweep, "fit_points": []} for m in cfg.metrics]
+    rows = []
+    for f in cf.fits:
+        ok = f["status"] == "ok"
+        p = f["params"]
+        rows.append({"policy": name, "metric": f["metric"], "status": f["status"], "reason": f["reason"],
+                     "alpha": p["alpha"]["value"] if ok else None, "alpha_ci": p["alpha"]["ci"] if ok else None,
+                     "C": p["C"]["value"] if ok else None, "C_ci": p["C"]["ci"] if ok else None,
+                     "sweep": curve.sweep, "fit_points": f["fit_points"]})
+    return rows

@@ -18,6 +18,8 @@ import dataclasses
 from truncsens.policies.base import CAPABILITIES, Kept, Policy, PolicyError
 from truncsens.policies.h2o import H2OPolicy
 from truncsens.policies.key_norm import KeyNormPolicy
+from truncsens.policies.merge_mean import MergeMeanPolicy
+from truncsens.policies.merge_nearest import MergeNearestPolicy
 from truncsens.policies.kvpress_adapter import PREFIX as KVPRESS_PREFIX, KVPressPolicy, kvpress_policy_class
 from truncsens.policies.poisson import SCORES, PoissonPolicy
 from truncsens.policies.random import RandomPolicy
@@ -30,7 +32,8 @@ from truncsens.policies.tova import TOVAPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (SuffixPolicy, SinkRecentPolicy, RandomPolicy, PoissonPolicy, H2OPolicy, TOVAPolicy,
-                              SnapKVPolicy, SnapKVSharedPolicy, KeyNormPolicy, TopKPolicy)
+                              SnapKVPolicy, SnapKVSharedPolicy, KeyNormPolicy, TopKPolicy, MergeMeanPolicy,
+                              MergeNearestPolicy)
 }
 
 
@@ -83,6 +86,6 @@ def policy_params(policy: Policy) -> dict:
 
 
 __all__ = [
-    "CAPABILITIES", "H2OPolicy", "KVPressPolicy", "KeyNormPolicy", "Kept", "POLICIES", "PoissonPolicy", "Policy", "PolicyError",
+    "CAPABILITIES", "H2OPolicy", "KVPressPolicy", "KeyNormPolicy", "Kept", "MergeMeanPolicy", "MergeNearestPolicy", "POLICIES", "PoissonPolicy", "Policy", "PolicyError",
     "RandomPolicy", "SCORES", "SinkRecentPolicy", "SnapKVPolicy", "SnapKVSharedPolicy", "SuffixPolicy", "TOVAPolicy", "TopKPolicy", "make_policy", "parse_policies", "policy_class", "policy_params",
 ]

@@ -49,8 +49,9 @@ OBSERVATION_WINDOW = "observation_window"  # attention rows of the last prompt q
 # the same per layer and key/value head, with kept sets per layer and head decoded exactly (SnapKV as published)
 LAYER_OBSERVATION_WINDOW = "layer_observation_window"
 PER_QUERY_DRAWS = "per_query_draws"  # an independent kept set per query (not one cache evicting as it goes)
+MERGED_SLOTS = "merged_slots"  # cache slots whose keys/values are replaced by merges, with a per-slot logit bias
 CAPABILITIES = (LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, LAYER_OBSERVATION_WINDOW,
-                PER_QUERY_DRAWS)
+                PER_QUERY_DRAWS, MERGED_SLOTS)
 # score kinds (Policy.score_kind) -> the capability they need
 SCORE_KINDS = {"attention": ATTENTION_SCORES, "last_attention": ATTENTION_SCORES, "key_norm": KEY_NORM_SCORES,
                "window_attention": OBSERVATION_WINDOW, "layer_window_attention": LAYER_OBSERVATION_WINDOW}
@@ -84,6 +85,8 @@ class Policy:
         shared_variant: for a ``layer_heads`` policy, the registered policy that decides by the same
             rule with one kept set for every layer and head (``snapkv``: ``snapkv_shared``), named
             where per-layer, per-head sets cannot run (sliding-window layers); None when there is none.
+        merges: whether the policy merges evicted keys into kept slots (:mod:`truncsens.policies.merging`)
+            instead of returning kept sets.
     """
 
     name: ClassVar[str] = ""
@@ -94,6 +97,7 @@ class Policy:
     layer_heads: ClassVar[bool] = False  # kept sets per layer and key/value head (HeadKept)
     shared_variant: ClassVar[str | None] = None  # the same rule with one kept set for all layers and heads
     tie_tolerance: ClassVar[float] = TIE_TOLERANCE  # relative gap below which scores it ranks tie (0: exact ties only)
+    merges: ClassVar[bool] = False  # folds evicted keys into kept slots (truncsens.policies.merging), no kept set
 
     def score_kind(self) -> str | None:
         """Which ``scores`` :meth:`keep` and :meth:`evict` need (a key of :data:`SCORE_KINDS`), or None:

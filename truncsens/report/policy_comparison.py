@@ -15,6 +15,8 @@ For a results file with a ``budget`` sweep (and a ``policy`` dim, or one policy 
   with S sinks) over the truncation fit's range, and its difference from the truncation exponent
   (:func:`truncsens.fits.paired.paired_exponents`): paired, with a document-bootstrap interval and a
   verdict, when both runs measured the same targets (:func:`pairing_gap`), else the bare difference;
+- with ``paired_against`` P, each other policy's exponent in k minus P's, paired on the same targets
+  (:func:`truncsens.fits.paired.exponents_against`), with an interval and a verdict;
 - for a file with R > 1 draws (``measure --draws R``): everything above on the per-target means
   over draws (:func:`truncsens.results.mean_over_draws`), and the spread between draws
   (:func:`draw_spread`): the mean over targets of each draw, their standard deviation (ddof 1) and
@@ -40,7 +42,7 @@ from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.fit_file import sanitize
 from truncsens.fits.fitting import FitConfig, fit_curve
 from truncsens.fits.laws import FitError
-from truncsens.fits.paired import paired_exponents, skipped_row, span_curve
+from truncsens.fits.paired import exponents_against, paired_exponents, power_fit_rows, skipped_row, span_curve
 from truncsens.metrics import DEFAULT_METRICS
 from truncsens.policies import Policy, PolicyError, make_policy
 from truncsens.results import ResultsError, is_per_layer, load, sweep_dim
@@ -62,6 +64,8 @@ class CompareConfig:
         seed: resampling seed.
         level: interval level, in (0, 1).
         fit_range: (lo, hi) budgets of the power-law fit, inclusive (None: the ``fit`` default).
+        paired_against: a policy of the file whose exponent in k every other policy's is paired with
+            (:func:`truncsens.fits.paired.exponents_against`), or None.
 
     Raises:
         ValueError: no metric, n_boot < 0 or level outside (0, 1).
@@ -74,6 +78,7 @@ class CompareConfig:
     seed: int = 0
     level: float = 0.95
     fit_range: tuple[int, int] | None = None
+    paired_against: str | None = None
 
     def __post_init__(self) -> None:
         if not self.metrics:
@@ -111,6 +116,8 @@ class PolicyComparison:
             recency policy and metric, plus ``"policy"``, ``"truncation"`` (its label), ``"span_rule"``
             (:meth:`~truncsens.policies.base.Policy.recent_span_rule`), ``"sinks"`` (the policy's first
             tokens kept) and ``"truncation_sinks"`` (the truncation run's ``n_sink``); empty otherwise.
+        against: with ``paired_against``, rows of :func:`truncsens.fits.paired.exponents_against` for
+            every other policy and metric, plus ``"policy"`` and ``"against"``; empty otherwise.
     """
 
     policies: list[str]
@@ -124,12 +131,14 @@ class PolicyComparison:
     draws: int = 1
     spread: list[dict] = field(default_factory=list)
     paired: list[dict] = field(default_factory=list)
+    against: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        """A JSON-safe dict (non-finite numbers become null)."""
+        """A JSON-safe dict (non-finite numbers become null; ``against`` only when asked)."""
         return sanitize({"policies": self.policies, "budgets": self.budgets, "metrics": list(self.metrics), "level": self.level,
                          "table": self.table, "ratios": self.ratios, "fits": self.fits, "notes": self.notes,
-                         "draws": self.draws, "spread": self.spread, "paired": self.paired})
+                         "draws": self.draws, "spread": self.spread, "paired": self.paired}
+                        | ({"against": self.against} if self.against else {}))
 
     def mean_curve(self, policy: str, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(mean [K], lo [K], hi [K]) of one policy and metric, in budget order."""
@@ -205,11 +214,12 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
 
     Raises:
         ResultsError: not a policy results file, an unknown metric, or a per-layer ``truncation`` file.
-        ValueError: an explicit numerator or denominator that is not a policy of the file.
+        ValueError: an explicit numerator, denominator or ``paired_against`` that is not a policy of the file.
         FitError: bootstrap asked with fewer than 2 documents.
     """
     in_file = policy_names(ds)
-    for option, given in (("numerator (--numerator)", cfg.numerator), ("denominator (--denominator)", cfg.denominator)):
+    for option, given in (("numerator (--numerator)", cfg.numerator), ("denominator (--denominator)", cfg.denominator),
+                          ("paired_against (--paired-against)", cfg.paired_against)):
         if given is not None and given not in in_file:  # the defaults may be absent: that is only a note
             raise ValueError(f"{option} {given!r} is not a policy of {source} (it has {', '.join(in_file)})")
     named = policy_curves(ds, cfg.metrics)  # per-target means over draws
@@ -254,14 +264,18 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
         notes += truncation_mismatch(ds, truncation)
         extra = [(f"truncation{'' if c.policy is None else '[' + c.policy + ']'}", c) for c in curves_of(truncation, list(cfg.metrics))]
     for name, curve in list(named) + extra:
-        fits.extend(_power_fits(name, curve, fit_cfg))
+        fits.extend(power_fit_rows(name, curve, fit_cfg))
     if truncation is not None:
         paired, span_notes = span_exponents(ds, named, extra, fit_cfg, truncation)
         notes += span_notes
+    ref = dict(named).get(cfg.paired_against)
+    against = [{"policy": n, "against": cfg.paired_against, **row} for n, c in named if ref is not None and c is not ref
+               for row in exponents_against(c, ref, fit_cfg)]
     if R > 1:
         notes.append(f"every target's value is its mean over {R} draws of the randomized policies (deterministic "
                      "policies: the same value in every draw); the spread between draws is listed below")
-    return PolicyComparison(policies, budgets, table, ratios, fits, notes, tuple(cfg.metrics), cfg.level, R, spread, paired)
+    return PolicyComparison(policies, budgets, table, ratios, fits, notes, tuple(cfg.metrics), cfg.level, R, spread, paired,
+                            against)
 
 
 # what makes two runs' targets the same, so that their exponents are paired: the target coords, and the documents
@@ -351,24 +365,6 @@ def truncation_mismatch(ds: xr.Dataset, truncation: xr.Dataset) -> list[str]:
         which = f"{n} against {m}" if n != m else f"other positions, {n} each"
         notes.append(f"the truncation run measured other targets ({which}): its alpha is not paired with the policies'")
     return notes
-
-
-def _power_fits(name: str, curve: Curve, cfg: FitConfig) -> list[dict]:
-    """Rows of :attr:`PolicyComparison.fits` for one curve (skipped rows when the fit fails)."""
-    try:
-        cf = fit_curve(curve, cfg)
-    except FitError as exc:
-        return [{"policy": name, "metric": m, "status": "skipped", "reason": str(exc), "alpha": None, "alpha_ci": None,
-                 "C": None, "C_ci": None, "sweep": curve.sweep, "fit_points": []} for m in cfg.metrics]
-    rows = []
-    for f in cf.fits:
-        ok = f["status"] == "ok"
-        p = f["params"]
-        rows.append({"policy": name, "metric": f["metric"], "status": f["status"], "reason": f["reason"],
-                     "alpha": p["alpha"]["value"] if ok else None, "alpha_ci": p["alpha"]["ci"] if ok else None,
-                     "C": p["C"]["value"] if ok else None, "C_ci": p["C"]["ci"] if ok else None,
-                     "sweep": curve.sweep, "fit_points": f["fit_points"]})
-    return rows
 
 
 def default_plot_stem(results_file: str | Path) -> Path:

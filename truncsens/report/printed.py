@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from truncsens.budget.windows import format_tokens, format_tokens_short
 from truncsens.corpora.local import skipped_files_note
+from truncsens.report.exponents_against import format_exponents_against
 from truncsens.report.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
 
 if TYPE_CHECKING:  # type hints only
@@ -307,6 +308,8 @@ def format_comparison(cmp: PolicyComparison) -> str:
             lines.append(f"  {f['policy']:>20} {f['metric']:>6}  skipped: {f['reason']}")
     if cmp.paired:
         lines += ["", format_span_exponents(cmp)]
+    if cmp.against:
+        lines += ["", format_exponents_against(cmp.against, cmp.level)]
     lines += [f"note: {n}" for n in cmp.notes]
     return "\n".join(lines)
 

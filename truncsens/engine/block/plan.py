@@ -88,7 +88,7 @@ def check_policy_blocks(semantics, policies: Sequence, positions: str, granulari
 
     Raises:
         MeasureError: a semantics without ``policy_blocks`` (reencode), a kvpress press or another policy
-            with kept sets per layer and head (``snapkv``), reindexed
+            with kept sets per layer and head (``snapkv``), a merging policy (no kept sets), reindexed
             positions, head granularity or a chunk above 1; each message names the fix
             (``--protocol exact``).
     """
@@ -106,6 +106,8 @@ def check_policy_blocks(semantics, policies: Sequence, positions: str, granulari
     for p in policies:
         if PREFILL_LAYERS in p.requirements():
             raise MeasureError(f"{block} does not run kvpress presses ({p.name}: per-layer kept sets); {fix}")
+        if p.merges:
+            raise MeasureError(f"{block} measures kept sets; {p.name} merges evicted keys into kept slots; {fix}")
         if p.layer_heads:
             raise MeasureError(f"{block} measures one kept set per target; {p.name} keeps one per layer and "
                                f"key/value head; {fix} (or snapkv_shared, one set for all layers and heads)")

@@ -19,8 +19,8 @@ from truncsens.engine.attention_windows import WindowError, layer_windows
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
 from truncsens.results import POSITIONS
 from truncsens.policies.base import (
-    ATTENTION_SCORES, KEY_NORM_SCORES, LAYER_OBSERVATION_WINDOW, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
-    Kept, Policy, PolicyError, check_granularity, head_seeds, unfold_heads,
+    ATTENTION_SCORES, KEY_NORM_SCORES, LAYER_OBSERVATION_WINDOW, LOGIT_OFFSETS, MERGED_SLOTS, OBSERVATION_WINDOW,
+    PER_QUERY_DRAWS, Kept, Policy, PolicyError, check_granularity, head_seeds, unfold_heads,
 )
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
 
@@ -34,6 +34,7 @@ _CAPABILITY_TEXT = {
                                "and a decode of kept sets per layer and head"),
     PER_QUERY_DRAWS: "an independent kept set per query (--per-query; a streaming cache evicts once per key)",
     PREFILL_LAYERS: "each attention layer's inputs and keys of a full prefill (a kvpress press)",
+    MERGED_SLOTS: "a cache whose slots' keys and values are replaced by merges, with a logit bias per slot",
 }
 ATTENTION_KINDS = ("attention", "last_attention", "window_attention", "layer_window_attention")
 
@@ -130,7 +131,20 @@ class Semantics:
 
     def check_policy_model(self, policy: Policy, model) -> None:
         """Raise :class:`SemanticsError` when ``policy``'s kept sets cannot run on ``model`` under this
-        semantics (checked before any pass; the base refuses nothing)."""
+        semantics (checked before any pass): a merging policy on a model with sliding-window layers
+        (a merged slot has no single position to window)."""
+        if policy.merges and hasattr(model, "set_attn_implementation"):
+            windows = windows_of(model, self.name)
+            if windows.windowed:
+                raise SemanticsError(f"policy {policy.name} merges keys of different positions into one slot, which "
+                                     f"sliding-window layers cannot window; this model has {windows.describe()}")
+
+    def check_merging(self, policy: Policy, positions: str, granularity: str) -> None:
+        """Raise :class:`~truncsens.policies.PolicyError` for a merging policy with ``--positions
+        reindexed`` or ``--granularity head`` (one merge decision per slot, at original positions)."""
+        if positions != "original" or granularity != "token":
+            raise PolicyError(f"policy {policy.name} merges slots at their original positions, one decision for "
+                              "every head: use --positions original and --granularity token")
 
     def check_granularity(self, granularity: str) -> None:
         """Raise :class:`~truncsens.policies.PolicyError` for an unknown granularity, or
@@ -229,6 +243,9 @@ class Semantics:
             (log-probabilities [B, V] float64, keep_last [B, T] bool keys the target's query read;
             [B, Hkv, T] under head granularity).
         """
+        if policy.merges:  # a merging cache (truncsens.engine.merge_pass): no kept sets
+            self.check_merging(policy, positions, granularity)
+            return self.merged_logprobs(model, input_ids, policy, budget, ref, chunk)
         T = input_ids.shape[1]
         queries = self.queries(T, input_ids.device)  # [Q]
         heads = heads_of(model, granularity)
@@ -240,6 +257,12 @@ class Semantics:
         else:
             kept = policy.keep(T, budget, queries, seeds, self.scores(policy, ref, queries) if ref is not None else None)
         return self.kept_logprobs(model, input_ids, kept, ref, positions), kept.last()
+
+    def merged_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, ref: ReferencePass | None,
+                        chunk: int) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover - refused by check_policy
+        """(log-probabilities [B, V], [B, T] tokens read unmerged) of a merging policy (semantics that
+        provide :data:`~truncsens.policies.base.MERGED_SLOTS`)."""
+        raise NotImplementedError
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:  # pragma: no cover - abstract

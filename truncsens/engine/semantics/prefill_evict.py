@@ -23,13 +23,14 @@ from truncsens.engine import kvcache
 from truncsens.engine.attention_windows import kept_attention_mask
 from truncsens.engine.forward import model_dtype, rows_logprobs
 from truncsens.engine.granularity import groups_of
+from truncsens.engine.merge_pass import prefill_merging
 from truncsens.engine.prefill_layers import PrefillReference, record_prefill
 from truncsens.engine.reference_pass import ReferencePass
 from truncsens.engine.rerotation import decode_gathered
 from truncsens.engine.semantics.base import Semantics, SemanticsError, windows_of
 from truncsens.policies.base import (
-    ATTENTION_SCORES, KEY_NORM_SCORES, LAYER_OBSERVATION_WINDOW, LOGIT_OFFSETS, OBSERVATION_WINDOW, PER_QUERY_DRAWS,
-    Kept, Policy,
+    ATTENTION_SCORES, KEY_NORM_SCORES, LAYER_OBSERVATION_WINDOW, LOGIT_OFFSETS, MERGED_SLOTS, OBSERVATION_WINDOW,
+    PER_QUERY_DRAWS, Kept, Policy,
 )
 from truncsens.policies.kept import HeadKept
 from truncsens.policies.kvpress_adapter import PREFILL_LAYERS
@@ -46,7 +47,7 @@ class PrefillEvict(Semantics):
     per_layer = True
     positions = ("original", "reindexed")
     provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, OBSERVATION_WINDOW, LAYER_OBSERVATION_WINDOW,
-                          PER_QUERY_DRAWS, PREFILL_LAYERS})
+                          PER_QUERY_DRAWS, PREFILL_LAYERS, MERGED_SLOTS})
     policy_blocks = True
     score_source = "the full-context prefill (reference pass)"
     block_passes = "one prefill per block, one decode of its targets per budget"
@@ -60,6 +61,7 @@ class PrefillEvict(Semantics):
             SemanticsError: naming the policy, the model's windows and the policy's
                 :attr:`~truncsens.policies.base.Policy.shared_variant` (which runs there), if any.
         """
+        super().check_policy_model(policy, model)
         if not policy.layer_heads or not hasattr(model, "set_attn_implementation"):
             return
         windows = windows_of(model, self.name)
@@ -89,6 +91,12 @@ class PrefillEvict(Semantics):
         if PREFILL_LAYERS in policy.requirements():
             return ref.layers, [kvcache.layer_kv(ref.cache, layer) for layer in range(len(ref.layers.modules))]
         return super().scores(policy, ref, queries)
+
+    def merged_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, ref: ReferencePass | None,
+                        chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A merging policy: a copy of ``ref.cache`` merged down to k − 1 slots, then the target's query
+        decoded against it (:func:`~truncsens.engine.merge_pass.prefill_merging`)."""
+        return prefill_merging(model, input_ids, ref.cache, policy, budget)
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept, ref: ReferencePass | None,
                       positions: str) -> torch.Tensor:

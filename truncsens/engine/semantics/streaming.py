@@ -22,10 +22,11 @@ from truncsens.engine.attention_windows import kept_attention_mask
 from truncsens.engine.forward import model_dtype, rows_logprobs
 from truncsens.engine.granularity import groups_of, heads_of
 from truncsens.engine.masks import check_causal
+from truncsens.engine.merge_pass import stream_merging
 from truncsens.engine.reference_pass import ReferencePass, reference_pass
 from truncsens.engine.semantics.base import Semantics, SemanticsError, windows_of
 from truncsens.engine.streaming_pass import decide_offline, stream_online
-from truncsens.policies.base import ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, Kept, Policy, head_seeds
+from truncsens.policies.base import ATTENTION_SCORES, KEY_NORM_SCORES, LOGIT_OFFSETS, MERGED_SLOTS, Kept, Policy, head_seeds
 from truncsens.policies.streaming import Evictions
 
 
@@ -33,7 +34,7 @@ class Streaming(Semantics):
     """One cache evicting as it goes, decisions from online scores (module docstring)."""
 
     name = "streaming"
-    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES})
+    provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, MERGED_SLOTS})
     streams = True
     policy_blocks = True
     per_layer = True
@@ -60,8 +61,17 @@ class Streaming(Semantics):
         Raises:
             PolicyError: a bad chunk or budget (see :func:`truncsens.policies.streaming.run_stream`).
         """
+        if policy.merges:  # a merging cache (truncsens.engine.merge_pass): no eviction steps
+            self.check_merging(policy, positions, granularity)
+            return self.merged_logprobs(model, input_ids, policy, budget, ref, chunk)
         lp, evictions = self.stream(model, input_ids, policy, budget, seeds, chunk, granularity)
         return lp, evictions.last()
+
+    def merged_logprobs(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, ref: ReferencePass | None,
+                        chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A merging policy as one cache of k − 1 slots merging as it goes, in chunks of ``chunk`` tokens
+        (:func:`~truncsens.engine.merge_pass.stream_merging`)."""
+        return stream_merging(model, input_ids, policy, budget, chunk)
 
     @torch.no_grad()
     def stream(self, model, input_ids: torch.Tensor, policy: Policy, budget: int, seeds: Sequence[int],
