@@ -235,6 +235,7 @@ STEPS = [
     Step("throughput-policies-sink-recent", "python benchmarks/policies_throughput.py --policy sink_recent"),
     Step("throughput-certify", "python benchmarks/certify_throughput.py"),
     Step("throughput-certify-streaming", "OMP_NUM_THREADS=1 python benchmarks/certify_streaming_cost.py"),
+    Step("throughput-streaming-cost", "OMP_NUM_THREADS=1 python benchmarks/streaming_cost.py --lengths 512 2048 4096"),
     Step("memory-scaling", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384"),
     Step("memory-scaling-snapkv", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384 --paths "
                                   "prefill_evict:sink_recent prefill_evict:snapkv prefill_evict:snapkv_shared"),

@@ -34,8 +34,8 @@ reads the evicted run.
 
 Cost: the state is held for the live slots only, as a server holds its cache: per (layer, row) the n
 slots of the keys still cached (n ≈ k; a ``poisson`` row may hold a few more, its budget holds in
-expectation), each with its position, flags, π, uniform, scores and window ring, compacted after
-every eviction. A token step reads its keys and values from the run's key log at the slots'
+expectation), each with its position, flags, π, uniform, scores and window ring; an evicted key's
+slot is masked, and the slots are compacted once more than 32 are dead (amortized O(k)). A token step reads its keys and values from the run's key log at the slots'
 positions (a gather of n keys), attends over them and the policy decides over them: O(k) work per
 step, whatever the context. Only a recorded step reads every key computed, once, for the truth and
 the records (one pass over the key log, which a simulation keeps and a server does not); the
@@ -61,6 +61,7 @@ from truncsens.policies.base import StreamView, uniforms
 SCORE_FLOOR = 1e-6  # (as truncsens.certificates.passes.SCORE_FLOOR) added score, relative to the row's mean
 STEP_RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail",
                 "o_hat_norm", "kept_share", "tail_mass")
+COMPACT_SLACK = 32  # dead slots a run keeps (masked) before it compacts its slots
 SLOT_FIELDS = ("pos", "alive", "offset", "drawn", "pi", "last_pi", "u", "received", "window_sum", "score", "norm")
 
 
@@ -89,7 +90,8 @@ class StreamState:
         evicted_pi, evicted_score, evicted_drawn: [L, B·Hkv, T + 1] last_pi, score and drawn of every
             evicted key, written at its eviction (column T: a discard column), for the design records.
         record: whether the current step records; records: layer -> name (:data:`STEP_RECORDS`) ->
-            [B, H] float64 of the last recorded step.
+            [B, H] float64 of the last recorded step; step_terms: what every layer of this token step
+            reads (:func:`_step_terms`), None until its first layer.
     """
 
     policy: Policy
@@ -108,6 +110,7 @@ class StreamState:
     evicted_drawn: torch.Tensor
     record: bool = False
     records: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    step_terms: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def new(cls, policy: Policy, budget: int, design: CertifyDesign, delta: float, seeds: Sequence[int], n_layers: int,
@@ -117,7 +120,7 @@ class StreamState:
         R = len(seeds) * n_kv
         u = uniforms(layer_head_seeds(seeds, n_layers, n_kv), (T,), device)  # [B·L·Hkv, T], row (b·L + l)·Hkv + h
         u = u.view(len(seeds), n_layers, n_kv, T).transpose(0, 1).reshape(n_layers, R, T)  # [L, B·Hkv, T]
-        S = budget + 16
+        S = budget + COMPACT_SLACK + 16
         return cls(policy, budget, design, delta, n_layers, n_kv, T, 0, _empty_slots(n_layers, R, S, device),
                    torch.zeros(n_layers, R, design.obs_window, S, device=device), u,
                    torch.ones(n_layers, R, T + 1, dtype=torch.float64, device=device),
@@ -150,6 +153,7 @@ class StreamState:
         s["u"][:, :, a:b] = self.uniforms[:, :, start : start + c]
         self.window[..., a:b] = 0.0
         self.n = b
+        self.step_terms = None  # the next step's (:func:`_step_terms`)
 
     def design_scores(self) -> torch.Tensor:
         """[L, B·Hkv, n] float64 online design score of the slots' keys (module docstring), tempered
@@ -176,8 +180,8 @@ class StreamState:
 
     def evict(self, end: int) -> None:
         """The policy's streaming step of every (layer, sequence, KV head) row after ``end`` tokens, in
-        one call over the L·B·Hkv rows and their n slots (each row decides alone), then the slots of
-        evicted keys are dropped (their records written by position).
+        one call over the L·B·Hkv rows and their n slots (each row decides alone); evicted keys' records
+        are written by position, and their slots dropped once more than :data:`COMPACT_SLACK` are dead.
 
         Raises:
             PolicyError: the policy's own refusals (scores all zero, ...) or a rule no cache could follow.
@@ -204,12 +208,21 @@ class StreamState:
         new = {"alive": step.keep, "last_pi": last_pi, "score": new_score, "drawn": step.drawn,
                "offset": torch.where(step.keep, step.offset.float(), torch.zeros_like(step.offset.float())),
                "pi": torch.where(step.keep, decided, torch.ones_like(decided))}
-        keep = step.keep
+        for name, value in new.items():
+            self.slots[name][:, :, :n] = value.view(L, R, n)
+        m = int(step.keep.sum(-1).max())
+        if n - m > COMPACT_SLACK:  # drop the dead slots (amortized: masked until then)
+            self.compact()
+
+    def compact(self) -> None:
+        """Move each row's live slots to its first slots, in order, and drop the slots past the
+        longest row's (:attr:`n` becomes the most keys a row caches)."""
+        L, R, n = self.n_layers, self.alive.shape[1], self.n
+        keep = self.alive[:, :, :n].reshape(L * R, n)
         m = int(keep.sum(-1).max())
         order = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[:, :m]  # [L·R, m] live slots first, in order
-        for name, t in self.slots.items():
-            value = new[name] if name in new else t[:, :, :n].reshape(L * R, n)
-            t[:, :, :m] = value.gather(1, order).view(L, R, m)
+        for t in self.slots.values():
+            t[:, :, :m] = t[:, :, :n].reshape(L * R, n).gather(1, order).view(L, R, m)
         self.alive[:, :, m:n] = False  # slots past the live ones are free
         W = self.window.shape[2]
         ring = self.window[..., :n].reshape(L * R, W, n).gather(2, order.unsqueeze(1).expand(L * R, W, m))
@@ -273,6 +286,17 @@ def _at_slots(t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return rows.index_select(0, (first + pos).reshape(-1)).view(*pos.shape, d)
 
 
+def _step_terms(state: StreamState, B: int, n_kv: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """What every layer of a token step reads, computed once for the L layers: ``alive`` [L, B, Hkv, 1, n]
+    bool and ``off`` [L, B, Hkv, 1, n] the Hájek offsets log(π) of kept random keys (0 on certain
+    ones) in the model's dtype."""
+    L, n = state.n_layers, state.n
+    alive = state.alive[:, :, :n].reshape(L, B, n_kv, 1, n)
+    tail = state.drawn[:, :, :n].reshape(L, B, n_kv, 1, n) if state.policy.expected_budget else torch.zeros_like(alive)
+    pi_kept = torch.where(alive & tail, state.pi[:, :, :n].reshape(L, B, n_kv, 1, n), 1.0)  # float64
+    return {"alive": alive, "off": torch.log(pi_kept).to(dtype)}
+
+
 def stream_attention(state: StreamState, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      scaling: float) -> torch.Tensor:
     """One layer of the streaming run: query [B, H, c, d] against key/value [B, Hkv, end, d] (the key
@@ -310,9 +334,9 @@ def stream_attention(state: StreamState, module, query: torch.Tensor, key: torch
             state.add_attention(layer, _group(p.float(), n_kv).reshape(R, b - a, end), first + a)  # [B·Hkv, b-a, end]
         return torch.cat(out, 2).transpose(1, 2).to(query.dtype)  # [B, H, c, dv] -> [B, c, H, dv]
     slot_pos = state.pos[layer, :, :n].reshape(B, n_kv, n)  # [B, Hkv, n]
-    alive = state.alive[layer, :, :n].reshape(B, n_kv, 1, n)  # [B, Hkv, 1, n]
-    tail = state.drawn[layer, :, :n].reshape(B, n_kv, 1, n) if state.policy.expected_budget else torch.zeros_like(alive)
-    pi_kept = torch.where(alive & tail, state.pi[layer, :, :n].reshape(B, n_kv, 1, n), 1.0)  # [B, Hkv, 1, n]
+    if state.step_terms is None:  # once per token step, for every layer
+        state.step_terms = _step_terms(state, B, n_kv, query.dtype)
+    alive, off = state.step_terms["alive"][layer], state.step_terms["off"][layer]  # [B, Hkv, 1, n] each
     if state.record:  # the certificate's records over the whole key log: float64, as at prefill-evict
         now = state.by_position(end)  # name -> [L, R, end]
         full = {name: now[name][layer].reshape(B, n_kv, end).repeat_interleave(n_rep, dim=1)
@@ -336,7 +360,6 @@ def stream_attention(state: StreamState, module, query: torch.Tensor, key: torch
         k, v = _at_slots(key, slot_pos), _at_slots(value, slot_pos)  # [B, Hkv, n, d], [B, Hkv, n, dv]
         qg = query.reshape(B, n_kv, n_rep, -1)  # [B, H, 1, d] -> [B, Hkv, G, d]
         logits = torch.matmul(qg, k.transpose(-1, -2)) * scaling  # [B, Hkv, G, n]
-        off = torch.log(pi_kept).to(logits.dtype)  # [B, Hkv, 1, n]
         z = torch.where(alive, logits - off, torch.full_like(logits, -math.inf))
         w = torch.softmax(z, dim=-1)  # [B, Hkv, G, n]
         o_hat = torch.matmul(w, v).view(B, H, -1)  # [B, Hkv, G, dv] -> [B, H, dv]
