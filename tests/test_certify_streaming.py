@@ -209,3 +209,44 @@ def test_a_batch_of_more_rows_than_positions_streams_as_its_sequences_alone():
         assert batch.kept_tokens[:, 0, b].tolist() == one.kept_tokens[:, 0, 0].tolist()
         torch.testing.assert_close(batch.logprobs[:, 0, b], one.logprobs[:, 0, 0], rtol=1e-9, atol=1e-9)
     assert batch.kept_tokens[1].unique().tolist() == [budget]  # sink_recent: exactly k keys in every head
+
+
+@pytest.mark.parametrize("score,granularity,slack", [("window", "head", 2), ("h2o", "head", 32), ("key_norm", "head", 2),
+                                                     ("window", "token", 32), ("h2o", "token", 2)])
+def test_the_compacted_stream_equals_the_full_position_path(score, granularity, slack, monkeypatch):
+    """The engine holds its streaming state for the live slots only (O(k) per token step); the path
+    it replaced held every position and masked every key at every step (tests/stream_reference.py).
+    Both give the same runs: log-probabilities, every step's records (generation included, so several
+    recorded steps), kept-key counts and the design records, to 1e-6 in float64, for several seeds,
+    both design granularities, poisson and sink_recent, with slots compacted after a few dead ones
+    (slack 2) or left masked (slack 32)."""
+    from stream_reference import reference_stream_run
+    from truncsens.certificates import stream_probe
+    from truncsens.certificates.stream_passes import kept_per_sequence
+
+    monkeypatch.setattr(stream_probe, "COMPACT_SLACK", slack)
+
+    model = sharp_tiny_llama(layers=3).double()
+    T, budget, delta = 40, 9, 0.1
+    design = CertifyDesign(granularity=granularity, score=score, obs_window=4, temper=0.5)
+    for name, seeds in (("poisson", [21, 22, 23]), ("poisson", [5, 6, 7]), ("sink_recent", [1, 2, 3])):
+        policy = make_policy(name, n_sink=1)
+        ids = torch.randint(0, 64, (3, T), generator=torch.Generator().manual_seed(seeds[0]))
+        new = stream_run(model, ids, policy, budget, seeds, delta, design, generate=3)
+        old = reference_stream_run(model, ids, policy, budget, seeds, delta, design, generate=3)
+        torch.testing.assert_close(new.logprobs, old.logprobs, rtol=1e-6, atol=1e-9)
+        assert torch.equal(new.generated, old.generated)
+        assert len(new.steps) == len(old.steps) == 3
+        for got, want in zip(new.steps, old.steps):
+            for key in want:
+                torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-9, equal_nan=True, msg=key)
+        kept = new.state.by_position(T + 2)["alive"]
+        assert torch.equal(kept, old.state.alive[:, :, : T + 2])  # the same keys cached, per layer and head
+        assert kept_per_sequence(kept, 3).tolist() == kept_per_sequence(old.state.alive, 3).tolist()
+        got, want = new.state.design_records(3, T + 2), old.state.design_records(3, T + 2)
+        for key in want:
+            torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-9, msg=key)
+        if name == "poisson":  # the draws thinned keys, and rows hold different numbers of keys
+            assert float(new.steps[-1]["n_random"].sum()) > 0
+            assert kept.sum(-1).unique().numel() > 1
+        assert new.state.n <= 2 * budget + slack  # the state holds the live slots (and a few dead), not T positions

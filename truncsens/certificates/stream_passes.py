@@ -66,7 +66,7 @@ def stream_run(model, input_ids: torch.Tensor, policy: Policy, budget: int, seed
     n_layers, n_kv = int(config.num_hidden_layers), head_counts(model)[1]
     device = input_ids.device
     state = StreamState.new(policy, budget, design, delta, seeds, n_layers, n_kv, T, device)
-    cache = kvcache.new_preallocated_cache(model, n_layers, T)  # one copy per new key, not per step
+    cache = kvcache.new_preallocated_cache(model, n_layers, T)  # the key log: one copy per new key, read at the slots
     kw = {kvcache.cache_keyword(model): cache}
     steps: list[dict[str, torch.Tensor]] = []
     generated = []
@@ -74,11 +74,12 @@ def stream_run(model, input_ids: torch.Tensor, policy: Policy, budget: int, seed
 
     def forward(ids: torch.Tensor, start: int, record: bool):
         state.record, state.records = record, {}
+        state.open(start, ids.shape[1])
         pos = torch.arange(start, start + ids.shape[1], device=device).expand(B, -1)  # [B, c]
         out = model(input_ids=ids, position_ids=pos, use_cache=True, logits_to_keep=1, certify_stream=state, **kw)
         end = start + ids.shape[1]
         if end < T:  # the cache's decision after this token (or the first chunk), every layer at once
-            state.evict([kvcache.layer_kv(cache, layer)[0] for layer in range(n_layers)], end)
+            state.evict(end)
         if record:
             steps.append({name: torch.stack([state.records[layer][name] for layer in sorted(state.records)], 1)
                           for name in state.records[min(state.records)]})  # name -> [B, L, H]
@@ -99,7 +100,7 @@ def stream_run(model, input_ids: torch.Tensor, policy: Policy, budget: int, seed
 
 def kept_per_sequence(alive: torch.Tensor, B: int) -> torch.Tensor:
     """Keys a sequence's cache holds, per head: ``alive`` [L, B·Hkv, T] (row ``b·Hkv + h`` of each
-    layer, as :class:`~truncsens.certificates.stream_probe.StreamState` keeps it) -> [B] long, the
+    layer, as :meth:`~truncsens.certificates.stream_probe.StreamState.by_position` gives it) -> [B] long, the
     mean over the L·Hkv (layer, key/value head) caches of sequence b, rounded."""
     L, R, T = alive.shape
     per_head = alive.view(L, B, R // B, T).sum(-1)  # [L, B·Hkv, T] -> [L, B, Hkv, T] -> [L, B, Hkv]
@@ -137,7 +138,7 @@ def certify_stream_batch(model, input_ids: torch.Tensor, policies: Sequence[Poli
         for j, k in enumerate(budgets):
             run = stream_run(model, input_ids, policy, k, seeds[p][j], delta, design)
             logprobs[p, j] = run.logprobs
-            kept_tokens[p, j] = kept_per_sequence(run.state.alive[:, :, :T], B).cpu()
+            kept_tokens[p, j] = kept_per_sequence(run.state.by_position(T)["alive"], B).cpu()
             drawn = run.state.design_records(B, T)  # name -> [B, L, Hkv]
             for name in PROBE_RECORDS:
                 values = run.steps[-1][name].cpu()

@@ -194,7 +194,7 @@ class Policy:
         Returns:
             :class:`StreamStep` (offsets and draws unchanged).
         """
-        protected = self.stream_protected(view.end, view.budget, view.alive.device).unsqueeze(0) & view.alive  # [B, e]
+        protected = view.by_position(self.stream_protected(view.end, view.budget, view.alive.device)) & view.alive  # [B, n]
         free = (view.budget - 1 - protected.sum(-1)).clamp(min=0)  # [B]
         keep = protected | top_per_row(self.stream_value(view), view.alive & ~protected, free, self.tie_tolerance)
         return StreamStep(keep, view.offset, view.drawn)

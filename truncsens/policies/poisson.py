@@ -206,8 +206,8 @@ class PoissonPolicy(Policy):
         score = view.scores(self.score).to(torch.float64)  # [B, e]
         if not bool(torch.isfinite(score).all()) or bool((score < 0).any()):
             raise PolicyError("poisson scores must be finite and non-negative")
-        pos = torch.arange(view.end, device=score.device)
-        base = ((pos < self.n_sink) | (pos >= view.end - (r - 1))).unsqueeze(0) & view.alive  # [B, e] certain
+        pos = view.columns()  # [B, e] each column's position
+        base = ((pos < self.n_sink) | (pos >= view.end - (r - 1))) & view.alive  # [B, e] certain
         undrawn = view.alive & ~base & ~view.drawn  # [B, e]
         top = top_per_row(score, undrawn, t)  # [B, e] certain
         tail = view.alive & ~base & ~top  # [B, e] drawn keys and the keys leaving the certain set now

@@ -40,7 +40,7 @@ class SinkRecentPolicy(Policy):
 
     def stream_value(self, view: StreamView) -> torch.Tensor:
         """[B, end] the key's position: the oldest non-sink key is evicted first."""
-        return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
+        return view.columns().to(torch.float32)
 
     def recent_kept_first(self) -> int:
         """The sinks (closed-form streaming steps, :meth:`Policy.eviction_steps`)."""

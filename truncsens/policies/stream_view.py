@@ -36,6 +36,10 @@ class StreamView:
         pi: [B, end] float64 inclusion probability of each cached key given the run so far (1 on keys
             never drawn), for designs that thin drawn keys (``poisson``); None: ``exp(-offset)`` on
             drawn keys, 1 elsewhere (:meth:`inclusion`).
+        positions: [B, n] int64 position of each column, or None: column j is key j (n = end). A
+            cache compacted to its live slots (``certify --semantics streaming``) passes its n slots,
+            in increasing position within each row (columns of keys not cached: any position); every
+            other [B, ...] tensor then has n columns instead of end.
     """
 
     alive: torch.Tensor
@@ -48,6 +52,22 @@ class StreamView:
     last: torch.Tensor | None = None
     key_norm: torch.Tensor | None = None
     pi: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+
+    def columns(self) -> torch.Tensor:
+        """[B, n] int64 the position of each column (``arange(end)`` on every row without :attr:`positions`)."""
+        if self.positions is not None:
+            return self.positions
+        return torch.arange(self.end, device=self.alive.device).expand(self.alive.shape)
+
+    def by_position(self, values: torch.Tensor) -> torch.Tensor:
+        """[B, n] ``values`` [end] (one per position) read at each column's position (0 on a column
+        whose position lies outside 0..end-1)."""
+        if self.positions is None:
+            return values.unsqueeze(0).expand(self.alive.shape)
+        inside = (self.positions >= 0) & (self.positions < self.end)
+        return torch.where(inside, values[self.positions.clamp(0, self.end - 1)], torch.zeros((), dtype=values.dtype,
+                                                                                              device=values.device))
 
     def inclusion(self) -> torch.Tensor:
         """[B, end] float64 :attr:`pi`, or, without it, ``exp(-offset)`` on drawn keys and 1 elsewhere."""

@@ -23,7 +23,7 @@ class SuffixPolicy(Policy):
 
     def stream_value(self, view: StreamView) -> torch.Tensor:
         """[B, end] the key's position: the oldest is evicted first."""
-        return torch.arange(view.end, device=view.alive.device, dtype=torch.float32).expand(view.alive.shape)
+        return view.columns().to(torch.float32)
 
     def recent_kept_first(self) -> int:
         """0: no key is kept but the most recent ones (closed-form streaming steps, :meth:`Policy.eviction_steps`)."""
