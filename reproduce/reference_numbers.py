@@ -234,6 +234,12 @@ STEPS = [
       for sem, plot, figures in (("streaming", " --plot", ("results/merge/streaming-policies.png",
                                                            "results/merge/streaming-policies.pdf")), ("prefill", "", ()))),
     Step("merge-cost", "OMP_NUM_THREADS=1 python benchmarks/merge_cost.py"),
+    # the merging caches on SmolLM2-135M, prefill-evict only (a streaming run token by token costs hours on 30 layers)
+    Step("smollm2-merge-prefill-run", f"truncsens measure --model smollm2-135m {MERGE_POLICIES} --semantics prefill_evict "
+                                      f"{POLICY_OPTS} --out results/smollm2/merge-prefill.nc",
+         ("results/smollm2/merge-prefill.nc",)),
+    Step("smollm2-merge-prefill", "truncsens compare-policies results/smollm2/merge-prefill.nc --metrics kl,tv "
+                                  "--paired-against sink_recent", needs=("smollm2-merge-prefill-run",)),
     Step("smollm2-window-check", "python reproduce/independent_window_check.py results/smollm2/code.nc",
          needs=("smollm2-measure-code",)),
     # the independent recomputation of SmolLM2 results with plain transformers (reproduce/independent_gguf_check.py)
