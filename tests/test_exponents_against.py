@@ -73,4 +73,4 @@ def test_cli_option_and_an_unknown_policy(tmp_path):
     assert "alpha - alpha(sink_recent)" in out.output and "merge_mean" in out.output
     out = CliRunner().invoke(app, ["compare-policies", str(path), "--paired-against", "lru"])
     assert out.exit_code != 0
-    assert "error: --paired-against 'lru' is not a policy of" in out.output
+    assert "error: paired_against (--paired-against) 'lru' is not a policy of" in out.output

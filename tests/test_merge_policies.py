@@ -109,5 +109,5 @@ def test_the_block_protocol_refuses_merging_policies_by_name():
     from truncsens.engine.block.plan import check_policy_blocks
     from truncsens.engine.errors import MeasureError
 
-    with pytest.raises(MeasureError, match="merge_nearest merges evicted keys into kept slots; use --protocol exact"):
+    with pytest.raises(MeasureError, match=r"merge_nearest merges evicted keys into kept slots; use protocol=.exact. \(--protocol exact\)"):
         check_policy_blocks("streaming", [make_policy("sink_recent"), make_policy("merge_nearest")], "original", "token", 1)
