@@ -37,6 +37,8 @@ CASES = [(cmd, "domain", ["--domain", "bogus"], "unknown domain 'bogus'") for cm
 CASES += [(cmd, "corpus", ["--corpus", "/no/such/folder"], "corpus path /no/such/folder does not exist") for cmd in BUDGETS]
 CASES += [(cmd, "negative", [*BUDGETS[cmd], "-4"], "at least 1") for cmd in BUDGETS]
 CASES += [(cmd, "at-N", [*WHOLE[cmd], "--reference-context", "64"], "64") for cmd in BUDGETS]
+CASES += [("measure", "merge-head", ["--policy", "merge_nearest", "--semantics", "prefill_evict", "--budgets", "16",
+                                      "--granularity", "head"], "use --positions original and --granularity token")]
 
 
 @pytest.mark.parametrize("command,what,args,says", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])

@@ -271,7 +271,7 @@ def test_fingerprint_unchanged_for_one_draw_and_default_policy_seed():
 @pytest.mark.parametrize("kw,message", [
     ({"policies": ["random"], "draws": 0}, r"draws \(--draws\) must be at least 1, got 0"),
     ({"policies": ["random"], "draws": -2}, r"draws \(--draws\) must be at least 1, got -2"),
-    ({"policies": ["sink_recent"], "draws": 2}, "sink_recent decide deterministically"),
+    ({"policies": ["sink_recent"], "draws": 2}, "sink_recent decides deterministically"),
     ({"draws": 2}, "a window sweep is deterministic"),
 ])
 def test_bad_draws_refused(kw, message):

@@ -196,12 +196,17 @@ class MeasureConfig(MeasureOptions):
         policies = self.build_policies()
         for policy in policies:
             semantics.check_policy(policy)
+            if policy.merges:  # one merge decision per slot at original positions: refused before the model loads
+                try:
+                    semantics.check_merging(policy, self.positions, self.granularity)
+                except PolicyError as exc:
+                    raise MeasureError(str(exc)) from None
         if self.protocol == "block" and semantics.policy_blocks:
             check_policy_blocks(semantics, policies, self.positions, self.granularity, self.chunk)
         if self.draws > 1 and not any(p.randomized for p in policies):
             raise MeasureError(f"draws={self.draws} (--draws {self.draws}) repeats the draws of randomized policies (--policy random or "
                                "poisson); " + ("a window sweep is deterministic" if self.policies is None else
-                                              f"{', '.join(self.policies)} decide deterministically") + " (leave --draws at 1)")
+                                              f"{', '.join(self.policies)} decide{'s' if len(self.policies) == 1 else ''} deterministically") + " (leave --draws at 1)")
         if self.out is None:
             suffix = "-per-layer" if self.per_layer else "" if self.policies is None else "-policies"
             self.out = str(default_out(self.model, self.corpus_name, self.domain, suffix))
