@@ -45,10 +45,15 @@ def span_curve(curve: Curve, first: int) -> Curve:
     return dataclasses.replace(curve, points=points, x=x, sweep="span")
 
 
+def _finite_interval(ci: list[float] | None) -> bool:
+    """Whether ``ci`` is an interval with two finite ends."""
+    return bool(ci) and all(c is not None and math.isfinite(c) for c in ci)
+
+
 def verdict(difference: float, ci: list[float] | None) -> str | None:
     """``"recovered"`` when the interval ``ci`` of a paired difference contains 0, ``"differs"`` when it
     excludes it, None without an interval (no resamples, an unpaired difference, or a non-finite end)."""
-    if not ci or any(c is None or not math.isfinite(c) for c in ci) or not math.isfinite(difference):
+    if not _finite_interval(ci) or not math.isfinite(difference):
         return None
     return "recovered" if ci[0] <= 0.0 <= ci[1] else "differs"
 
@@ -124,7 +129,7 @@ def paired_exponents(policy: Curve, truncation: Curve, cfg: FitConfig, paired: b
 def against_verdict(ci: list[float] | None) -> str | None:
     """``"faster"`` when the interval of ``alpha - alpha_against`` lies above 0 (the policy's D decays
     faster in k), ``"slower"`` below 0, ``"same"`` when it contains 0; None without an interval."""
-    if not ci or any(c is None or not math.isfinite(c) for c in ci):
+    if not _finite_interval(ci):
         return None
     return "faster" if ci[0] > 0.0 else "slower" if ci[1] < 0.0 else "same"
 
