@@ -111,3 +111,20 @@ def test_the_block_protocol_refuses_merging_policies_by_name():
 
     with pytest.raises(MeasureError, match=r"merge_nearest merges evicted keys into kept slots; use protocol=.exact. \(--protocol exact\)"):
         check_policy_blocks("streaming", [make_policy("sink_recent"), make_policy("merge_nearest")], "original", "token", 1)
+
+
+def test_summary_slots_configure_merge_mean_only():
+    """``summary_slots`` (``--summary-slots``) sets merge_mean's m and no other policy's; given without
+    merge_mean, or below 1, it is refused by its keyword and flag before any model loads."""
+    from truncsens.api.measure import measure_config
+    from truncsens.engine.errors import MeasureError
+
+    cfg = measure_config("reference", policies="merge_mean,sink_recent", summary_slots=3, budgets=[16], reference_context=256)
+    built = {p.name: p for p in cfg.build_policies()}
+    assert built["merge_mean"].n_summary == 3 and built["merge_mean"].min_budget() == 4 + 3 + 1
+    assert measure_config("reference", policies="merge_mean", budgets=[16], reference_context=256).build_policies()[0].n_summary == 1
+    with pytest.raises(MeasureError, match=r"summary_slots \(--summary-slots\) sets merge_mean's summary slots; give --policy "
+                                           r"merge_mean \(this run's policies: sink_recent\)"):
+        measure_config("reference", policies="sink_recent", summary_slots=2, budgets=[16], reference_context=256)
+    with pytest.raises(MeasureError, match=r"summary_slots \(--summary-slots\) must be >= 1, got 0"):
+        measure_config("reference", policies="merge_mean", summary_slots=0, budgets=[16], reference_context=256)

@@ -77,7 +77,7 @@ def test_the_renamed_and_switch_options_keep_their_flags():
 def test_resume_and_join_read_the_declarations():
     assert set(RUN_ONLY_FIELDS) == {"out", "resume", "overwrite", "progress", "command", "device", "max_batch_tokens"}
     assert LATER_OPTIONS == {"bos": "auto", "chunk": 1, "policy_args": None, "observation_window": None,
-                             "pooling_kernel": None, "protocol": "exact", "granularity": "token", "draws": 1,
+                             "pooling_kernel": None, "n_summary": None, "protocol": "exact", "granularity": "token", "draws": 1,
                              "per_layer": False}
     # the join's defaults of attrs a file may lack live below the engine: they must agree with the declarations
     assert {k: LATER_OPTIONS[k] for k in ATTR_DEFAULTS} == ATTR_DEFAULTS

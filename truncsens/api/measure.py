@@ -60,7 +60,7 @@ def measure_config(model: str = "reference", *, texts: Sequence[str] | None = No
                    policies: str | Sequence[str] | None = None, budgets: Sequence[int] | None = None,
                    semantics: str | None = None, score: str = "attention", per_query: bool = False,
                    policy_args: dict | None = None, observation_window: int | None = None,
-                   pooling_kernel: int | None = None, chunk: int = 1, protocol: str = "exact",
+                   pooling_kernel: int | None = None, summary_slots: int | None = None, chunk: int = 1, protocol: str = "exact",
                    block_fraction: float = 0.125, block_size: int = 64, granularity: str = "token", draws: int = 1,
                    policy_seed: int | None = None, per_layer: bool = False, command: str = "") -> MeasureConfig:
     """The validated configuration of one run (:class:`~truncsens.engine.config.MeasureConfig`, whose
@@ -109,7 +109,7 @@ def measure(model: Any = "reference", tokenizer: Any = None, *, texts: Sequence[
             progress: bool = True, policies: str | Sequence[str] | None = None, budgets: Sequence[int] | None = None,
             semantics: str | None = None, score: str = "attention", per_query: bool = False,
             policy_args: dict | None = None, observation_window: int | None = None, pooling_kernel: int | None = None,
-            chunk: int = 1, protocol: str = "exact", block_fraction: float = 0.125,
+            summary_slots: int | None = None, chunk: int = 1, protocol: str = "exact", block_fraction: float = 0.125,
             block_size: int = 64, granularity: str = "token", draws: int = 1, policy_seed: int | None = None,
             per_layer: bool = False, command: str | None = None) -> xr.Dataset | None:
     """Measure D(w) (a window sweep), D_l(w) (``per_layer=True``: each layer alone windowed) or D(k)

@@ -90,6 +90,7 @@ class MeasureConfig(MeasureOptions):
         score, per_query, recent_fraction, top_fraction: policy parameters (poisson / random).
         observation_window, pooling_kernel: SnapKV's window w and pooling kernel p (``snapkv``,
             ``snapkv_shared``; None: each policy's default).
+        n_summary: ``merge_mean``'s summary slots m (``--summary-slots``; None: its default, 1).
         policy_args: parameters of ``kvpress:<PressClass>`` policies (``--policy-arg key=value``), or None.
         chunk: with ``streaming``, tokens processed between two eviction decisions (1: token by
             token; :mod:`truncsens.policies.streaming`).
@@ -212,8 +213,8 @@ class MeasureConfig(MeasureOptions):
             self.out = str(default_out(self.model, self.corpus_name, self.domain, suffix))
 
     def _check_window_options(self) -> None:
-        """``--observation-window`` and ``--pooling-kernel`` need a policy that has them (the values
-        themselves are checked by the policies).
+        """``--observation-window``, ``--pooling-kernel`` and ``--summary-slots`` need a policy that has
+        them (the values themselves are checked by the policies).
 
         Raises:
             MeasureError: one of them given without such a policy.
@@ -223,6 +224,12 @@ class MeasureConfig(MeasureOptions):
         if given and not any({"window", "kernel"} <= {f.name for f in fields(policy_class(n))} for n in self.policies or ()):
             raise MeasureError(f"{' and '.join(given)} {'sets' if len(given) == 1 else 'set'} SnapKV's observation "
                                "window; give --policy snapkv or snapkv_shared")
+        if self.n_summary is not None and self.n_summary < 1:
+            raise MeasureError(f"summary_slots (--summary-slots) must be >= 1, got {self.n_summary}")
+        if self.n_summary is not None and not any("n_summary" in {f.name for f in fields(policy_class(n))}
+                                                  for n in self.policies or ()):
+            raise MeasureError(f"summary_slots (--summary-slots) sets merge_mean's summary slots; give --policy merge_mean "
+                               f"(this run's policies: {', '.join(self.policies) if self.policies else 'none, a window sweep'})")
 
     def _check_per_layer(self) -> None:
         """Options of a per-layer window sweep, with its defaults (prefill_evict, 4 sinks).
@@ -284,7 +291,8 @@ class MeasureConfig(MeasureOptions):
     def policy_params(self) -> dict:
         """The options that configure policies (each policy takes those it has)."""
         window = {k: v for k, v in (("window", self.observation_window), ("kernel", self.pooling_kernel)) if v is not None}
-        return dict(n_sink=self.n_sink, score=self.score, per_query=self.per_query,
+        summary = {} if self.n_summary is None else {"n_summary": self.n_summary}
+        return dict(n_sink=self.n_sink, score=self.score, per_query=self.per_query, **summary,
                     recent_fraction=self.recent_fraction, top_fraction=self.top_fraction, policy_args=self.policy_args,
                     **window)
 

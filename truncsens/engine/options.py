@@ -187,7 +187,7 @@ class MeasureOptions:
     text_field: str = option("text", "Text field of a .jsonl corpus.", metavar="NAME")
     reference_context: int | None = option(None, "N: tokens of context of the reference distribution (default: model maximum).")
     windows: list[int] | None = option(None, "Windows w, repeated or comma-separated (default: powers of two from 1 to N/2).")
-    policies: list[str] | None = option(None, "Retention policies (suffix, sink_recent, random, poisson, h2o, tova, key_norm, snapkv, snapkv_shared, topk), repeated or comma-separated: measure D(k) at budgets instead of windows; several share the reference pass.", flag="--policy")
+    policies: list[str] | None = option(None, "Retention policies (suffix, sink_recent, random, poisson, h2o, tova, key_norm, snapkv, snapkv_shared, topk, merge_mean, merge_nearest), repeated or comma-separated: measure D(k) at budgets instead of windows; several share the reference pass.", flag="--policy")
     budgets: list[int] | None = option(None, "With --policy: budgets k, repeated or comma-separated: kept tokens of the target's query, its own included (default: powers of two from 16 to N/2).")
     semantics: str | None = option(None, "With --policy: reencode, streaming (default) or prefill_evict; with --per-layer: prefill_evict (default) or streaming.", metavar="NAME")
     n_sink: int | None = option(None, "First tokens of the reference context kept in front of every window (default 0; with --policy: sinks of sink_recent/poisson, default 4).", keyword="sinks")
@@ -199,6 +199,7 @@ class MeasureOptions:
     top_fraction: float = 0.25
     observation_window: int | None = option(None, "With --policy snapkv or snapkv_shared: prefill queries in the observation window whose attention votes for keys (default: snapkv 64, as kvpress's SnapKVPress; snapkv_shared 8).", metavar="W", later=True)
     pooling_kernel: int | None = option(None, "With --policy snapkv or snapkv_shared: odd average-pooling kernel over the votes of neighbouring keys (default 5).", metavar="P", later=True)
+    n_summary: int | None = option(None, "With --policy merge_mean: summary slots m, each holding the running mean of the evicted tokens it stands for (default 1).", keyword="summary_slots", metavar="M", later=True)
     policy_args: dict | None = option(None, "With --policy kvpress:<PressClass>: a press parameter key=value (repeatable; int, float, true/false or text), e.g. n_sink=8.", flag="--policy-arg", later=True)
     chunk: int = option(1, "With --semantics streaming: tokens processed between eviction decisions (1: token by token; larger: evict at chunk ends).", later=True)
     protocol: str = option("exact", "exact (one pass per target and window) or block (K consecutive targets per pass: re-encode window sweeps; policy sweeps under streaming and prefill_evict, one pass per block; docs/method.md).", metavar="NAME", later=True, dependents=("block_fraction", "block_size"))
