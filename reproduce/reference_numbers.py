@@ -240,6 +240,19 @@ STEPS = [
          ("results/smollm2/merge-prefill.nc",)),
     Step("smollm2-merge-prefill", "truncsens compare-policies results/smollm2/merge-prefill.nc --metrics kl,tv "
                                   "--paired-against sink_recent", needs=("smollm2-merge-prefill-run",)),
+    # the merging caches on SmolLM2 in a streaming cache: decisions every 16 tokens (30 layers on 2 CPU cores)
+    Step("smollm2-merge-streaming-run", f"truncsens measure --model smollm2-135m {MERGE_POLICIES} --semantics streaming "
+                                        f"--chunk 16 {POLICY_OPTS} --out results/smollm2/merge-streaming.nc",
+         ("results/smollm2/merge-streaming.nc",)),
+    Step("smollm2-merge-streaming", "truncsens compare-policies results/smollm2/merge-streaming.nc --metrics kl,tv "
+                                    "--paired-against sink_recent", needs=("smollm2-merge-streaming-run",)),
+    # the certificates' attribution on SmolLM2: prefill-evict at N = 1,024, and the agent-memory setting (a
+    # streaming cache, token by token) at N = 512
+    *(Step(f"smollm2-attribution{name}", f"truncsens certify-attribution --model smollm2-135m --domain code "
+                                         f"--reference-context {n} --kv-docs 64{extra} --out results/smollm2/attribution{name}.nc",
+           tuple(f"results/smollm2/attribution{name}{suffix}" for suffix in
+                 (".nc", "-recomputation.png", "-attribution-heads.png", "-attribution-heads.pdf")))
+      for name, n, extra in (("", 1024, ""), ("-stream", 512, " --semantics streaming --batch-tokens 262144"))),
     Step("smollm2-window-check", "python reproduce/independent_window_check.py results/smollm2/code.nc",
          needs=("smollm2-measure-code",)),
     # the independent recomputation of SmolLM2 results with plain transformers (reproduce/independent_gguf_check.py)
