@@ -75,6 +75,8 @@ SMOLLM2_OPTS = "--model smollm2-135m --domain code --reference-context 1024 --ma
 SMOLLM2_BUDGETS = "--budgets 16,32,64,128,256"
 MERGE_POLICIES = "--policy suffix,sink_recent,h2o,merge_mean,merge_nearest"  # docs/policies.md, merging caches
 STEPS = [
+    Step("reference-card", "cat truncsens/models/reference/weights/README.md"),  # docs/reference-model.md: the card's figures
+    Step("recall-accuracy", "python benchmarks/recall_accuracy.py --model reference --kv-docs 64"),
     Step("measure-code", "truncsens measure --domain code --reference-context 1024", ("results/reference-code.nc",)),
     Step("measure-code-max", "truncsens measure --domain code --reference-context 2048 --out results/reference-code-2048.nc",
          ("results/reference-code-2048.nc",)),
