@@ -5,15 +5,20 @@ One sequence of T tokens (T = 1k, 4k, 16k) through a randomly initialised small 
 (``sink_recent`` and ``random``, budget 256, chunk 1): the decisions (eviction steps, O(T)) and one
 forward. ``evict`` is the engine's path (:mod:`truncsens.engine.evict_attention`: query chunks with
 SDPA on CPU, FlexAttention on CUDA; no T x T mask); ``dense`` builds the per-query kept sets and the
-[B, 1, T, T] additive mask (the path before issue 9 item 3), run up to 4k tokens only. Each
+[B, 1, T, T] additive mask (the engine's path before attention from eviction steps), run up to 4k
+tokens only. ``online`` is a policy with online scores (``h2o``, budget 256, chunk 1, T = 2k, 4k,
+8k, 16k: ``--online-lengths``), run sequentially on a cache compacted to O(k + C) slots
+(:func:`truncsens.engine.streaming_pass.stream_online`; its time is decisions and forward together):
+its peak memory holds the cache and [B, T] decision buffers, so its exponent in T (the least-squares
+slope of log peak memory on log T over T >= 2k, printed for every path) stays at most 1.1. Each
 (path, policy, T) runs in a fresh subprocess; peak memory is, on CPU, the growth of the process's
-peak resident set (``resource.getrusage`` ``ru_maxrss``) over its resident set before the run (after
-a 64-token warm-up), and on CUDA ``torch.cuda.max_memory_allocated`` over the memory allocated before
-it. Growth ratios mem(4k)/mem(1k) and mem(16k)/mem(4k): 4 is linear, 16 quadratic.
+peak resident set (``VmHWM``, reset before the run: :func:`reset_peak_rss`) over its resident set
+before the run (after a 64-token warm-up), and on CUDA ``torch.cuda.max_memory_allocated`` over the
+memory allocated before it. Growth ratios mem(4k)/mem(1k) and mem(16k)/mem(4k): 4 is linear, 16 quadratic.
 
 Usage::
 
-    python benchmarks/streaming_memory.py                      # CPU, T = 1024 4096 16384
+    python benchmarks/streaming_memory.py                      # CPU, T = 1024 4096 16384 (h2o: 2048 .. 16384)
     python benchmarks/streaming_memory.py --device cuda --lengths 1024 4096 16384 65536
 
 Measured on 2 CPU cores (torch 2.13, transformers 5.24; ``python benchmarks/streaming_memory.py``)::
@@ -75,6 +80,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,8 +88,8 @@ sys.path.insert(0, str(ROOT))  # this checkout's truncsens
 
 CONFIG = dict(vocab_size=32000, hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=1 << 17)
-PATHS = ("evict", "dense")
 DENSE_MAX = 4096  # the dense mask is O(T^2): 16k tokens would need several GB
+ONLINE_LENGTHS = (2048, 4096, 8192, 16384)  # the online path, token by token: T >= 2k
 
 
 def rss_bytes() -> int:
@@ -92,15 +98,34 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def reset_peak_rss() -> None:
+    """Reset the process's peak resident set to its current one (Linux: ``5`` to ``/proc/self/clear_refs``),
+    so that a peak of building the model or of the warm-up does not hide a smaller run's; nothing
+    where that file cannot be written (then the peak counts from the process start)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
 def peak_rss_bytes() -> int:
-    """The process's peak resident set size in bytes (``ru_maxrss`` is in KiB on Linux)."""
+    """The process's peak resident set size in bytes since :func:`reset_peak_rss` (``VmHWM`` of
+    ``/proc/self/status``, else ``ru_maxrss``, both in KiB on Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def peak_excess_mib(run, ids: torch.Tensor, budget: int, device: str):
     """``(run(ids, budget), MiB)``: after a warm-up run on the first 64 tokens (libraries, thread pools,
     allocator), the peak memory of the run above what was held before it (CUDA: allocated bytes;
-    CPU: resident set)."""
+    CPU: resident set, its peak reset before the run)."""
     run(ids[:, :64], 16)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -108,13 +133,15 @@ def peak_excess_mib(run, ids: torch.Tensor, budget: int, device: str):
         base = torch.cuda.memory_allocated()
     else:
         base = rss_bytes()
+        reset_peak_rss()
     result = run(ids, budget)
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else peak_rss_bytes()
     return result, (peak - base) / 2 ** 20
 
 
 def run_once(path: str, policy_name: str, length: int, budget: int, device: str) -> dict:
-    """One streaming run in this process: {"mem_mib", "decide_s", "forward_s"}."""
+    """One streaming run in this process: {"mem_mib", "decide_s", "forward_s"} (``online``: the
+    sequential run with online scores, decisions and forward together in ``forward_s``, ``decide_s`` None)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from truncsens.engine.semantics import SEMANTICS
@@ -127,8 +154,14 @@ def run_once(path: str, policy_name: str, length: int, budget: int, device: str)
     policy = make_policy(policy_name)
     ids = torch.randint(0, CONFIG["vocab_size"], (1, length), generator=torch.Generator().manual_seed(1)).to(device)
 
-    def run(x: torch.Tensor, k: int) -> float:
+    def run(x: torch.Tensor, k: int) -> tuple[float | None, float]:
         t0 = time.perf_counter()
+        if path == "online":  # the cache compacted to O(k + C) slots (truncsens.engine.streaming_pass)
+            with torch.no_grad():
+                streaming.stream(model, x, policy, k, [0], chunk=1)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            return None, time.perf_counter() - t0
         ev = decide_offline(policy, k, x.shape[1], 1, [0], device)
         t_decide = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -154,12 +187,37 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{b / a:5.1f}" if a and b else "    -"
 
 
+def exponent(lengths: list[int], mem: list[float]) -> float:
+    """The least-squares slope of log(peak MiB) on log(T): 1 linear in T, 2 quadratic."""
+    x, y = np.log(np.asarray(lengths, float)), np.log(np.asarray(mem, float))
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def path_of(policy: str) -> tuple[str, ...]:
+    """The paths a policy runs: ``online`` for a policy with online scores, else ``evict`` and ``dense``."""
+    from truncsens.policies import make_policy
+
+    return ("online",) if make_policy(policy).needs_scores else ("evict", "dense")
+
+
+def lengths_of(path: str, args) -> list[int]:
+    """The context lengths of ``path``: ``--online-lengths`` for ``online``, ``--lengths`` up to
+    :data:`DENSE_MAX` for ``dense``, ``--lengths`` for ``evict``."""
+    if path == "online":
+        return args.online_lengths
+    return [T for T in args.lengths if path != "dense" or T <= DENSE_MAX]
+
+
 def main() -> None:
     """Measure every (path, policy, T) and print the table and the growth ratios."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    p.add_argument("--policies", nargs="+", default=["sink_recent", "random"])
+    p.add_argument("--policies", nargs="+", default=["sink_recent", "random", "h2o"],
+                   help="policies without scores run the evict and dense paths, those with online scores "
+                        "(h2o) the online path")
+    p.add_argument("--online-lengths", type=int, nargs="+", default=list(ONLINE_LENGTHS),
+                   help="context lengths of the online path (token by token)")
     p.add_argument("--budget", type=int, default=256)
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's; 1 avoids thread-pool stalls on a busy machine)")
@@ -176,21 +234,26 @@ def main() -> None:
     print(f"{'path':6} {'policy':12} {'T':>6} {'peak MiB':>9} {'decide s':>9} {'forward s':>9}")
     mem: dict[tuple[str, str, int], float] = {}
     for policy in args.policies:
-        for path in PATHS:
-            for T in args.lengths:
-                if path == "dense" and T > DENSE_MAX:
-                    continue
+        for path in path_of(policy):
+            for T in lengths_of(path, args):
                 r = measure(path, policy, T, args.budget, args.device)
                 mem[path, policy, T] = r["mem_mib"]
-                print(f"{path:6} {policy:12} {T:6d} {r['mem_mib']:9.1f} {r['decide_s']:9.2f} {r['forward_s']:9.2f}",
-                      flush=True)
+                decide = "-" if r["decide_s"] is None else f"{r['decide_s']:.2f}"
+                print(f"{path:6} {policy:12} {T:6d} {r['mem_mib']:9.1f} {decide:>9} {r['forward_s']:9.2f}", flush=True)
     print("growth of peak memory (4 = linear in T, 16 = quadratic):")
     for policy in args.policies:
-        for path in PATHS:
-            Ts = [T for T in args.lengths if (path, policy, T) in mem]
+        for path in path_of(policy):
+            Ts = [T for T in lengths_of(path, args) if (path, policy, T) in mem]
             steps = " ".join(f"mem({b})/mem({a}) {ratio(mem[path, policy, a], mem[path, policy, b])}"
                              for a, b in zip(Ts, Ts[1:]))
             print(f"  {path:6} {policy:12} {steps}")
+    fitted = [(path, policy) for policy in args.policies for path in path_of(policy)]
+    print("exponent of peak memory in T, fitted over T >= 2048 (1 = linear, 2 = quadratic):")
+    for path, policy in fitted:
+        Ts = [T for T in lengths_of(path, args) if T >= 2048 and mem.get((path, policy, T), 0) > 0]
+        if len(Ts) >= 2:
+            slope = exponent(Ts, [mem[path, policy, T] for T in Ts])
+            print(f"  {path:6} {policy:12} T = {Ts[0]}..{Ts[-1]}: {slope:.2f}")
 
 
 if __name__ == "__main__":

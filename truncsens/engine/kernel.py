@@ -5,10 +5,14 @@ and budget the policy's kept set (:class:`~truncsens.policies.Kept`) and the sem
 p(· | kept context); :func:`truncsens.divergences.all_metrics` compares the two at the target.
 
 Batching follows the semantics: when the kept passes read the reference pass's state (a cache or
-attention statistics: ``streaming``, ``prefill_evict``) both run on the same batch of targets;
-otherwise (``reencode``) the reference pass is batched over N-token sequences and each kept pass over
+attention statistics: ``prefill_evict``) both run on the same batch of targets; otherwise the
+reference pass is batched over N-token sequences and each kept pass apart: under ``reencode`` over
 sequences of its own length, so a window sweep costs what a bare batched forward of the same
-sequences costs.
+sequences costs; under ``streaming`` (``reference_apart``) each (policy, budget)'s streams in batches
+of ``max_batch_tokens // stream_cost`` targets
+(:meth:`~truncsens.engine.semantics.base.Semantics.stream_cost`: k + chunk cache slots for a policy
+with online scores, N for a policy without scores, which runs one parallel pass), the reference
+log-probabilities and target attention rows kept per target in between ([n, V], [n, N]).
 
 Draws (:func:`measure_draws`): a randomized policy (``randomized`` class attribute true: ``random``,
 ``poisson``) is measured R times with independent seeds; a deterministic one once, its values copied
@@ -28,6 +32,7 @@ import torch
 from truncsens.divergences import all_metrics
 from truncsens.engine.batching import run_in_batches
 from truncsens.engine.granularity import evicted_mass, kept_count
+from truncsens.engine.reference_pass import ReferencePass
 from truncsens.engine.semantics import Semantics
 from truncsens.metrics import METRICS
 from truncsens.policies import Kept, Policy
@@ -187,6 +192,25 @@ def measure_draws(
         if on_tokens:
             on_tokens(tokens)
 
+    if semantics.reference_apart:  # streams: the reference pass by N tokens, each stream by what it holds
+        ref_lp, ref_att = reference_outputs(model, context, policies, semantics, granularity, max_batch_tokens, progress)
+        for p, policy in enumerate(policies):
+            for j, k in enumerate(budgets):
+                def stream_step(sl: slice, p=p, policy=policy, j=j, k=k) -> None:
+                    ids = context[sl]  # [b, N]
+                    att = None if ref_att is None else ref_att[sl]  # [b, N] or [b, Hkv, N]
+                    ref = ReferencePass(ref_lp[sl], att)
+                    for r in range(per_policy[p]):
+                        seeds = policy_seeds(targets, sl, seed, policy.name, draw=r)
+                        lp, keep_last = semantics.policy_logprobs(  # [b, V], [b, N]
+                            model, ids, policy, k, seeds, ref, positions, chunk, granularity)
+                        out.record(p, r, sl, j, ref.logprobs, lp, token_id[sl], keep_last, att)
+                        progress(ids.shape[0] * semantics.cost(N, k))
+
+                run_in_batches(stream_step, n, semantics.stream_cost(N, k, chunk, policy, model, granularity),
+                               max_batch_tokens)
+        return copy_deterministic(out, per_policy)
+
     if semantics.reference_state:
         def step(sl: slice) -> None:
             ids = context[sl]  # [b, N]
@@ -230,6 +254,28 @@ def measure_draws(
 
                 run_in_batches(kept_step, n, semantics.cost(N, k), max_batch_tokens)
     return copy_deterministic(out, per_policy)
+
+
+def reference_outputs(model, context: torch.Tensor, policies: Sequence[Policy], semantics: Semantics,
+                      granularity: str, max_batch_tokens: int,
+                      progress: Callable[[int], None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The reference pass of every target of ``context`` [n, N], batched by N tokens, and what the results
+    record of it: (log-probabilities [n, V] float64, the target query's attention row [n, N] float32
+    ([n, Hkv, N] under head granularity) or None)."""
+    n, N = context.shape
+    store: dict[str, torch.Tensor | None] = {}
+
+    def ref_step(sl: slice) -> None:
+        ref = semantics.reference(model, context[sl], policies, granularity)
+        for name, value in (("lp", ref.logprobs), ("att", ref.last_attention)):
+            if value is not None and store.get(name) is None:
+                store[name] = torch.empty(n, *value.shape[1:], dtype=value.dtype, device=value.device)
+            if value is not None:
+                store[name][sl] = value
+        progress(context[sl].numel())
+
+    run_in_batches(ref_step, n, N, max_batch_tokens)
+    return store["lp"], store.get("att")
 
 
 def copy_deterministic(out: KernelOutput, per_policy: list[int]) -> KernelOutput:

@@ -54,6 +54,11 @@ class Semantics:
         keeps_cache: whether the reference pass keeps the full-context cache (``prefill_evict`` decodes on it).
         reference_state: whether the kept passes read state of the reference pass of the same batch
             (a cache or attention statistics); if not, reference and kept passes are batched apart.
+        reference_apart: whether, although the semantics has attention statistics (``reference_state``),
+            its kept passes read nothing of the reference pass but what the results record of it
+            (log-probabilities, the target query's attention row): the reference pass is then batched on
+            its own over N-token sequences and each (policy, budget)'s kept passes in batches sized by
+            :meth:`stream_cost` (``streaming``).
         streams: whether it is one cache evicting as it goes: its decisions are taken every ``--chunk``
             tokens (the only semantics where ``--chunk`` may differ from 1; the results attr ``chunk``),
             and under the block protocol a block's targets share one stream (and its draws).
@@ -78,6 +83,7 @@ class Semantics:
     provides: ClassVar[frozenset[str]] = frozenset()
     needs_transformers: ClassVar[bool] = True
     reference_state: ClassVar[bool] = True
+    reference_apart: ClassVar[bool] = False
     keeps_cache: ClassVar[bool] = False  # the reference pass keeps its cache for the kept passes
     streams: ClassVar[bool] = False
     policy_blocks: ClassVar[bool] = False
@@ -161,6 +167,13 @@ class Semantics:
     def cost(self, context_len: int, budget: int) -> int:
         """Forward tokens per target of one kept pass at ``budget`` (the reference pass not included)."""
         raise NotImplementedError
+
+    def stream_cost(self, context_len: int, budget: int, chunk: int, policy: Policy, model=None,
+                    granularity: str = "token") -> int:
+        """Tokens one target's kept pass of ``policy`` at ``budget`` holds at once, what its batch is sized
+        by (``max_batch_tokens // stream_cost`` targets, :mod:`truncsens.engine.kernel`): here one
+        forward over the whole context, ``context_len`` (N)."""
+        return context_len
 
     def reference(self, model, input_ids: torch.Tensor, policies: Sequence[Policy],
                   granularity: str = "token", queries: int = 1) -> ReferencePass:

@@ -36,6 +36,7 @@ class Streaming(Semantics):
     name = "streaming"
     provides = frozenset({LOGIT_OFFSETS, ATTENTION_SCORES, KEY_NORM_SCORES, MERGED_SLOTS})
     streams = True
+    reference_apart = True  # the streams read nothing of the reference pass: batched by what a stream holds
     policy_blocks = True
     per_layer = True
     score_source = "online: attention and key norms computed by the evicted streaming run itself"
@@ -100,6 +101,27 @@ class Streaming(Semantics):
     def cost(self, context_len: int, budget: int) -> int:
         """The whole context: every token is processed again under its kept set."""
         return context_len
+
+    def stream_cost(self, context_len: int, budget: int, chunk: int, policy: Policy, model=None,
+                    granularity: str = "token") -> int:
+        """Cache slots per layer one stream holds at once, what its batch is sized by: a policy with
+        online scores (``h2o``, ``tova``, ``key_norm``, ``poisson``) runs chunk by chunk on a cache
+        compacted to the keys it keeps (:func:`~truncsens.engine.streaming_pass.stream_online`), and a
+        merging cache holds k − 1 slots: min(N, k + chunk) (under head granularity min(N, Hkv · k + chunk),
+        the union of the heads' kept sets). A policy without scores (``sink_recent``, ``random``,
+        ``suffix``) runs one parallel forward over the N tokens, as does every policy on a model that
+        applies its windows on cache indices (GPT-Neo keeps every slot): N.
+
+        Args:
+            context_len: N tokens; budget: k; chunk: tokens per decision (``--chunk``);
+            model: the model (None: a model without windows on cache indices, token granularity).
+        """
+        if not (policy.needs_scores or policy.merges):
+            return context_len
+        if model is not None and not policy.merges and windows_of(model, self.name).applies_own:
+            return context_len
+        heads = heads_of(model, granularity) if model is not None else None
+        return min(context_len, budget * (heads or 1) + chunk)
 
     def kept_logprobs(self, model, input_ids: torch.Tensor, kept: Kept | Evictions, ref: ReferencePass | None,
                       positions: str, query_chunk: int = evict_attention.DEFAULT_QUERY_CHUNK,
