@@ -242,8 +242,10 @@ STEPS = [
          ("results/smollm2/merge-prefill.nc",)),
     Step("smollm2-merge-prefill", "truncsens compare-policies results/smollm2/merge-prefill.nc --metrics kl,tv "
                                   "--paired-against sink_recent", needs=("smollm2-merge-prefill-run",)),
-    # the merging caches on SmolLM2 in a streaming cache: decisions every 16 tokens (30 layers on 2 CPU cores)
-    Step("smollm2-merge-streaming-run", f"truncsens measure --model smollm2-135m {MERGE_POLICIES} --semantics streaming "
+    # the merging caches on SmolLM2 in a streaming cache, against sink_recent: decisions every 16 tokens (30 layers
+    # on 2 CPU cores)
+    Step("smollm2-merge-streaming-run", "truncsens measure --model smollm2-135m --policy sink_recent,merge_mean,merge_nearest "
+                                        "--semantics streaming "
                                         f"--chunk 16 {POLICY_OPTS} --out results/smollm2/merge-streaming.nc",
          ("results/smollm2/merge-streaming.nc",)),
     Step("smollm2-merge-streaming", "truncsens compare-policies results/smollm2/merge-streaming.nc --metrics kl,tv "
