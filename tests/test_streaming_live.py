@@ -185,3 +185,8 @@ def test_live_driver_refuses_what_no_cache_could_do(rule, message):
         run_live_stream(_Broken(rule), 4, 12, 2, [0, 1], observe)
     with pytest.raises(PolicyError, match=r"kept more than budget - 1 = 1 keys"):
         run_live_stream(_Broken("none"), 2, 12, 2, [0], observe)
+
+
+def test_live_driver_refuses_heads_that_do_not_divide_the_rows():
+    with pytest.raises(PolicyError, match="heads=2"):
+        run_live_stream(make_policy("h2o"), 4, 12, 1, [0, 1, 2], lambda s, e, chunk: ChunkStats(), heads=2)

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from truncsens.policies.base import Policy, StreamView, uniforms
+from truncsens.policies.base import Policy, PolicyError, StreamView, uniforms
 from truncsens.policies.steps import chunk_bounds
 from truncsens.policies.streaming import ChunkStats, Evictions, check_step
 
@@ -87,10 +87,13 @@ def run_live_stream(policy: Policy, budget: int, context_len: int, chunk: int, s
         same statistics.
 
     Raises:
-        PolicyError: bad budget or chunk, or a step :func:`~truncsens.policies.streaming.check_step` refuses.
+        PolicyError: bad budget or chunk, ``heads`` not dividing the rows, or a step
+            :func:`~truncsens.policies.streaming.check_step` refuses.
     """
     policy.check(budget, context_len)
     R, T, Hh = len(seeds), context_len, heads
+    if Hh < 1 or R % Hh:
+        raise PolicyError(f"heads must divide the {R} rows of seeds (one per sequence and head), got heads={heads}")
     B = R // Hh
     kind = policy.score_kind()
     u_all = uniforms(seeds, (T,), device)  # [R, T]
@@ -102,7 +105,7 @@ def run_live_stream(policy: Policy, budget: int, context_len: int, chunk: int, s
     for s, e in chunk_bounds(T, chunk):
         c, L = e - s, pos.shape[1]
         index = None
-        if slack is not None and L:
+        if slack is not None and L and B:
             anywhere = rows["alive"].view(B, Hh, L).any(1)  # [B, L] slots cached in some head
             n = int(anywhere.sum(1).max())
             if L > 2 * n + slack:
