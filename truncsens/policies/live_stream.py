@@ -32,6 +32,7 @@ from truncsens.policies.steps import chunk_bounds
 from truncsens.policies.streaming import ChunkStats, Evictions, check_step
 
 ROW_FIELDS = ("alive", "offset", "drawn", "pi", "u", "acc", "last", "norm")  # [B·Hh, L] per slot and row
+NEW_SLOT = {"alive": True, "pi": 1.0}  # a new key's fields other than 0 (its uniform: from the row's seed)
 
 
 def live_first(live: torch.Tensor, n: int) -> torch.Tensor:
@@ -114,9 +115,8 @@ def run_live_stream(policy: Policy, budget: int, context_len: int, chunk: int, s
                 by_row = index.repeat_interleave(Hh, 0)  # [R, n]
                 rows = {f: t.gather(1, by_row) for f, t in rows.items()}  # dead fillers stay dead
         pos = torch.cat([pos, torch.arange(s, e, device=device).expand(B, c)], 1)  # [B, L + c]
-        new = {"alive": True, "pi": 1.0, "u": None}
-        for f, t in rows.items():
-            fill = u_all[:, s:e] if f == "u" else torch.full((R, c), new.get(f, 0), dtype=t.dtype, device=device)
+        for f, t in rows.items():  # the chunk's keys: cached, never drawn, pi 1, their uniforms, no scores yet
+            fill = u_all[:, s:e] if f == "u" else torch.full((R, c), NEW_SLOT.get(f, 0), dtype=t.dtype, device=device)
             rows[f] = torch.cat([t, fill], 1)
         stats = observe(s, e, LiveChunk(index, pos, rows["alive"], rows["offset"]))
         if e == T:
@@ -141,5 +141,4 @@ def run_live_stream(policy: Policy, budget: int, context_len: int, chunk: int, s
             rows["pi"] = torch.where(step.keep, step.pi.to(torch.float64), torch.ones_like(rows["pi"]))
     cached = torch.where(rows["alive"], pos.repeat_interleave(Hh, 0), T)  # [R, L + c] keys cached at the end
     offset_out.scatter_(1, cached, rows["offset"])
-    evict[:, T] = T
     return Evictions(evict[:, :T].contiguous(), offset_out[:, :T].contiguous())
