@@ -57,6 +57,7 @@ from truncsens.certificates.estimator import attention_records
 from truncsens.certificates.probe import SCORE_BLOCK
 from truncsens.policies import Policy
 from truncsens.policies.base import StreamView, uniforms
+from truncsens.policies.live_stream import live_first
 
 SCORE_FLOOR = 1e-6  # (as truncsens.certificates.passes.SCORE_FLOOR) added score, relative to the row's mean
 STEP_RECORDS = ("error", "radius_eb", "radius_normal", "o_norm", "variance", "value_range", "n_random", "has_tail",
@@ -220,7 +221,7 @@ class StreamState:
         L, R, n = self.n_layers, self.alive.shape[1], self.n
         keep = self.alive[:, :, :n].reshape(L * R, n)
         m = int(keep.sum(-1).max())
-        order = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)[:, :m]  # [L·R, m] live slots first, in order
+        order = live_first(keep, m)  # [L·R, m] live slots first, in order
         for t in self.slots.values():
             t[:, :, :m] = t[:, :, :n].reshape(L * R, n).gather(1, order).view(L, R, m)
         self.alive[:, :, m:n] = False  # slots past the live ones are free

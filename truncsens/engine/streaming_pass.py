@@ -16,7 +16,11 @@ Two exact ways to run the same decisions, chosen by what the policy reads:
   (:func:`truncsens.engine.attention_windows.kept_attention_mask`). Models that apply their windows on
   cache indices (GPT-Neo) keep every slot instead, so indices stay positions. The statistics the
   policy reads are those of this run: attention probabilities from the attention modules (eager
-  attention, forward hooks) and the norms of the new keys in the cache.
+  attention, forward hooks) and the norms of the new keys in the cache. The decisions are taken by
+  :func:`truncsens.policies.live_stream.run_live_stream`, which holds the stream's state per cache
+  slot and decides when to compact (the same slots as the cache): the policy sees the cached keys
+  and the chunk only, and ``observe`` returns the chunk's attention per slot, so a token step costs
+  O(k + C) whatever the context.
 
 Head granularity (``heads=Hkv``): the policy runs on B·Hkv rows (sequence, key/value head), each
 with its own kept set; the cache is shared by the heads of a sequence, each head's evicted keys are
@@ -36,6 +40,7 @@ from truncsens.engine.forward import last_logprobs, rows_logprobs, model_dtype
 from truncsens.engine.attention_windows import kept_attention_mask
 from truncsens.engine.reference_pass import AttentionCollector, eager_attention
 from truncsens.policies import Policy
+from truncsens.policies.live_stream import LiveChunk, run_live_stream
 from truncsens.policies.streaming import ChunkStats, Evictions, run_stream
 
 ONLINE_ATTENTION_KINDS = ("attention", "last_attention")  # score kinds read from the run's own attention
@@ -45,7 +50,8 @@ def decide_offline(policy: Policy, budget: int, context_len: int, chunk: int, se
                    device: torch.device | str) -> Evictions:
     """Eviction steps of a policy that reads no scores (no model run): in closed form when the policy
     has one (:meth:`~truncsens.policies.base.Policy.eviction_steps`: O(T) for suffix and sink_recent,
-    O(T log k) for random), else by :func:`~truncsens.policies.streaming.run_stream` (O(T) per step).
+    O(T log k) for random), else by :func:`~truncsens.policies.streaming.run_stream` (O(T) per step,
+    no model).
 
     Returns:
         :class:`Evictions` with evict and offset [B, T] (B = ``len(seeds)``).
@@ -84,7 +90,7 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
         tokens when keep > 1), :class:`Evictions` with evict [B, T], or [B, Hkv, T] under head granularity).
 
     Raises:
-        PolicyError: see :func:`~truncsens.policies.streaming.run_stream`.
+        PolicyError: see :func:`~truncsens.policies.live_stream.run_live_stream`.
         NonFiniteLogitsError: NaN or infinite logits.
     """
     B, T = input_ids.shape
@@ -96,31 +102,18 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
     kw = kvcache.cache_keyword(model)
     dtype = model_dtype(model)
     collector = AttentionCollector(model, heads) if kind in ONLINE_ATTENTION_KINDS else None
-    compact = not windows.applies_own  # GPT-Neo applies its windows on cache indices: keep every slot
-    state = {"slots": torch.zeros(B, 0, dtype=torch.long, device=device)}  # [B, L] position of each slot, -1: dead
     result: dict[str, torch.Tensor] = {}
 
-    def observe(s: int, e: int, alive: torch.Tensor, offset: torch.Tensor) -> ChunkStats:
+    def observe(s: int, e: int, live: LiveChunk) -> ChunkStats:
         c = e - s
-        alive, offset = alive.view(B, Hh, e), offset.view(B, Hh, e)  # [B·Hh, e] -> [B, Hh, e]
-        slots = state["slots"]  # [B, L]
-        L = slots.shape[1]
-        live = (slots >= 0).unsqueeze(1) & alive.gather(2, slots.clamp(min=0).unsqueeze(1).expand(B, Hh, L))  # [B, Hh, L]
-        anywhere = live.any(1)  # [B, L] slots whose key is still cached in some head
-        n = int(anywhere.sum(1).max()) if L else 0
-        if compact and L > 2 * n + slack:  # compaction is amortized: dead slots are masked until then
-            index = torch.argsort((~anywhere).to(torch.int8), dim=1, stable=True)[:, :n]  # [B, n] live slots first, in order
-            kvcache.gather_slots(cache, index)
-            live = live.gather(2, index.unsqueeze(1).expand(B, Hh, n))  # [B, Hh, n]
-            slots = torch.where(anywhere.gather(1, index), slots.gather(1, index), torch.full_like(index, -1))
+        if live.index is not None:  # the driver dropped dead slots: the same gather on the cache
+            kvcache.gather_slots(cache, live.index)
+        k_pos = live.positions  # [B, L + c] position of each slot, the chunk's last
+        alive = live.alive.view(B, Hh, -1)  # [B·Hh, L + c] -> [B, Hh, L + c]
         chunk_pos = torch.arange(s, e, device=device).expand(B, c)  # [B, c]
-        slots = torch.cat([slots, chunk_pos], 1)  # [B, L + c]
-        live = torch.cat([live, torch.ones(B, Hh, c, dtype=torch.bool, device=device)], 2)  # [B, Hh, L + c]
-        state["slots"] = slots
-        k_pos = slots.clamp(min=0)  # [B, L + c]
         causal = k_pos.unsqueeze(1) <= chunk_pos.unsqueeze(-1)  # [B, c, L + c]
-        keep = live.unsqueeze(2) & causal.unsqueeze(1)  # [B, Hh, c, L + c]
-        off = offset.gather(2, k_pos.unsqueeze(1).expand(live.shape)).unsqueeze(2).expand(keep.shape)  # [B, Hh, c, L + c]
+        keep = alive.unsqueeze(2) & causal.unsqueeze(1)  # [B, Hh, c, L + c]
+        off = live.offset.view(B, Hh, 1, -1).expand(keep.shape)  # [B, Hh, c, L + c]
         if heads is None:
             mask = kept_attention_mask(windows, keep[:, 0], off[:, 0], chunk_pos, k_pos, dtype)
         else:
@@ -137,10 +130,8 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
         stats = ChunkStats()
         if collector:
             att = collector.mean()  # [B, c, L + c], or [B, Hkv, c, L + c] per head
-            by_slot = att.view(B, Hh, c, -1) * live.unsqueeze(2)  # [B, Hh, c, L + c]
-            by_pos = torch.zeros(B, Hh, c, e, device=device).scatter_add_(
-                3, k_pos.view(B, 1, 1, -1).expand(by_slot.shape), by_slot)  # [B, Hh, c, e] by position
-            stats.attention = by_pos.view(B * Hh, c, e)  # [B·Hh, c, e]
+            by_slot = att.view(B, Hh, c, -1) * alive.unsqueeze(2)  # [B, Hh, c, L + c], 0 on dead slots
+            stats.attention = by_slot.view(B * Hh, c, -1)  # [B·Hh, c, L + c] per slot
         if kind == "key_norm":
             norms = [kvcache.layer_kv(cache, layer)[0][:, :, -c:].float().norm(dim=-1)
                      for layer in range(kvcache.n_layers(cache))]  # [B, Hkv, c] each
@@ -148,8 +139,9 @@ def stream_online(model, input_ids: torch.Tensor, policy: Policy, budget: int, s
             stats.key_norm = mean.reshape(B * Hh, c) if heads else mean.mean(1)  # [B·Hkv, c] or [B, c]
         return stats
 
+    compact = not windows.applies_own  # GPT-Neo applies its windows on cache indices: keep every slot
     with eager_attention(model) if collector else contextlib.nullcontext():
-        evictions = run_stream(policy, budget, T, chunk, seeds, observe, device)
+        evictions = run_live_stream(policy, budget, T, chunk, seeds, observe, device, Hh, slack if compact else None)
     if heads:
         evictions = evictions.unfold(heads)
     if n_last > 1:

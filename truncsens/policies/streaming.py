@@ -13,6 +13,10 @@ A decision is recorded as ``evict[b, j]``: key j is read by the queries q with `
 (``T``: never evicted within the context). Kept sets are therefore nested in time by construction;
 :func:`run_stream` refuses a policy that tries to bring back an evicted key.
 
+This loop holds every position 0..e-1 (O(T) per step): the offline path (policies without scores)
+and synthetic sources use it; the engine's run with online scores holds its state for the live slots
+only (:func:`truncsens.policies.live_stream.run_live_stream`, the same decisions in O(k + C) per step).
+
 Statistics come only from the evicted run itself (``observe``): attention of the chunk's queries over
 the keys they read, and the norms of the chunk's new keys. The chunk ends and the closed-form steps of
 recency policies live in :mod:`truncsens.policies.steps` (imported from here too).
@@ -35,7 +39,8 @@ class ChunkStats:
 
     Attributes:
         attention: [B, c, e] float attention probabilities of each chunk query over keys 0..e-1 (0 on
-            keys it did not read; mean over layers and heads), or None.
+            keys it did not read; mean over layers and heads), or None; [B, c, L + c] over the cache
+            slots for :func:`truncsens.policies.live_stream.run_live_stream`.
         key_norm: [B, c] float L2 norms of the chunk's keys (mean over layers and key/value heads), or None.
         Under head granularity B counts (sequence, key/value head) rows and the statistics are per KV head.
     """
