@@ -291,7 +291,7 @@ STEPS = [
     Step("run-overhead", "OMP_NUM_THREADS=1 python benchmarks/run_overhead.py"),
     Step("streaming-memory", "python benchmarks/streaming_memory.py", env={"OMP_NUM_THREADS": "1"}),
     Step("gguf-smollm2", "OMP_NUM_THREADS=2 python benchmarks/gguf_smollm2.py"),
-    Step("throughput-streaming-cost", "OMP_NUM_THREADS=1 python benchmarks/streaming_cost.py --lengths 512 2048 4096"),
+    Step("throughput-streaming-cost", "OMP_NUM_THREADS=1 python benchmarks/streaming_cost.py --lengths 512 2048 8192"),
     Step("memory-scaling", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384"),
     Step("memory-scaling-snapkv", "python benchmarks/memory_scaling.py --lengths 1024 2048 4096 8192 16384 --paths "
                                   "prefill_evict:sink_recent prefill_evict:snapkv prefill_evict:snapkv_shared"),
