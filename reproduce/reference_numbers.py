@@ -242,6 +242,12 @@ STEPS = [
          ("results/smollm2/merge-prefill.nc",)),
     Step("smollm2-merge-prefill", "truncsens compare-policies results/smollm2/merge-prefill.nc --metrics kl,tv "
                                   "--paired-against sink_recent", needs=("smollm2-merge-prefill-run",)),
+    # the paired check matched in sinks: a truncation run keeping the same 4 first tokens as sink_recent
+    Step("smollm2-measure-code-sinks", f"truncsens measure {SMOLLM2_OPTS} --sinks 4 --out results/smollm2/code-s4.nc",
+         ("results/smollm2/code-s4.nc",)),
+    *(Step(f"smollm2-{sem}-sinks", f"truncsens compare-policies results/smollm2/{sem}.nc --truncation results/smollm2/code-s4.nc "
+                                   "--metrics kl,tv", needs=("smollm2-measure-code-sinks", f"smollm2-{sem}-run"))
+      for sem in ("streaming", "prefill")),
     # the merging caches on SmolLM2 in a streaming cache, against sink_recent: decisions every 16 tokens (30 layers
     # on 2 CPU cores)
     Step("smollm2-merge-streaming-run", "truncsens measure --model smollm2-135m --policy sink_recent,merge_mean,merge_nearest "
