@@ -207,7 +207,7 @@ def test_a_run_with_draws_and_the_corrected_variance_writes_reads_and_reports_th
 
 
 @pytest.mark.parametrize("extra,message", [
-    (["--draws", "0"], "draws (--draws) must be a whole number >= 1, got 0"),
+    (["--draws", "0"], "draws (--draws) must be at least 1, got 0"),  # measure's wording
     (["--variance", "bootstrap"], "variance (--variance) must be one of hajek, hajek_bias, got 'bootstrap'"),
     (["--semantics", "streaming", "--draws", "2"], "measured under prefill_evict only"),
     (["--semantics", "streaming", "--variance", "hajek_bias"], "measured under prefill_evict only"),

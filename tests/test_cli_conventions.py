@@ -167,7 +167,7 @@ def test_compare_policies_counts_an_infinite_kl():
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["measure", "--chunk", "abc"], "'--chunk'"),
+    (["measure", "--chunk", "abc"], "--chunk takes a whole number, got 'abc'"),
     (["measure", "--bogus"], "--bogus"),
     (["nosuchcommand"], "'nosuchcommand'"),
     (["show"], "'file'"),
@@ -181,6 +181,21 @@ def test_usage_errors_are_one_error_line_exit_2(capsys, argv, says):
     assert exit_info.value.code == 2
     assert err.count("\n") == 1 and err.startswith("error: ") and says in err
     assert "╭" not in err  # no framed box
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["measure", "--draws", "two"], "error: --draws takes a whole number, got 'two' (see 'truncsens measure -h')\n"),
+    (["measure", "--chunk=1.5"], "error: --chunk takes a whole number, got '1.5' (see 'truncsens measure -h')\n"),
+    (["certify", "--delta", "abc"], "error: --delta takes a number, got 'abc' (see 'truncsens certify -h')\n"),
+])
+def test_a_value_that_does_not_parse_is_said_plainly(capsys, argv, says):
+    """The parser's own wording ("Input should be a valid integer, unable to parse string as an
+    integer") is replaced by what the option takes and the value given."""
+    from truncsens.cli.main import run
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(argv)
+    assert exit_info.value.code == 2 and capsys.readouterr().err == says
 
 
 def test_console_script_help_and_version_exit_0(capsys):

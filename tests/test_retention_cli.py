@@ -189,7 +189,8 @@ def test_bad_input_clear_message_and_nothing_lost(tiny_llama_dir, corpus_dir, tm
         (["--policy", "suffix", "--budgets", "16", "--positions", "reindexed"], "positions='reindexed' (--positions reindexed) works only with semantics (--semantics) reencode"),
         (["--policy", "sink_recent", "--budgets", "3"], "below its minimum of 5"),
         (["--policy", "suffix", "--windows", "4,8"], "windows (--windows) is for suffix truncation"),
-        (["--budgets", "16"], "need policies (--policy NAME)"),
+        (["--budgets", "16"], "error: budgets (--budgets) needs policies (--policy NAME)"),  # names only what was given
+        (["--budgets", "16", "--semantics", "streaming"], "error: budgets (--budgets) and semantics (--semantics) need policies"),
         (["--policy", "suffix", "--budgets", "16", "--docs-per-shard", "0"], "docs_per_shard (--docs-per-shard) must be at least 1"),
         (["--policy", "suffix", "--budgets", "16", "--max-docs", "0"], "max_docs (--max-docs) must be at least 1"),
         (["--policy", "suffix", "--budgets", "16", "--reference-context", "0"], "reference_context (--reference-context) must be at least 1"),

@@ -216,7 +216,7 @@ class CertifyConfig(CertifyCommandOptions, CertifyBase):
         from truncsens.certificates.estimator import VARIANCES
 
         if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
-            raise CertifyError(f"draws (--draws) must be a whole number >= 1, got {self.draws!r}")
+            raise CertifyError(f"draws (--draws) must be at least 1, got {self.draws!r}")
         if self.variance not in VARIANCES:
             raise CertifyError(f"variance (--variance) must be one of {', '.join(VARIANCES)}, got {self.variance!r}")
         if (self.draws > 1 or self.variance != "hajek") and self.rule.streams:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import warnings
@@ -31,6 +32,28 @@ def quiet_broken_pipe() -> None:
     except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. a test runner's buffer)
         pass
     raise typer.Exit(code=BROKEN_PIPE_EXIT)
+
+# The parser's words for a value that does not parse, and what the option takes, said plainly.
+PARSE_FAILURES = (("valid integer", "a whole number"), ("valid number", "a number"), ("valid boolean", "true or false"))
+_INVALID_VALUE = re.compile(r"Invalid value for '(-[\w-]+)'(?: / '-[\w-]+')*: (.*)", re.S)
+
+
+def plain_usage_message(message: str, args: list[str]) -> str:
+    """A usage error's message with the parser's wording for a value that does not parse replaced:
+    ``Invalid value for '--draws': Input should be a valid integer, unable to parse ...`` becomes
+    ``--draws takes a whole number, got 'two'`` (the value read back from ``args``, the command line
+    without the program name). Any other message is returned as it is."""
+    match = _INVALID_VALUE.fullmatch(message.strip())
+    if match is None:
+        return message
+    flag, why = match.groups()
+    kind = next((plain for words, plain in PARSE_FAILURES if words in why), None)
+    if kind is None:
+        return message
+    given = [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    given += [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+    return f"{flag} takes {kind}, got {given[-1]!r}" if given else f"{flag} takes {kind}"
+
 
 # Exceptions whose message is written for the user: print it, exit 2.
 # OSError covers FileNotFoundError and also PermissionError, IsADirectoryError, a full disk, ...

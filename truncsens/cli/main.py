@@ -15,6 +15,8 @@ import sys
 import typer
 from typer.core import TyperGroup
 
+from truncsens.cli.errors import plain_usage_message
+
 COMMAND_MODULES = (
     "measure", "show", "train_reference", "fit", "recommend_window", "plot", "compare_policies", "certify",
     "certify_attribution", "plan",
@@ -139,7 +141,8 @@ def run(args: list[str] | None = None) -> None:
             typer.echo(ctx.get_help(), err=True)
         else:
             where = f" (see '{ctx.command_path} -h')" if ctx is not None else ""
-            typer.echo(f"error: {exc.format_message()}{where}", err=True)
+            message = plain_usage_message(exc.format_message(), sys.argv[1:] if args is None else list(args))
+            typer.echo(f"error: {message}{where}", err=True)
         code = getattr(exc, "exit_code", 2)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -155,8 +155,9 @@ class MeasureConfig(MeasureOptions):
         if self.per_layer:
             self._check_per_layer()
         elif self.policies is None:
-            if self.budgets is not None or self.semantics is not None:
-                raise MeasureError("budgets (--budgets) and semantics (--semantics) need policies (--policy NAME): window "
+            given = [f"{name} (--{name})" for name in ("budgets", "semantics") if getattr(self, name) is not None]
+            if given:
+                raise MeasureError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} policies (--policy NAME): window "
                                    "sweeps are re-encode; for a suffix window under another semantics use --policy suffix")
             self.semantics = "reencode"
             self.n_sink = 0 if self.n_sink is None else self.n_sink
