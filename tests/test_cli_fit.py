@@ -120,6 +120,10 @@ def test_fit_bad_input(files):
     assert_user_error(invoke("fit", files / "code.nc", "--bootstrap", "-1"), "--bootstrap")
     (files / "notfit.json").write_text("{}")
     assert_user_error(invoke("recommend-window", files / "notfit.json", "--eps", "0.01"), "not a truncsens fit file")
+    # a fit file given where results are read: named as a fit file, with the command that reads it
+    assert_user_error(invoke("fit", files / "notfit.json"), f"{files / 'notfit.json'} is a fit file (the JSON `truncsens fit` "
+                      f"writes), not a results file: `truncsens recommend-window {files / 'notfit.json'}` reads it")
+    assert_user_error(invoke("compare-policies", files / "notfit.json"), "is a fit file")
 
 
 def test_recommend_window_from_fit_and_results(files, tmp_path):

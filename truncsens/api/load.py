@@ -10,6 +10,8 @@ from typing import Sequence, Union
 import xarray as xr
 
 from truncsens import results
+from truncsens.fits.fit_file import is_fit_file
+from truncsens.results import ResultsError
 
 Results = Union[str, Path, xr.Dataset]  # a results file, or a results dataset in memory
 
@@ -31,7 +33,7 @@ def datasets_of(items: Results | Sequence[Results]) -> tuple[list[xr.Dataset], l
 
     Raises:
         ValueError: no results given.
-        FileNotFoundError, truncsens.results.ResultsError: as :func:`load`.
+        FileNotFoundError, truncsens.results.ResultsError: as :func:`load`; a fit file given as results.
     """
     items = [items] if isinstance(items, (str, Path, xr.Dataset)) else list(items)
     if not items:
@@ -39,6 +41,9 @@ def datasets_of(items: Results | Sequence[Results]) -> tuple[list[xr.Dataset], l
     datasets, sources = [], []
     for item in items:
         in_memory = isinstance(item, xr.Dataset)
+        if not in_memory and Path(item).is_file() and is_fit_file(item):
+            raise ResultsError(f"{item} is a fit file (the JSON `truncsens fit` writes), not a results file: "
+                               f"`truncsens recommend-window {item}` reads it")
         datasets.append(item if in_memory else load(item))
         sources.append("" if in_memory else str(item))
     return datasets, sources
