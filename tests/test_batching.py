@@ -70,6 +70,9 @@ def test_oom_at_batch_size_one():
         run_in_batches(rec, 4, 128, 512)
     assert str(info.value).startswith("out of memory at batch size 1 with 128-token sequences: lower --reference-context")
     assert [b - a for a, b in rec.calls] == [4, 2, 1]
+    # streams sized by the cache they hold say so (k + chunk slots, not the context's N tokens)
+    with pytest.raises(OutOfMemoryAtBatchSizeOne, match=r"^out of memory at batch size 1 with 257-slot streams \(the cache"):
+        run_in_batches(Recorder(4, fits=0), 4, 257, 1024, "slot streams (the cache one stream holds)")
 
 
 def test_other_errors_propagate_without_retry():

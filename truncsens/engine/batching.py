@@ -21,12 +21,13 @@ def _loop(step: Callable[[slice], None], n_items: int, batch_size: int) -> int:
     return batch_size
 
 
-def _oom_message(seq_len: int) -> str:
-    return (f"out of memory at batch size 1 with {seq_len}-token sequences: lower --reference-context, "
+def _oom_message(seq_len: int, unit: str = "token sequences") -> str:
+    return (f"out of memory at batch size 1 with {seq_len}-{unit}: lower --reference-context, "
             "use --dtype bfloat16, or a device with more memory")
 
 
-def run_in_batches(step: Callable[[slice], None], n_items: int, seq_len: int, max_batch_tokens: int) -> int:
+def run_in_batches(step: Callable[[slice], None], n_items: int, seq_len: int, max_batch_tokens: int,
+                   unit: str = "token sequences") -> int:
     """Call ``step(slice)`` over ``range(n_items)`` in batches of at most ``max_batch_tokens`` tokens.
 
     The first attempt runs directly. On an out-of-memory error (as recognised by accelerate's
@@ -40,6 +41,8 @@ def run_in_batches(step: Callable[[slice], None], n_items: int, seq_len: int, ma
         n_items: number of items (sequences).
         seq_len: tokens per sequence, to turn the token budget into a batch size.
         max_batch_tokens: token budget of one forward pass (batch size x sequence length).
+        unit: what ``seq_len`` counts, in the out-of-memory message ("slot streams" for streams sized
+            by the cache they hold).
 
     Returns:
         The batch size that worked.
@@ -56,7 +59,7 @@ def run_in_batches(step: Callable[[slice], None], n_items: int, seq_len: int, ma
         if not should_reduce_batch_size(exc):
             raise
     if start == 1:
-        raise OutOfMemoryAtBatchSizeOne(_oom_message(seq_len)) from None
+        raise OutOfMemoryAtBatchSizeOne(_oom_message(seq_len, unit)) from None
 
     size = [start // 2]
 
@@ -74,5 +77,5 @@ def run_in_batches(step: Callable[[slice], None], n_items: int, seq_len: int, ma
         return _retry()
     except RuntimeError as exc:
         if "No executable batch size found" in str(exc):
-            raise OutOfMemoryAtBatchSizeOne(_oom_message(seq_len)) from None
+            raise OutOfMemoryAtBatchSizeOne(_oom_message(seq_len, unit)) from None
         raise

@@ -207,8 +207,9 @@ def measure_draws(
                         out.record(p, r, sl, j, ref.logprobs, lp, token_id[sl], keep_last, att)
                         progress(ids.shape[0] * semantics.cost(N, k))
 
-                run_in_batches(stream_step, n, semantics.stream_cost(N, k, chunk, policy, model, granularity),
-                               max_batch_tokens)
+                held = semantics.stream_cost(N, k, chunk, policy, model, granularity)
+                run_in_batches(stream_step, n, held, max_batch_tokens,  # what one stream holds
+                               "token sequences" if held == N else "slot streams (the cache one stream holds)")
         return copy_deterministic(out, per_policy)
 
     if semantics.reference_state:
