@@ -70,14 +70,14 @@ def test_batch_sizes_follow_what_a_stream_holds(model, monkeypatch):
     merge_mean's cache of k - 1 slots the same."""
     calls = []
 
-    def recording(step, n_items, seq_len, max_batch_tokens):
+    def recording(step, n_items, seq_len, max_batch_tokens, unit="token sequences"):
         sizes = []
 
         def recorded(sl: slice) -> None:
             sizes.append(sl.stop - sl.start)
             step(sl)
 
-        run_in_batches(recorded, n_items, seq_len, max_batch_tokens)
+        run_in_batches(recorded, n_items, seq_len, max_batch_tokens, unit)
         calls.append((seq_len, sizes))
 
     monkeypatch.setattr(kernel, "run_in_batches", recording)
