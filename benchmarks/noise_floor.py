@@ -22,6 +22,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from truncsens.divergences import all_metrics
+from truncsens.engine.kvcache import cache_keyword, new_cache
 
 CONFIGS = ((128, 2, 4096, 128), (512, 4, 32000, 512))  # hidden, layers, vocab, T
 
@@ -40,8 +41,9 @@ def last_logits(m: LlamaForCausalLM, ids: torch.Tensor) -> dict[str, torch.Tenso
     with torch.no_grad():
         one = torch.cat([m(input_ids=ids[i:i + 1]).logits[:, -1].float() for i in range(ids.shape[0])])
         full = m(input_ids=ids).logits[:, -1].float()
-        pre = m(input_ids=ids[:, :-1], use_cache=True)
-        step = m(input_ids=ids[:, -1:], past_key_values=pre.past_key_values, use_cache=True).logits[:, -1].float()
+        cache, kw = new_cache(m), cache_keyword(m)  # the keyword of the installed transformers
+        m(input_ids=ids[:, :-1], use_cache=True, **{kw: cache})  # prefill: fills ``cache`` in place
+        step = m(input_ids=ids[:, -1:], use_cache=True, **{kw: cache}).logits[:, -1].float()
     return {"one": one, "full": full, "step": step}
 
 
