@@ -229,17 +229,7 @@ def measure_draws(
         run_in_batches(step, n, N, max_batch_tokens)
         return copy_deterministic(out, per_policy)
 
-    store: dict[str, torch.Tensor] = {}
-
-    def ref_step(sl: slice) -> None:
-        lp = semantics.reference(model, context[sl], policies).logprobs  # [b, V]
-        if "ref" not in store:
-            store["ref"] = torch.empty(n, lp.shape[-1], dtype=lp.dtype, device=device)
-        store["ref"][sl] = lp
-        progress(context[sl].numel())
-
-    run_in_batches(ref_step, n, N, max_batch_tokens)
-    ref_lp = store["ref"]  # [n, V]
+    ref_lp, _ = reference_outputs(model, context, policies, semantics, granularity, max_batch_tokens, progress)  # [n, V]
     everyone = slice(0, n)
     for p, policy in enumerate(policies):
         for r in range(per_policy[p]):
@@ -260,19 +250,21 @@ def measure_draws(
 def reference_outputs(model, context: torch.Tensor, policies: Sequence[Policy], semantics: Semantics,
                       granularity: str, max_batch_tokens: int,
                       progress: Callable[[int], None]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The reference pass of every target of ``context`` [n, N], batched by N tokens, and what the results
-    record of it: (log-probabilities [n, V] float64, the target query's attention row [n, N] float32
-    ([n, Hkv, N] under head granularity) or None)."""
+    """The reference pass of every target of ``context`` [n, N], batched by N tokens apart from the kept
+    passes (``reencode``, ``streaming``), and what the results record of it: (log-probabilities [n, V]
+    float64, the target query's attention row [n, N] float32 ([n, Hkv, N] under head granularity), or
+    None where the semantics computes none)."""
     n, N = context.shape
-    store: dict[str, torch.Tensor | None] = {}
+    store: dict[str, torch.Tensor] = {}
 
     def ref_step(sl: slice) -> None:
         ref = semantics.reference(model, context[sl], policies, granularity)
         for name, value in (("lp", ref.logprobs), ("att", ref.last_attention)):
-            if value is not None and store.get(name) is None:
+            if value is None:
+                continue
+            if name not in store:  # allocated at the first batch, when the shapes are known
                 store[name] = torch.empty(n, *value.shape[1:], dtype=value.dtype, device=value.device)
-            if value is not None:
-                store[name][sl] = value
+            store[name][sl] = value
         progress(context[sl].numel())
 
     run_in_batches(ref_step, n, N, max_batch_tokens)
