@@ -137,3 +137,37 @@ def test_a_stop_signal_keeps_the_shards_with_the_note_ctrl_c_prints(tiny_llama_d
     monkeypatch.setattr(results, "save", real_save)
     resumed = CliRunner().invoke(app, measure_args(tiny_llama_dir, corpus_dir, out, "--resume"))
     assert resumed.exit_code == 0 and "1 shard reused" in resumed.stdout, resumed.output
+
+
+def test_a_failed_merge_keeps_the_shard_merged_from_memory_and_resume_gives_the_same_bytes(
+        tiny_llama_dir, corpus_dir, tmp_path, whole, monkeypatch):
+    """A single process merges its last shard from memory, without writing and reading it back; when the
+    merge fails, that shard is written for --resume, and the resumed file (every shard read from its
+    file) equals the uninterrupted run's byte for byte."""
+    out = tmp_path / "r.nc"
+    real_save = results.save
+
+    def failing_save(ds, path):
+        if str(path) == str(out):
+            raise OSError(28, "No space left on device", str(path))
+        return real_save(ds, path)
+
+    monkeypatch.setattr(results, "save", failing_save)
+    with pytest.raises(OSError, match="No space left"):
+        run_measure(_config(tiny_llama_dir, corpus_dir, out))
+    assert not out.exists()
+    kept = _shards(out)
+    assert len(kept) >= 2 and kept[-1] == f"shard-{len(kept) - 1:05d}.nc"  # the last one included
+    monkeypatch.setattr(results, "save", real_save)
+    assert run_measure(_config(tiny_llama_dir, corpus_dir, out, resume=True)).shards_reused == len(kept)
+    assert out.read_bytes() == whole
+    assert not shard_dir_for(out).exists()
+
+
+def test_a_run_of_one_shard_writes_no_shard_file(tiny_llama_dir, corpus_dir, tmp_path, monkeypatch):
+    written = []
+    real_save = results.save
+    monkeypatch.setattr(results, "save", lambda ds, path: written.append(os.path.basename(path)) or real_save(ds, path))
+    out = tmp_path / "one.nc"
+    run_measure(_config(tiny_llama_dir, corpus_dir, out, docs_per_shard=1000))
+    assert written == ["one.nc"]

@@ -173,6 +173,10 @@ def _compute_and_merge(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_afte
     docs, work = run.docs, run.work
     reused, written = 0, 0
     mine = [i for i in range(len(plans)) if ranks.owns(i)]
+    # a single process merges the last shard it computes from memory: its file is written only if the merge
+    # fails (so nothing computed is lost), which spares a run of one shard a write and a read-back of its results
+    last_in_memory = mine[-1] if ranks.count == 1 and mine else None
+    in_memory: dict[int, xr.Dataset] = {}
     total = sum(len(plans[i]) for i in mine) * work.tokens_per_target
     with ShardProgress(total, work.label, run.progress and ranks.is_main, len(mine)) as bar:
         for i in mine:
@@ -184,7 +188,10 @@ def _compute_and_merge(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_afte
                 continue
             ds = work.compute_shard(plan, bar.update)
             ds.attrs.update(run_fingerprint=run_hash, shard_index=i)
-            results.save(ds, path)
+            if i == last_in_memory:
+                in_memory[i] = ds
+            else:
+                results.save(ds, path)
             written += 1
             bar.shard_done(0)
             if stop_after_shards is not None and written >= stop_after_shards and i + 1 < len(plans):
@@ -194,7 +201,28 @@ def _compute_and_merge(run: ShardedRun, shard_dir: Path, ranks: Ranks, stop_afte
     if not ranks.is_main:
         return RunOutcome(run.out, reused_all, -1)
     paths = [shard_dir / f"shard-{i:05d}.nc" for i in range(len(plans))]
-    parts = [results.load(p) for p in paths]
+    try:
+        return _merge(run, shard_dir, plans, run_hash, paths, in_memory, reused_all)
+    except BaseException:
+        for i, ds in in_memory.items():  # the shard merged from memory is kept for --resume
+            _keep_shard(ds, paths[i])
+        raise
+
+
+def _keep_shard(ds: xr.Dataset, path: Path) -> None:
+    """Write a shard that was to be merged from memory when the merge failed; a failure to write it
+    (the disk that failed the merge, say) leaves the merge's own error to be raised."""
+    try:
+        results.save(ds, path)
+    except Exception:  # noqa: BLE001 - the merge's error is the one the user must see
+        pass
+
+
+def _merge(run: ShardedRun, shard_dir: Path, plans: list[TargetSet], run_hash: str, paths: list[Path],
+           in_memory: dict[int, xr.Dataset], reused_all: int) -> RunOutcome:
+    """Rank 0's merge of every shard (read from its file, or the one held in memory) into ``run.out``."""
+    docs = run.docs
+    parts = [in_memory[i] if i in in_memory else results.load(p) for i, p in enumerate(paths)]
     check_shards(parts, plans, run_hash, shard_dir)
     merged = results.merge(parts, [str(p) for p in paths])
     for name in SHARD_ONLY_ATTRS:
