@@ -240,6 +240,19 @@ STEPS = [
       for sem, plot, figures in (("streaming", " --plot", ("results/merge/streaming-policies.png",
                                                            "results/merge/streaming-policies.pdf")), ("prefill", "", ()))),
     Step("merge-cost", "OMP_NUM_THREADS=1 python benchmarks/merge_cost.py"),
+    # the same on prose (the nl corpus), both semantics, both models (SmolLM2 at prefill-evict)
+    *(Step(f"merge-nl-{sem}-run", f"OMP_NUM_THREADS=1 truncsens measure {MERGE_POLICIES} --semantics {name} "
+                                  f"{POLICY_OPTS.replace('--domain code', '--domain nl')} --out results/merge/nl-{sem}.nc",
+           (f"results/merge/nl-{sem}.nc",))
+      for sem, name in (("streaming", "streaming --chunk 4"), ("prefill", "prefill_evict"))),
+    *(Step(f"merge-nl-{sem}", f"truncsens compare-policies results/merge/nl-{sem}.nc --metrics kl,tv "
+                              "--paired-against sink_recent", needs=(f"merge-nl-{sem}-run",))
+      for sem in ("streaming", "prefill")),
+    Step("smollm2-merge-nl-prefill-run", f"truncsens measure --model smollm2-135m {MERGE_POLICIES} --semantics prefill_evict "
+                                         f"{POLICY_OPTS.replace('--domain code', '--domain nl')} "
+                                         "--out results/smollm2/merge-nl-prefill.nc", ("results/smollm2/merge-nl-prefill.nc",)),
+    Step("smollm2-merge-nl-prefill", "truncsens compare-policies results/smollm2/merge-nl-prefill.nc --metrics kl,tv "
+                                     "--paired-against sink_recent", needs=("smollm2-merge-nl-prefill-run",)),
     # the merging caches on SmolLM2-135M, prefill-evict only (a streaming run token by token costs hours on 30 layers)
     Step("smollm2-merge-prefill-run", f"truncsens measure --model smollm2-135m {MERGE_POLICIES} --semantics prefill_evict "
                                       f"{POLICY_OPTS} --out results/smollm2/merge-prefill.nc",
