@@ -27,13 +27,13 @@ class PlanReport:
 
     def table(self) -> str:
         """The text ``truncsens plan`` prints."""
-        from truncsens.report.tables import Column, render_table
+        from truncsens.report.tables import Column, fmt_count, render_table
 
         d = self.doc
         lines = [f"plan: {d['model']} on {d['corpus']}, N = {d['reference_context']}, semantics {d['semantics']}, "
-                 f"metric {d['metric']}, sinks {d['sinks']}; laws fitted on {d['n_fit_targets']} targets "
-                 f"({d['n_fit_docs']} documents), validated on {d['n_heldout_targets']} held-out targets "
-                 f"({d['n_heldout_docs']} documents)", ""]
+                 f"metric {d['metric']}, sinks {d['sinks']}; laws fitted on {fmt_count(d['n_fit_targets'], 'target')} "
+                 f"({fmt_count(d['n_fit_docs'], 'document')}), validated on "
+                 f"{fmt_count(d['n_heldout_targets'], 'held-out target')} ({fmt_count(d['n_heldout_docs'], 'document')})", ""]
         cols = [Column("layer", ">"), Column("C [CI]", ">"), Column("alpha [CI]", ">")]
         rows = [[str(law["layer"]), _est(law["C"]), _est(law["alpha"])] for law in d["layers"]]
         lines += [render_table(cols, rows)]

@@ -28,7 +28,7 @@ from truncsens.certificates.attribution import (
     GATE_FRACTIONS, PAPER_AUC, by_documents, removal_curves, target_records, verdict_above,
 )
 from truncsens.certificates.attribution_scores import decomposition
-from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table
+from truncsens.report.tables import Column, fmt_count, fmt_estimate, fmt_num, render_table
 
 CURVE_FRACTIONS = np.linspace(0, 1, 41)
 
@@ -112,8 +112,8 @@ def summarize_attribution(ds, n_boot: int = 200, seed: int = 0) -> dict:
 def format_attribution(s: dict) -> str:
     """Printed tables of :func:`summarize_attribution`."""
     kinds = ", ".join(f"{n} {k}" for k, n in s["n_targets_by_kind"].items())
-    lines = [f"certify-attribution: {s['model']} on {s['corpus']}, N = {s['reference_context']}, {s['n_targets']} "
-             f"targets ({kinds}) from {s['n_docs']} documents; D = {s['min_distance']}; failure: wrong top-1 or NLL > "
+    lines = [f"certify-attribution: {s['model']} on {s['corpus']}, N = {s['reference_context']}, "
+             f"{fmt_count(s['n_targets'], 'target')} ({kinds}) from {fmt_count(s['n_docs'], 'document')}; D = {s['min_distance']}; failure: wrong top-1 or NLL > "
              f"{s['failure_nll']:.3f} nats; full cache fails on "
              + ", ".join(f"{n} {k}" for k, n in s["full_cache_failures"].items()),
              *([f"process: {s['process']}"] if s.get("process") else []), ""]

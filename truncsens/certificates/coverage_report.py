@@ -29,7 +29,7 @@ from truncsens.certificates.statistics import (
     TOLERANCES, coverage, coverage_by_tail_mass, mean_by_documents, reliability, spearman_by_documents, tightness, tolerance_curve,
     variance_check,
 )
-from truncsens.report.tables import Column, fmt_estimate, fmt_num, render_table
+from truncsens.report.tables import Column, fmt_count, fmt_estimate, fmt_num, render_table
 
 PAPER_COVERAGE = {12.5: 0.969, 25.0: 0.972, 50.0: 0.977}
 PAPER_SPEARMAN = 0.94
@@ -187,8 +187,8 @@ def format_summary(s: dict) -> str:
     measured = ("" if fl["measured_relative_median"] is None else
                 f"; measured full-cache difference from float64: median {fmt_num(fl['measured_relative_median'], 2)}, "
                 f"max {fmt_num(fl['measured_relative_max'], 2)}")
-    lines = [f"certify: {s['model']} on {s['corpus']}, N = {s['reference_context']}, {s['n_targets']} targets from "
-             f"{s['n_docs']} documents, delta = {s['delta']:g} (nominal coverage {100 * (1 - s['delta']):.1f}%)",
+    lines = [f"certify: {s['model']} on {s['corpus']}, N = {s['reference_context']}, {fmt_count(s['n_targets'], 'target')} from "
+             f"{fmt_count(s['n_docs'], 'document')}, delta = {s['delta']:g} (nominal coverage {100 * (1 - s['delta']):.1f}%)",
              *([f"process: {s['process']}"] if s.get("process") else []),
              f"design: {s['design']}",
              f"statement 1, statistical: ||o^ - o|| <= r_EB(delta) with probability >= 1 - delta over the Poisson draw "

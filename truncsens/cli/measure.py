@@ -42,7 +42,7 @@ def _run_and_report(run, cfg) -> None:
     points = (", ".join(str(v) for v in summary.sweep) if len(summary.sweep) <= 3
               else f"{summary.sweep[0]}..{summary.sweep[-1]}")  # a few points listed, a range otherwise
     typer.echo(
-        f"wrote {summary.path}: {summary.n_targets} targets from {summary.n_docs} "
+        f"wrote {summary.path}: {summary.n_targets} target{'' if summary.n_targets == 1 else 's'} from {summary.n_docs} "
         f"document{'' if summary.n_docs == 1 else 's'} "
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
         f"{what} {points}"

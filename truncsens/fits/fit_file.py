@@ -103,8 +103,9 @@ def check_new_files(paths: Sequence[str | Path | None], overwrite: bool) -> None
         return
     there = [str(p) for p in paths if p is not None and Path(p).exists()]
     if there:
-        raise FileExistsError(f"{', '.join(there)} already exist{'s' if len(there) == 1 else ''}; "
-                              "pass --overwrite to replace, or choose another output path")
+        one = len(there) == 1
+        raise FileExistsError(f"{', '.join(there)} already exist{'s' if one else ''}: pass --overwrite to replace "
+                              f"{'it' if one else 'them'}, or choose another --out")
 
 
 def write_json(doc: dict, path: str | Path) -> Path:

@@ -149,8 +149,8 @@ class PolicyComparison:
         return mean, lo, hi
 
 
-def policy_curves(ds: xr.Dataset, metrics: Sequence[str]) -> list[tuple[str, Curve]]:
-    """(policy name, curve) pairs of a budget-sweep results dataset.
+def policy_curves(ds: xr.Dataset, metrics: Sequence[str], source: str = "") -> list[tuple[str, Curve]]:
+    """(policy name, curve) pairs of a budget-sweep results dataset (``source``: how errors name it).
 
     Raises:
         ResultsError: not a budget sweep, or no policy named (no ``policy`` dim or attr).
@@ -158,7 +158,7 @@ def policy_curves(ds: xr.Dataset, metrics: Sequence[str]) -> list[tuple[str, Cur
     if sweep_dim(ds) != "budget":
         raise ResultsError("compare-policies needs a policy results file (a 'budget' sweep from measure --policy); "
                            "this one sweeps windows: use truncsens fit on it, or pass it with --truncation")
-    curves = curves_of(ds, list(metrics))
+    curves = curves_of(ds, list(metrics), results_file=source, label="results")  # labels as without a source
     if "policy" in ds.dims:
         return [(str(c.policy), c) for c in curves]
     name = str(ds.attrs.get("policy", "")).strip()
@@ -222,7 +222,7 @@ def compare_policies(ds: xr.Dataset, cfg: CompareConfig = CompareConfig(), trunc
                           ("paired_against (--paired-against)", cfg.paired_against)):
         if given is not None and given not in in_file:  # the defaults may be absent: that is only a note
             raise ValueError(f"{option} {given!r} is not a policy of {source} (it has {', '.join(in_file)})")
-    named = policy_curves(ds, cfg.metrics)  # per-target means over draws
+    named = policy_curves(ds, cfg.metrics, source)  # per-target means over draws
     spread = draw_spread(ds, cfg.metrics) if sweep_dim(ds) == "budget" else []
     R = int(ds.sizes.get("draw", 1))
     policies = [n for n, _ in named]

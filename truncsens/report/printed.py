@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 from truncsens.budget.windows import format_tokens, format_tokens_short
 from truncsens.corpora.local import skipped_files_note
 from truncsens.report.exponents_against import format_exponents_against
-from truncsens.report.tables import Column, fmt_bytes, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table
+from truncsens.report.tables import (
+    Column, fmt_bytes, fmt_count, fmt_estimate, fmt_interval, fmt_level, fmt_num, render_table,
+)
 
 if TYPE_CHECKING:  # type hints only
     from truncsens.report.policy_comparison import PolicyComparison
@@ -30,7 +32,7 @@ def format_results_header(file: str, attrs: dict, n_targets: int, contexts: tupl
     a = attrs
     return (f"{file}: model {a['model']}, corpus {a['corpus']} ({a['domain']}), semantics {a['semantics']}, "
             f"positions {a['positions']}, sinks {a['n_sink']}, reference context {a['reference_context']}, "
-            f"{n_targets} targets" + protocol_note(a, contexts) + sliding_window_note(a))
+            f"{fmt_count(n_targets, 'target')}" + protocol_note(a, contexts) + sliding_window_note(a))
 
 
 def not_measured_note(attrs: dict) -> str:
@@ -171,8 +173,8 @@ def _curve_line(c: dict) -> str:
     excl = {m: v["excluded_points"] for m, v in c["metrics"].items() if v["excluded_points"]}  # reasons: the curve's notes
     points = next(iter(c["metrics"].values()), {}).get("points", [])
     held = hold and any(hold[0] <= p <= hold[1] for p in points)
-    return (f"{c['label']}: model {c['provenance'].get('model', '?')}, N={c['reference_context']}, {c['n_docs']} documents, "
-            f"{c['n_targets']} targets; fit {c['sweep']}s {c['fit_range'][0]}..{c['fit_range'][1]}, held out "
+    return (f"{c['label']}: model {c['provenance'].get('model', '?')}, N={c['reference_context']}, {fmt_count(c['n_docs'], 'document')}, "
+            f"{fmt_count(c['n_targets'], 'target')}; fit {c['sweep']}s {c['fit_range'][0]}..{c['fit_range'][1]}, held out "
             + (f"{hold[0]}..{hold[1]}" if held else f"none (no {c['sweep']} in {hold[0]}..{hold[1]})" if hold else "none")
             + (f"; excluded (zero, noise floor, infinite or no mean): {excl}" if excl else "")
             + _protocol_words(c))
@@ -204,7 +206,8 @@ def format_fit_report(doc: dict) -> str:
     for c in doc["curves"]:
         lines.append(_curve_line(c))
         lines += [f"  note: {c['label']}: {n}" for n in c.get("notes", [])]  # the CLI prints notes on stderr
-    lines.append(f"intervals: {pct} percentile bootstrap over documents, {s['bootstrap']} resamples, seed {s['seed']}")
+    lines.append(f"intervals: {pct} percentile bootstrap over documents, {s['bootstrap']} resamples, seed {s['seed']}"
+                 if s["bootstrap"] else "intervals: none (--bootstrap 0)")
     return "\n".join(lines)
 
 

@@ -105,6 +105,11 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def fmt_count(n: int, noun: str) -> str:
+    """A count with its noun, singular for one: ``1 target``, ``376 targets``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def fmt_level(level: float) -> str:
     """A confidence level as a percentage: 0.95 -> ``"95%"``, 0.975 -> ``"97.5%"``."""
     return f"{100 * level:g}%"
