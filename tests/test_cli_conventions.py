@@ -74,7 +74,7 @@ def test_overwrite_is_refused_before_computing(code, tmp_path):
     out = tmp_path / "f.json"
     out.write_text("keep me")
     r = invoke("fit", code, "--bootstrap", 0, "--out", out)
-    assert r.exit_code == 2 and f"error: {out} already exists; pass --overwrite" in r.stderr
+    assert r.exit_code == 2 and f"error: {out} already exists: pass --overwrite" in r.stderr
     assert out.read_text() == "keep me"
     assert invoke("fit", code, "--bootstrap", 0, "--out", out, "--overwrite").exit_code == 0
     assert json.loads(out.read_text())["kind"] == "truncsens-fit"

@@ -47,6 +47,14 @@ def test_help_imports_no_torch(argv):
 @pytest.mark.parametrize("argv, says", [
     (["measure", "--windows", "1,x"], "error: --windows "),
     (["measure", "--no-such-option"], "error: No such option: --no-such-option"),
+    # values that contradict each other or are out of range, refused from the values alone
+    (["measure", "--budgets", "16"], "error: budgets (--budgets) needs policies (--policy NAME)"),
+    (["measure", "--semantics", "streaming", "--budgets", "16"], "error: budgets (--budgets) and semantics (--semantics) need policies"),
+    (["measure", "--windows", "0,4"], "error: windows (--windows) must be at least 1 token each, got 0"),
+    (["measure", "--policy", "h2o", "--windows", "4"], "error: windows (--windows) is for suffix truncation"),
+    (["measure", "--targets-per-doc", "0"], "error: targets_per_doc (--targets-per-doc) must be at least 1, got 0"),
+    (["measure", "--batch-tokens", "0"], "error: batch_tokens (--batch-tokens) must be at least 1, got 0"),
+    (["measure", "--sinks", "-1"], "error: sinks (--sinks) must be >= 0, got -1"),
 ])
 def test_an_argument_error_imports_no_torch(argv, says):
     code, imported, err = _probe(*argv)

@@ -15,6 +15,11 @@ from truncsens.engine.options import MeasureOptions
 @run_command(MeasureOptions)
 def measure(**options: Any) -> None:
     """Measure D(w): divergences between p(.|full reference context) and p(.|last w tokens)."""
+    from truncsens.engine.argument_checks import check_values
+    from truncsens.engine.options import config_fields
+
+    with user_errors():  # what the values say alone is refused before torch is imported
+        check_values(config_fields(MeasureOptions, options))
     from truncsens.api.measure import measure_config, run_measurement
 
     with user_errors(), signals_stop_like_ctrl_c():

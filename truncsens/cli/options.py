@@ -66,6 +66,8 @@ def _parse(o: RunOption, value: Any) -> Any:
         items = split_list(value, o.flag)
         return None if items is None else ",".join(items)
     if o.kind == "key_values":
+        if not value:  # nothing to parse: the parser's module (and torch) stays unimported
+            return None
         from truncsens.policies.kvpress_adapter import parse_policy_args
 
         return parse_policy_args(value)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from truncsens.corpora import Corpus
-from truncsens.corpora.document import SPLITS
+from truncsens.engine.argument_checks import check_values
 from truncsens.engine.block.plan import check_policy_blocks
 from truncsens.engine.bos import check_rule
 from truncsens.engine.errors import MeasureError  # (defined there, imported from here too)
@@ -138,33 +138,14 @@ class MeasureConfig(MeasureOptions):
     """
 
     def __post_init__(self) -> None:
-        if self.split not in ("auto", *SPLITS):
-            raise MeasureError(f"split (--split) must be one of auto, {', '.join(SPLITS)}; got {self.split!r}")
-        for keyword, value in (("docs_per_shard", self.docs_per_shard), ("max_docs", self.max_docs),
-                               ("targets_per_doc", self.targets_per_doc), ("batch_tokens", self.max_batch_tokens),
-                               ("reference_context", self.reference_context), ("chunk", self.chunk),
-                               ("draws", self.draws)):
-            if value is not None and value < 1:  # the API's keyword, then the command's flag
-                raise MeasureError(f"{keyword} (--{keyword.replace('_', '-')}) must be at least 1, got {value}")
-        if self.n_sink is not None and self.n_sink < 0:
-            raise MeasureError(f"sinks (--sinks) must be >= 0, got {self.n_sink}")
+        check_values({f.name: getattr(self, f.name) for f in fields(self)})
         check_rule(self.bos)
-        bad = [w for w in self.windows or () if w < 1]
-        if bad:  # before the output and the model are looked at
-            raise MeasureError(f"windows (--windows) must be at least 1 token each, got {', '.join(map(str, bad))}")
         if self.per_layer:
             self._check_per_layer()
         elif self.policies is None:
-            given = [f"{name} (--{name})" for name in ("budgets", "semantics") if getattr(self, name) is not None]
-            if given:
-                raise MeasureError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} policies (--policy NAME): window "
-                                   "sweeps are re-encode; for a suffix window under another semantics use --policy suffix")
             self.semantics = "reencode"
             self.n_sink = 0 if self.n_sink is None else self.n_sink
         else:
-            if self.windows:
-                raise MeasureError("windows (--windows) is for suffix truncation; with policies (--policy) give budgets "
-                                   "(--budgets) instead")
             if not self.policies:
                 raise PolicyError("no policy given")
             for name in self.policies:
