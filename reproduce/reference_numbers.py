@@ -273,6 +273,12 @@ STEPS = [
          ("results/smollm2/merge-streaming.nc",)),
     Step("smollm2-merge-streaming", "truncsens compare-policies results/smollm2/merge-streaming.nc --metrics kl,tv "
                                     "--paired-against sink_recent", needs=("smollm2-merge-streaming-run",)),
+    Step("smollm2-merge-nl-streaming-run", "truncsens measure --model smollm2-135m --policy sink_recent,merge_mean,merge_nearest "
+                                           "--semantics streaming --chunk 16 "
+                                           f"{POLICY_OPTS.replace('--domain code', '--domain nl')} "
+                                           "--out results/smollm2/merge-nl-streaming.nc", ("results/smollm2/merge-nl-streaming.nc",)),
+    Step("smollm2-merge-nl-streaming", "truncsens compare-policies results/smollm2/merge-nl-streaming.nc --metrics kl,tv "
+                                       "--paired-against sink_recent", needs=("smollm2-merge-nl-streaming-run",)),
     # the certificates' attribution on SmolLM2 at N = 512 (8 code documents, 16 key-value documents: a 30-layer
     # probe of every layer and key/value head on 2 CPU cores), prefill-evict and the agent-memory setting (a
     # streaming cache, token by token)
