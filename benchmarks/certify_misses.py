@@ -46,8 +46,8 @@ class Recorder:
         self.calls = 0
         self.rows: list[dict] = []
 
-    def __call__(self, logits, values, available, kept, pi, tail, delta=0.05):
-        rec = self.inner(logits, values, available, kept, pi, tail, delta)
+    def __call__(self, logits, values, available, kept, pi, tail, delta=0.05, variance="hajek"):
+        rec = self.inner(logits, values, available, kept, pi, tail, delta, variance)
         forward, layer = divmod(self.calls, self.L)
         self.calls += 1
         per_batch = len(self.policies) * len(self.budgets)
