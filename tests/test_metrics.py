@@ -96,7 +96,8 @@ def test_check_eps_reads_the_bounds_of_the_records(monkeypatch):
         check_eps(5, "hellinger")
     assert check_eps(1.0, "hellinger") == 1.0
     assert check_eps(5, "kl") == 5.0  # unbounded above
-    assert check_eps(5, "top1_agree") == 5.0  # bounded, but no divergence: no distortion target to cap
+    with pytest.raises(ValueError, match=r"^metric top1_agree \(--metric\) is not a divergence"):
+        check_eps(0.5, "top1_agree")  # bounded, but no divergence: no window makes it fall to eps
 
 
 def test_default_metrics_are_one_constant():

@@ -242,3 +242,15 @@ def test_a_metric_missing_from_the_fit_says_whether_a_refit_can_help():
         recommend(doc, [0.01], "kl")
     with pytest.raises(FitError, match=r"'bogus' is no metric truncsens measures; use one of those"):
         recommend(doc, [0.01], "bogus")
+
+
+@pytest.mark.parametrize("metric", ["top1_agree", "nll_ref", "nll_kept"])
+def test_a_metric_that_is_no_divergence_gets_no_window(metric):
+    """top1_agree rises with w and the NLLs do not fall to 0: "the window where D(w) <= eps" would be
+    w = 1 for top1_agree at any eps, so it is refused, naming the divergences."""
+    from truncsens.budget.windows import check_eps
+
+    with pytest.raises(ValueError, match=rf"^metric {metric} \(--metric\) is not a divergence .* use one of tv, kl, "
+                                         r"kl_reverse, js$"):
+        check_eps(0.9, metric)
+    assert check_eps(0.9, "kl") == 0.9

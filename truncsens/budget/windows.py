@@ -35,8 +35,9 @@ def check_eps(eps: float, metric: str = "tv") -> float:
     """Validate a distortion target.
 
     Raises:
-        ValueError: eps not finite, eps <= 0, or above the maximum of a divergence bounded above
-            (:func:`truncsens.metrics.bounded_divergences`: 1 for tv, log 2 for js).
+        ValueError: eps not finite, eps <= 0, above the maximum of a divergence bounded above
+            (:func:`truncsens.metrics.bounded_divergences`: 1 for tv, log 2 for js), or a metric that is
+            no divergence (``top1_agree``, ``nll_ref``, ``nll_kept``: none falls to eps as w grows).
     """
     try:
         eps = float(eps)
@@ -46,6 +47,11 @@ def check_eps(eps: float, metric: str = "tv") -> float:
         raise ValueError(f"eps (--eps) must be finite, got {eps}")
     if eps <= 0:
         raise ValueError(f"eps (--eps) must be > 0 (a distortion target), got {eps}")
+    record = _metrics.find(metric)
+    if record is not None and not record.divergence:  # w(eps) is where D(w) falls to eps: D must decay to 0
+        raise ValueError(f"metric {metric} (--metric) is not a divergence between the full and the kept distribution "
+                         f"({record.description}), so no window makes it fall to eps; use one of "
+                         f"{', '.join(_metrics.divergences_in(_metrics.NAMES))}")
     top = _metrics.bounded_divergences().get(metric)
     if top is not None and eps > top:
         raise ValueError(f"eps (--eps) for {metric} must lie in (0, {top:.6g}] since {metric} never exceeds {top:.6g}; got {eps}")
