@@ -52,3 +52,14 @@ def test_an_existing_output_is_refused_with_one_sentence(tmp_path):
     figure.write_bytes(b"x")
     with pytest.raises(FileExistsError, match=r"already exist: pass --overwrite to replace them, or choose another --out$"):
         check_new_files([fit_json, figure], overwrite=False)
+
+
+def test_a_results_file_given_twice_is_refused(tmp_path):
+    from truncsens.api.fit import fit
+    from truncsens.results import save
+
+    path = tmp_path / "a.nc"
+    save(curve_results({"tv": lambda w: 0.3 * w ** -0.5}, [1, 2, 4, 8, 16, 32, 64], n_docs=3), path)
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'a.nc'} is given twice; give each results file once$"):
+        fit([path, tmp_path / "." / "a.nc"], bootstrap=0, progress=False)
+    assert fit([path], bootstrap=0, progress=False).to_json()["fits"]

@@ -113,6 +113,7 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
 
     Raises:
         FileExistsError: ``out`` or a figure exists and not ``overwrite``.
+        ValueError: a results file given twice.
         FileNotFoundError, truncsens.results.ResultsError: a results file is missing or not one; an
             unknown metric, fewer than two sweep points.
         truncsens.fits.laws.FitError, ValueError: as :func:`fit_config` and
@@ -122,6 +123,10 @@ def fit(results: Results | Sequence[Results], *, metrics: str | Sequence[str] | 
     cfg = fit_config(metrics, families, fit_range, holdout_range, bootstrap, seed, level)
     check_new_files([out, *(figure_paths(plot_out) if plot_out is not None else [])], overwrite)
     files = [r for r in (results if isinstance(results, (list, tuple)) else [results]) if isinstance(r, (str, Path))]
+    resolved = [Path(f).resolve() for f in files]
+    twice = next((f for f, r in zip(files, resolved) if resolved.count(r) > 1), None)
+    if twice is not None:  # two identical curves under one label, fitted twice
+        raise ValueError(f"{twice} is given twice; give each results file once")
     if files:
         say("fit", f"reading {len(files)} results file{'' if len(files) == 1 else 's'}", progress)
     datasets, sources = datasets_of(results)
