@@ -62,6 +62,16 @@ def test_a_step_writes_its_command_line_then_its_printed_output(numbers, tmp_pat
     assert not (tmp_path / "rec" / "fails.txt").exists()  # a failed step leaves no record
 
 
+def test_a_timed_step_ends_its_record_with_its_run_time(numbers, tmp_path):
+    (tmp_path / "out").mkdir()
+    assert numbers.run_step(numbers.Step("slow", "sleep 1.2; echo done", timed=True), tmp_path / "out", "sha",
+                            records=tmp_path / "rec")
+    lines = (tmp_path / "rec" / "slow.txt").read_text().splitlines()
+    assert lines[:2] == ["$ sleep 1.2; echo done", "done"]
+    seconds = re.fullmatch(r"run time: (\d+) s wall clock, one process, on a machine with (\d+) CPU cores", lines[-1])
+    assert seconds and 1 <= int(seconds.group(1)) <= 60 and int(seconds.group(2)) >= 1
+
+
 def test_every_record_is_a_step_and_starts_with_its_command(numbers):
     records = sorted((ROOT / "reproduce" / "results").glob("*.txt"))
     assert records
