@@ -33,7 +33,9 @@ def test_a_fit_without_resamples_says_it_has_no_intervals():
 def test_an_unknown_metric_names_the_file():
     ds = curve_results({"kl": lambda k: 2.0 * k ** -0.8}, [16, 32, 64], n_docs=2, sweep="budget",
                        attrs={"policy": "sink_recent"})
-    with pytest.raises(Exception, match=r"^runs/p\.nc: unknown metric\(s\) foo; the file has "):
+    from truncsens.results import ResultsError
+
+    with pytest.raises(ResultsError, match=r"^runs/p\.nc: unknown metric\(s\) foo; the file has "):
         policy_curves(ds, ["foo"], "runs/p.nc")
     assert [name for name, _ in policy_curves(ds, ["kl"], "runs/p.nc")] == ["sink_recent"]
 

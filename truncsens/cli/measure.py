@@ -31,6 +31,7 @@ def _run_and_report(run, cfg) -> None:
     """Run ``run(cfg)``; on failure say which shards of this run were kept; on success print a summary table."""
     from truncsens.api.load import load
     from truncsens.report.summary import format_table, summarize
+    from truncsens.report.tables import fmt_count
     from truncsens.metrics import DEFAULT_METRICS, present
 
     with kept_shards_note(cfg.out):
@@ -47,8 +48,7 @@ def _run_and_report(run, cfg) -> None:
     points = (", ".join(str(v) for v in summary.sweep) if len(summary.sweep) <= 3
               else f"{summary.sweep[0]}..{summary.sweep[-1]}")  # a few points listed, a range otherwise
     typer.echo(
-        f"wrote {summary.path}: {summary.n_targets} target{'' if summary.n_targets == 1 else 's'} from {summary.n_docs} "
-        f"document{'' if summary.n_docs == 1 else 's'} "
+        f"wrote {summary.path}: {fmt_count(summary.n_targets, 'target')} from {fmt_count(summary.n_docs, 'document')} "
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
         f"{what} {points}"
         + (f", {summary.shards_reused} shard{'s' if summary.shards_reused > 1 else ''} reused" if summary.shards_reused else ""))
