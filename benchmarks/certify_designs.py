@@ -1,6 +1,6 @@
-"""Choose the certify sampling design on a development set, report coverage on the held-out rest
-(issue 19, item 2). Not a speed benchmark: a measurement whose design choice is fixed before the
-held-out documents' coverage is looked at.
+"""Choose the certify sampling design on a development set, report coverage on the held-out rest.
+Not a speed benchmark: a measurement whose design choice is fixed before the held-out documents'
+coverage is looked at.
 
 Phase 1: one certify run per candidate design over the first ``--dev-docs`` documents of the
 held-out split (the order ``truncsens certify`` uses), and their coverage (empirical Bernstein,
@@ -55,7 +55,7 @@ CANDIDATES = [  # (name, certify keyword arguments), in the order the rule reads
     ("head, window W=32, score^0.5", {"score": "window", "obs_window": 32, "temper": 0.5, "top_fraction": 0.25}),
     ("head, h2o", {"score": "h2o", **UNTEMPERED}),
 ]
-# round 2 (issue 19, after round 1 chose W=32, score^0.5 and its held-out coverage at 25 % of N fell
+# round 2 (after round 1 chose W=32, score^0.5 and its held-out coverage at 25 % of N fell
 # short): flatter scores and a smaller surely-kept top slice, against round 1's choice (listed last, so
 # the rule keeps it unless a new candidate does better on the development documents). Its held-out
 # documents are new ones, after those of round 1 (``--skip-heldout-docs 16``).

@@ -1,4 +1,4 @@
-"""Where the default certify design misses, and what its score missed (issue 19: the shortfall at
+"""Where the default certify design misses, and what its score missed (the coverage shortfall at
 12.5 % of N, shown with its cause). Not a speed benchmark: a diagnosis of one certify run.
 
 The run is ``truncsens certify`` with its default design (per layer and key/value head, π from the

@@ -1,4 +1,4 @@
-"""How well can pure copying do on the copy targets of ``certify-attribution``? (issue 20: the aim of
+"""How well can pure copying do on the copy targets of ``certify-attribution``? (against an aim of
 70 % full-cache copy accuracy, and why the reference model misses it). Not a speed benchmark.
 
 The copy targets (:func:`truncsens.certificates.tasks.copy_positions`) are positions t of held-out

@@ -1,5 +1,5 @@
-"""Does the model copy a span it has seen, and from how far back? (issue 20: why the reference model
-misses the copy aim). Not a speed benchmark.
+"""Does the model copy a span it has seen, and from how far back? (why the reference model
+misses the copy-accuracy aim). Not a speed benchmark.
 
 Each probe is a crop of N tokens of held-out code (the builtin ``code`` corpus, held-out split) whose
 last S = 24 tokens are overwritten by a copy of the S tokens that begin D tokens before them: the

@@ -1,5 +1,5 @@
 """Full-cache key–value recall accuracy of one or more models on more documents than
-``certify-attribution`` draws (issue 20: its aim of ≥ 50 % on 8 documents moves by 12.5 points with
+``certify-attribution`` draws (an accuracy aim of ≥ 50 % read on 8 documents moves by 12.5 points with
 one document). Not a speed benchmark.
 
 The documents are the synthetic key–value recall documents of ``certify-attribution``

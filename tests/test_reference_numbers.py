@@ -82,12 +82,27 @@ def test_every_record_is_a_step_and_starts_with_its_command(numbers):
 
 
 def _units(text: str) -> list[str]:
-    """A page's paragraphs, each table row on its own (fenced blocks left out)."""
+    """A page's paragraphs, each table row on its own (fenced blocks left out). A row carries the record
+    links of its table's caption: the lines above it in the same paragraph, or else the paragraph just
+    before the table when that one ends with a colon."""
     text = re.sub(r"^```.*?^```$", "", text, flags=re.M | re.S)
-    units = []
+    units: list[str] = []
+    previous = ""
     for para in re.split(r"\n\s*\n", text):
-        rows = [line for line in para.splitlines() if line.startswith("|")]
-        units += rows if rows else [para]
+        lines = para.splitlines()
+        rows = [line for line in lines if line.startswith("|")]
+        if not rows:
+            units.append(para)
+            previous = para
+            continue
+        caption = "\n".join(line for line in lines if not line.startswith("|")).strip()
+        if caption:
+            units.append(caption)
+        elif previous.rstrip().endswith(":"):
+            caption = previous
+        links = " ".join(m.group(0) for m in RECORD_LINK.finditer(caption))
+        units += [f"{row} {links}" if links else row for row in rows]
+        previous = ""
     return units
 
 
@@ -115,6 +130,19 @@ def test_the_number_check_sees_a_number_the_record_lacks(tmp_path):
             "A paragraph without a link is not checked: 1.5.\n\n"
             "The command's 9.75 is not output: [s](../reproduce/results/s.txt)\n")
     assert quoted_numbers_missing(page, tmp_path / "docs") == ["s: 0.430", "s: 9.75"]
+
+
+def test_a_table_is_checked_against_the_record_its_caption_links(tmp_path):
+    (tmp_path / "reproduce" / "results").mkdir(parents=True)
+    (tmp_path / "reproduce" / "results" / "s.txt").write_text("$ cmd\nshare 72.3% 74.7%\n")
+    (tmp_path / "docs").mkdir()
+    link = "[record](../reproduce/results/s.txt)"
+    captioned = f"Share that fails ({link}):\n\n| budget | share |\n|---|---|\n| 12.5 % | 72.3 % |\n| 25 % | 60.2 % |\n"
+    assert quoted_numbers_missing(captioned, tmp_path / "docs") == ["s: 12.5", "s: 60.2"]
+    same_paragraph = f"Share ({link}):\n| budget | share |\n| 50 % | 74.7 % |\n| 50 % | 1.25 % |\n"
+    assert quoted_numbers_missing(same_paragraph, tmp_path / "docs") == ["s: 1.25"]
+    # a paragraph that is not a caption (no colon at its end) lends the table nothing
+    assert quoted_numbers_missing(f"See {link}.\n\n| a | 9.5 |\n", tmp_path / "docs") == []
 
 
 @pytest.mark.parametrize("page", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
