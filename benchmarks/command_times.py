@@ -8,7 +8,7 @@ header gives the machine: CPU count, processor, Python and torch versions, ``OMP
 
 Usage::
 
-    python benchmarks/command_times.py                 # the README's first measurement and the test suite
+    python benchmarks/command_times.py                 # the README's measurements, docs/python.md's example, the tests
     python benchmarks/command_times.py --commands "truncsens measure --domain code --reference-context 2048 --out {tmp}/b.nc"
 
 ``{tmp}`` in a command is a temporary folder removed afterwards, so no results file is left behind.
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_COMMANDS = (
     "truncsens measure --domain code --reference-context 1024 --no-progress --out {tmp}/reference-code.nc",
     "truncsens measure --domain code --reference-context 2048 --no-progress --out {tmp}/reference-code-2048.nc",
+    'python -c "$(python reproduce/reference_numbers.py --print-source api-example)"',  # docs/python.md's example
     "python -m pytest -q -p no:cacheprovider",
 )
 

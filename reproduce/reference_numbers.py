@@ -93,6 +93,14 @@ STEPS = [
     Step("recommend-beyond", "truncsens recommend-window results/reference.fit.json --eps 0.01 --eps 1e-30", needs=("fit",),
          merge_stderr=True),
     Step("api-example", "", kind="python-block"),
+    # docs/fit.md: sources of known decay (power law, exponent 0.5; geometric, rate 0.01) check measure and fit
+    Step("synthetic-power-run", "truncsens measure --model synthetic:0.5 --out results/synthetic-0.5.nc",
+         ("results/synthetic-0.5.nc",)),
+    Step("synthetic-geometric-run", "truncsens measure --model synthetic-geometric:0.01 "
+                                    "--out results/synthetic-geometric-0.01.nc", ("results/synthetic-geometric-0.01.nc",)),
+    Step("synthetic-fit", "truncsens fit results/synthetic-0.5.nc results/synthetic-geometric-0.01.nc --metrics tv "
+                          "--out results/synthetic.fit.json", ("results/synthetic.fit.json",),
+         needs=("synthetic-power-run", "synthetic-geometric-run")),
     Step("plan", "truncsens plan --reference-context 1024 --average-window 64,256 --out results/plan.json "
                  "--plot-out results/plan", ("results/plan.json", "results/plan.png", "results/plan.pdf")),
     Step("certify", "truncsens certify --domain code --reference-context 1024",
@@ -500,7 +508,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update-docs", action="store_true", help="write the records of finished steps, rewrite the "
                                                                 "marked blocks and copy the figures")
     ap.add_argument("--out-dir", default=str(ROOT / "runs" / "numbers"))
+    ap.add_argument("--print-source", metavar="STEP", default="",
+                    help="print the python block a python-block step runs (to time or run it by hand) and stop")
     args = ap.parse_args(argv)
+    if args.print_source:
+        step = next((s for s in STEPS if s.name == args.print_source and s.kind == "python-block"), None)
+        if step is None:
+            sys.exit(f"error: no python-block step '{args.print_source}'")
+        print(source_of(step), end="")
+        return 0
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sha = weights_sha()

@@ -207,3 +207,10 @@ def test_needs_come_first_and_unknown_steps_are_named(numbers):
     assert order == ["measure-code-max", "measure-nl-max", "fit", "recommend"]
     with pytest.raises(SystemExit, match="unknown step"):
         numbers.with_needs(["bogus"])
+
+
+def test_print_source_prints_the_block_a_python_step_runs(numbers, capsys):
+    assert numbers.main(["--print-source", "api-example"]) == 0
+    assert capsys.readouterr().out == numbers.source_of(next(s for s in numbers.STEPS if s.name == "api-example"))
+    with pytest.raises(SystemExit, match="no python-block step 'fit'"):
+        numbers.main(["--print-source", "fit"])
