@@ -16,9 +16,11 @@ rounded up.
 """
 from __future__ import annotations
 
+import platform
 import sys
 
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from truncsens.divergences import all_metrics
@@ -55,6 +57,8 @@ def compare(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
 
 
 def main(device: str = "cpu") -> None:
+    print(f"{device} ({platform.processor() or platform.machine()}), torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, {torch.get_num_threads()} threads")
     g = torch.Generator().manual_seed(0)
     for hidden, layers, vocab, T in CONFIGS:
         m = model(hidden, layers, vocab).to(device)

@@ -335,6 +335,7 @@ STEPS = [
                                   "prefill_evict:sink_recent prefill_evict:snapkv prefill_evict:snapkv_shared"),
     # the times the pages quote (a measurement, the test suite), with the machine and its load
     Step("command-times", "python benchmarks/command_times.py"),
+    Step("noise-floor", "python benchmarks/noise_floor.py"),  # docs/precision.md: the float32 forward's noise floor
     Step("kvpress-parity", f"PYTHONPATH=. {KVPRESS_PYTHON} benchmarks/kvpress_parity.py"),
     Step("golden", "python -m pytest -q -p no:cacheprovider tests/test_cli_golden.py",
          env={"TRUNCSENS_GOLDEN_WRITE": "1"}),

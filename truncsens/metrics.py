@@ -10,8 +10,9 @@ Storage: float32 (``top1_agree`` int8), computed in float64 first (docs/precisio
 
 Noise floors: the largest divergence measured between two float32 forward passes that are equal
 in exact arithmetic (docs/precision.md, "Noise floor of the forward pass itself": CPU, random
-Llama weights up to h=512, 4 layers, T=512), rounded up: TV 1.4e-7 -> 1.5e-7, KL 6.2e-14 ->
-1e-13 (also for reverse KL), JS 1.5e-14 -> 2e-14. A mean at or below it is indistinguishable from
+Llama weights up to h=512, 4 layers, T=512; its record reproduce/results/noise-floor.txt),
+rounded up with room for other CPUs: TV 1.3e-7 -> 1.5e-7, KL 5.9e-14 -> 1e-13 (also for reverse KL),
+JS 1.4e-14 -> 2e-14. A mean at or below it is indistinguishable from
 0 (:mod:`truncsens.fits.points`). The NLLs and top-1 agreement have none.
 
 The records read three facts from :mod:`truncsens.divergences`, where the math lives: the names
