@@ -68,6 +68,15 @@ CANDIDATES_2 = [
 ]
 
 
+DEFAULT_DESIGN = "head, window W=32, score^0.5"  # certify's default (truncsens.certificates), named by its options
+
+
+def rates(budgets: list[dict]) -> str:
+    """Coverage per budget in percent, e.g. ``96.5 / 97.0 / 98.1 % (budgets 128 / 256 / 512)``."""
+    return (" / ".join(f"{100 * b['rate']:.1f}" for b in budgets)
+            + f" % (budgets {' / '.join(str(b['budget']) for b in budgets)})")
+
+
 def split_coverage(ds, docs: list[str], floor_rel: float, delta: float) -> list[dict]:
     """Coverage per budget of the poisson records of the targets whose document is in ``docs``."""
     from truncsens.certificates.statistics import coverage
@@ -91,7 +100,7 @@ def split_coverage(ds, docs: list[str], floor_rel: float, delta: float) -> list[
 
 def fresh_targets(args) -> int:
     """``--fresh-seed``: the default design on new targets of every held-out document (module docstring)."""
-    name, kwargs = CANDIDATES_2[-1]  # round 1's choice, kept by round 2: the default design
+    name, kwargs = DEFAULT_DESIGN, dict(CANDIDATES + CANDIDATES_2)[DEFAULT_DESIGN]
     ds, floor_rel, delta = certify_run(args, {**kwargs, "seed": args.fresh_seed}, args.dev_docs + args.heldout_docs)
     order = list(dict.fromkeys(str(d) for d in ds["doc"].values))  # documents in run order
     parts = {"heldout": order[args.dev_docs:], "unused": order[args.unused_from - 1:]}
@@ -157,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         report["candidates"].append({"name": name, "options": kwargs, "design": ds.attrs["design"], "delta": delta,
                                      "dev": split_coverage(ds, dev, floor_rel, delta)})
         save(report, args.out)  # a stopped run continues from here
-        print(name, "dev", [round(b["rate"], 3) for b in report["candidates"][-1]["dev"]], flush=True)
+        print(f"{name}: development {rates(report['candidates'][-1]['dev'])}", flush=True)
     nominal = 1 - report["candidates"][0]["delta"]
     reaching = [c for c in report["candidates"] if all(b["rate"] >= nominal for b in c["dev"])]
     chosen = reaching[0] if reaching else max(report["candidates"], key=lambda c: c["dev"][0]["rate"])
@@ -166,21 +175,21 @@ def main(argv: list[str] | None = None) -> int:
     report["chosen"] = chosen["name"]
     save(report, args.out)
     print("chosen on the development documents:", chosen["name"], flush=True)
-    # phase 2: the chosen design and the old shared one (the ablation) on all documents; held-out coverage
-    # on the documents after the development ones
+    # phase 2: the chosen design, certify's default design and the old shared one (the ablation) on all
+    # documents; held-out coverage on the documents after the development ones
     baseline = candidates[0][0] if args.round == 1 else candidates[-1][0]  # the old design, or round 1's choice
     first = args.dev_docs + args.skip_heldout_docs
-    for name in dict.fromkeys([chosen["name"], baseline]):
+    for name in dict.fromkeys([chosen["name"], DEFAULT_DESIGN, baseline]):
         if any(h["name"] == name for h in report["heldout"]):
             continue
-        kwargs = dict(candidates)[name]
+        kwargs = dict(CANDIDATES + CANDIDATES_2)[name]
         ds, floor_rel, delta = certify_run(args, kwargs, first + args.heldout_docs)
         order = list(dict.fromkeys(str(d) for d in ds["doc"].values))  # documents in run order
         report["heldout"].append({"name": name, "options": kwargs, "design": ds.attrs["design"],
                                   "n_heldout_docs": len(order[first:]),
                                   "heldout": split_coverage(ds, order[first:], floor_rel, delta)})
         save(report, args.out)
-        print(name, "held out", [round(b["rate"], 3) for b in report["heldout"][-1]["heldout"]], flush=True)
+        print(f"{name}: held out {rates(report['heldout'][-1]['heldout'])}", flush=True)
     return 0
 
 

@@ -221,3 +221,24 @@ def test_a_head_whose_window_scores_underflow_still_gets_a_design():
     assert float(pi[0, 0, 0, 5]) == pytest.approx(1.0)
     sums = (pi * tail).sum(-1)  # [1, 1, 2] expected kept tail keys per head
     assert torch.allclose(sums, sums[..., :1].expand_as(sums)) and float(expected.min()) > 0
+
+
+def test_the_design_benchmark_names_certifys_default_design():
+    """benchmarks/certify_designs.py reports the default design's held-out coverage under a name; its
+    options must be certify's defaults, or docs/findings-certify.md quotes another design."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from truncsens.certificates.options import CertifyOptions
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "certify_designs.py"
+    spec = importlib.util.spec_from_file_location("certify_designs", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["certify_designs"] = bench
+    spec.loader.exec_module(bench)
+    options = {**dict(bench.CANDIDATES), **dict(bench.CANDIDATES_2)}[bench.DEFAULT_DESIGN]
+    defaults = CertifyOptions()
+    assert options == {k: getattr(defaults, k) for k in options} and defaults.granularity == "head"
+    assert bench.rates([{"rate": 0.965, "budget": 128}, {"rate": 0.97, "budget": 256}]) == (
+        "96.5 / 97.0 % (budgets 128 / 256)")
