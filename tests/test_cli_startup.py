@@ -55,6 +55,7 @@ def test_help_imports_no_torch(argv):
     (["measure", "--targets-per-doc", "0"], "error: targets_per_doc (--targets-per-doc) must be at least 1, got 0"),
     (["measure", "--batch-tokens", "0"], "error: batch_tokens (--batch-tokens) must be at least 1, got 0"),
     (["measure", "--sinks", "-1"], "error: sinks (--sinks) must be >= 0, got -1"),
+    (["measure", "--seed", "-1"], "error: seed (--seed) must be >= 0, got -1"),
 ])
 def test_an_argument_error_imports_no_torch(argv, says):
     code, imported, err = _probe(*argv)

@@ -20,7 +20,7 @@ KEYWORD = {"max_batch_tokens": "batch_tokens"}
 def check_values(f: Mapping[str, Any]) -> None:
     """Refuse what :class:`~truncsens.engine.config.MeasureConfig`'s fields ``f`` (field name -> value;
     absent names count as not given) say on their own: an unknown split, a count below 1, negative
-    sinks, a window below 1 token, budgets or a semantics without policies (a window sweep is
+    sinks or seed, a window below 1 token, budgets or a semantics without policies (a window sweep is
     re-encode), windows beside policies.
 
     Raises:
@@ -36,6 +36,8 @@ def check_values(f: Mapping[str, Any]) -> None:
             raise MeasureError(f"{keyword} (--{keyword.replace('_', '-')}) must be at least 1, got {value}")
     if f.get("n_sink") is not None and f["n_sink"] < 0:
         raise MeasureError(f"sinks (--sinks) must be >= 0, got {f['n_sink']}")
+    if f.get("seed") is not None and f["seed"] < 0:  # numpy's generators take no negative seed
+        raise MeasureError(f"seed (--seed) must be >= 0, got {f['seed']}")
     bad = [w for w in f.get("windows") or () if w < 1]
     if bad:
         raise MeasureError(f"windows (--windows) must be at least 1 token each, got {', '.join(map(str, bad))}")

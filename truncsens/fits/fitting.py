@@ -72,7 +72,7 @@ class FitConfig:
 
     Raises:
         FitError: no metric, or an unknown family.
-        ValueError: n_boot < 0, level outside (0, 1), or a range with lo < 1 or hi < lo.
+        ValueError: n_boot < 0, seed < 0, level outside (0, 1), or a range with lo < 1 or hi < lo.
     """
 
     metrics: tuple[str, ...] = DEFAULT_METRICS
@@ -91,6 +91,8 @@ class FitConfig:
             raise FitError(f"unknown law family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
         if self.n_boot < 0:
             raise ValueError(f"bootstrap (--bootstrap) must be >= 0, got {self.n_boot}")
+        if self.seed < 0:  # numpy's generators take no negative seed
+            raise ValueError(f"seed (--seed) must be >= 0, got {self.seed}")
         if not 0 < self.level < 1:
             raise ValueError(f"level (--level) must lie in (0, 1), got {self.level}")
         for name, r in (("fit_range (--fit-range)", self.fit_range), ("holdout_range (--holdout-range)", self.holdout_range)):

@@ -85,6 +85,8 @@ class CompareConfig:
             raise ValueError("metrics (--metrics) is empty")
         if self.n_boot < 0:
             raise ValueError(f"bootstrap (--bootstrap) must be >= 0, got {self.n_boot}")
+        if self.seed < 0:  # numpy's generators take no negative seed
+            raise ValueError(f"seed (--seed) must be >= 0, got {self.seed}")
         if not 0 < self.level < 1:
             raise ValueError(f"level (--level) must lie in (0, 1), got {self.level}")
 
