@@ -242,3 +242,16 @@ def test_the_design_benchmark_names_certifys_default_design():
     assert options == {k: getattr(defaults, k) for k in options} and defaults.granularity == "head"
     assert bench.rates([{"rate": 0.965, "budget": 128}, {"rate": 0.97, "budget": 256}]) == (
         "96.5 / 97.0 % (budgets 128 / 256)")
+
+
+def test_the_process_line_names_the_design_the_run_drew():
+    """The results' ``certified_process`` says per head or shared as the run's design does (a shared-design
+    run once said "one design per layer and key/value head"); streaming's words name no design."""
+    from truncsens.certificates.semantics import CERTIFY_SEMANTICS
+
+    prefill, streaming = CERTIFY_SEMANTICS["prefill_evict"], CERTIFY_SEMANTICS["streaming"]
+    assert prefill.process_for(CertifyDesign()) == (
+        "prefill-evict: keys computed with the full prompt, then evicted before the target's query reads them "
+        "(one design per layer and key/value head)")
+    assert prefill.process_for(CertifyDesign("token")).endswith("them (one design shared by every layer and head)")
+    assert streaming.process_for(CertifyDesign("token")) == streaming.process

@@ -191,7 +191,7 @@ def run_attribution(cfg: AttributionConfig, loaded: LoadedModel | None = None) -
              "min_distance": D, "copy_per_doc": cfg.copy_per_doc, "copy_rule": cfg.copy_rule, "kv_docs": cfg.kv_docs,
              "failure_nll": FAILURE_NLL,
              "certify": "attribution tasks of truncsens certify-attribution (arXiv 2607.21475)",
-             "certified_process": cfg.rule.process}
+             "certified_process": cfg.rule.process_for(cfg.design)}
     plan = tasks.targets
     index = {(d, int(t)): i for i, (d, t) in enumerate(zip(plan.doc, plan.position))}  # a target's row in the task set
     batch_tokens = mcfg.batch_tokens(loaded.device)

@@ -243,7 +243,7 @@ def run_certify(cfg: CertifyConfig, loaded: LoadedModel | None = None) -> Certif
     mcfg, sweep, docs = certify_sweep(cfg, loaded, N, budgets)
     attrs = {**provenance(mcfg, loaded, N, docs, sweep), **recorded_attrs(cfg), "delta": cfg.delta, **design_attrs(cfg.design, loaded.dtype),
              "certify": "attention-level certificates of the target query, arXiv 2607.21475 (truncsens certify)",
-             "certified_process": cfg.rule.process,
+             "certified_process": cfg.rule.process_for(cfg.design),
              **({"draws": cfg.draws} if cfg.draws > 1 else {}), **({"variance": cfg.variance} if cfg.variance != "hajek" else {})}
     batch_tokens = mcfg.batch_tokens(loaded.device)
     per_target = certify_tokens_per_target(N, sweep, cfg.rule.streams, cfg.draws)

@@ -31,13 +31,15 @@ class CertifySemantics:
 
     Attributes:
         name: the ``--semantics`` value.
-        process: the process simulated, in words (the ``certified_process`` attr).
+        process: the process simulated, in words (the ``certified_process`` attr, through
+            :meth:`process_for`).
         certify_policies, attribution_policies: the default policies of ``certify`` and
             ``certify-attribution`` (poisson first).
         allowed: every policy this semantics accepts (poisson and its comparisons).
         batch_path: ``module:function`` of the batch passes (imported on use).
         streams: True when each (policy, budget) is its own run over the whole context (the
             progress counts N tokens per run), False when it is one decoded token.
+        names_design: the process's words end with how many designs the run draws (per head or shared).
     """
 
     name: str
@@ -47,6 +49,16 @@ class CertifySemantics:
     allowed: tuple[str, ...]
     batch_path: str
     streams: bool
+    names_design: bool = False
+
+    def process_for(self, design) -> str:
+        """The process in words for a run drawing ``design`` (a
+        :class:`~truncsens.certificates.designs.CertifyDesign`): ``process``, then, where
+        ``names_design``, whether one design serves each layer and key/value head or all of them."""
+        if not self.names_design:
+            return self.process
+        shared = design.granularity == "token"
+        return f"{self.process} ({'one design shared by every layer and head' if shared else 'one design per layer and key/value head'})"
 
     def batch(self) -> Callable:
         """The batch function (``certify_batch`` or ``certify_stream_batch``)."""
@@ -74,9 +86,8 @@ class CertifySemantics:
 
 CERTIFY_SEMANTICS = {s.name: s for s in (
     CertifySemantics("prefill_evict", "prefill-evict: keys computed with the full prompt, then evicted before the "
-                     "target's query reads them (one design per layer and key/value head)",
-                     ("poisson", "topk", "random"), ("poisson", "topk", "random"), ("poisson", "topk", "random"),
-                     "truncsens.certificates.passes:certify_batch", False),
+                     "target's query reads them", ("poisson", "topk", "random"), ("poisson", "topk", "random"),
+                     ("poisson", "topk", "random"), "truncsens.certificates.passes:certify_batch", False, names_design=True),
     CertifySemantics("streaming", "streaming: every layer and key/value head evicts as the stream goes, token by "
                      "token, keys never re-admitted, scores from this run only; poisson thins its tail with known "
                      "inclusion probabilities (budget in expectation)",
