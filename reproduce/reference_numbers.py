@@ -318,6 +318,9 @@ STEPS = [
     Step("protocol-pe32", "python benchmarks/protocol_efficiency.py --docs 47 --exact-targets 32 --exact-results "
                           "runs/exact32.nc --block-results runs/pe64/block.nc --designs --out-dir runs/pe32",
          ("runs/pe32",), needs=("protocol-pe64", "protocol-exact32")),
+    # docs/protocols.md's table, read from the three runs' summaries
+    Step("protocol-table", "python benchmarks/protocol_table.py runs/pe8/summary.json runs/pe64/summary.json "
+                           "runs/pe32/summary.json", needs=("protocol-pe8", "protocol-pe64", "protocol-pe32")),
     # the benchmarks of docs/development.md: one thread each, so that other jobs on the machine disturb them less
     Step("throughput-measure", "python benchmarks/measure_throughput.py", env={"OMP_NUM_THREADS": "1"}),
     Step("throughput-policies", "python benchmarks/policies_throughput.py --sequences 32 --threads 1",
