@@ -4,8 +4,8 @@ writes (``OUT_DIR/summary.json``): one Markdown row per protocol run (targets, f
 summary's paired differences of the exponents (block − exact) and its design-width model
 W² = a + b/m. A reading of finished runs, no measurement of its own: docs/protocols.md quotes it.
 
-A run a summary reused from another (``--exact-results``) is printed once, under the summary that
-measured it. Wall-clock seconds are left out: the runs share the machine with others, and the forward
+A results file several summaries read (``--exact-results``, ``--block-results``) is printed once,
+under the first summary that holds it. Wall-clock seconds are left out: the runs share the machine with others, and the forward
 tokens are the cost that does not depend on it.
 
 Usage (seconds)::
@@ -38,14 +38,20 @@ def alpha(row: dict, metric: str) -> str:
     return f"{row[f'alpha_{metric}']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+def run_id(summary_dir: str, key: str, row: dict) -> str:
+    """The results file a row was fitted from, as ``FOLDER/FILE``: the one it reused, else the summary's own."""
+    path = Path(row["reused"]) if row.get("reused") else Path(summary_dir) / f"{key}.nc"
+    return f"{path.parent.name}/{path.name}"
+
+
 def table_rows(name: str, summary: dict, seen: set[str]) -> list[str]:
-    """The Markdown rows of one summary's protocol runs not printed before (``seen``: run files)."""
+    """The Markdown rows of one summary's protocol runs whose results file is not in ``seen`` (added)."""
     rows = []
     for key, label in RUNS:
         row = summary.get(key)
-        if row is None or row.get("reused") or row.get("path") in seen:
+        if row is None or run_id(name, key, row) in seen:
             continue
-        seen.add(row.get("path", f"{name}:{key}"))
+        seen.add(run_id(name, key, row))
         text = label.format(per=per_document(row), blocks=f"{per_document(row)} targets in blocks")
         rows.append(f"| {name}: {text} | {row['targets']:,} | {row['forward_tokens']:,} | {alpha(row, 'tv')} | "
                     f"{alpha(row, 'kl')} |")
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     seen: set[str] = set()
     for name, summary in loaded:
-        print(*table_rows(name, summary, seen), sep="\n")
+        for row in table_rows(name, summary, seen):
+            print(row)
     print()
     for name, summary in loaded:
         for line in differences(name, summary) + width_models(name, summary):
