@@ -101,6 +101,12 @@ STEPS = [
     Step("synthetic-fit", "truncsens fit results/synthetic-0.5.nc results/synthetic-geometric-0.01.nc --metrics tv "
                           "--out results/synthetic.fit.json", ("results/synthetic.fit.json",),
          needs=("synthetic-power-run", "synthetic-geometric-run")),
+    # docs/protocols.md: blocks at N = the source's maximum context L read shorter references (N - B + 1 .. N)
+    Step("synthetic-block-run", "truncsens measure --model synthetic:0.5 --protocol block --targets-per-doc 64 "
+                                "--out results/synthetic-0.5-block.nc", ("results/synthetic-0.5-block.nc",)),
+    Step("synthetic-block-fit", "truncsens fit results/synthetic-0.5.nc results/synthetic-0.5-block.nc --metrics tv "
+                                "--out results/synthetic-block.fit.json", ("results/synthetic-block.fit.json",),
+         needs=("synthetic-power-run", "synthetic-block-run")),
     Step("plan", "truncsens plan --reference-context 1024 --average-window 64,256 --out results/plan.json "
                  "--plot-out results/plan", ("results/plan.json", "results/plan.png", "results/plan.pdf")),
     Step("certify", "truncsens certify --domain code --reference-context 1024",
