@@ -124,6 +124,7 @@ def test_fit_bad_input(files):
     assert_user_error(invoke("fit", files / "notfit.json"), f"{files / 'notfit.json'} is a fit file (the JSON `truncsens fit` "
                       f"writes), not a results file: `truncsens recommend-window {files / 'notfit.json'}` reads it")
     assert_user_error(invoke("compare-policies", files / "notfit.json"), "is a fit file")
+    assert_user_error(invoke("show", files / "notfit.json"), "notfit.json is a fit file (the JSON `truncsens fit` writes)")
 
 
 def test_recommend_window_from_fit_and_results(files, tmp_path):

@@ -27,6 +27,17 @@ def load(path: str | Path) -> xr.Dataset:
     return results.load(path)
 
 
+def refuse_fit_file(path: str | Path) -> None:
+    """Refuse a fit file where a results file is read, naming the command that reads it.
+
+    Raises:
+        truncsens.results.ResultsError: ``path`` is a fit file (the JSON ``truncsens fit`` writes).
+    """
+    if Path(path).is_file() and is_fit_file(path):
+        raise ResultsError(f"{path} is a fit file (the JSON `truncsens fit` writes), not a results file: "
+                           f"`truncsens recommend-window {path}` reads it")
+
+
 def datasets_of(items: Results | Sequence[Results]) -> tuple[list[xr.Dataset], list[str]]:
     """The datasets of one or several results, and their sources: a path is loaded (:func:`load`) and
     its source is the path as given; a Dataset is taken as it is, with source "" (held in memory).
@@ -41,9 +52,8 @@ def datasets_of(items: Results | Sequence[Results]) -> tuple[list[xr.Dataset], l
     datasets, sources = [], []
     for item in items:
         in_memory = isinstance(item, xr.Dataset)
-        if not in_memory and Path(item).is_file() and is_fit_file(item):
-            raise ResultsError(f"{item} is a fit file (the JSON `truncsens fit` writes), not a results file: "
-                               f"`truncsens recommend-window {item}` reads it")
+        if not in_memory:
+            refuse_fit_file(item)
         datasets.append(item if in_memory else load(item))
         sources.append("" if in_memory else str(item))
     return datasets, sources

@@ -8,6 +8,7 @@ from typing import Sequence
 
 import xarray as xr
 
+from truncsens.api.load import refuse_fit_file
 from truncsens.report.summary import ResultsSummary, summarize_file
 
 
@@ -20,8 +21,10 @@ def show(results_file: str | Path | xr.Dataset, *, metrics: str | Sequence[str] 
         metrics: metric(s) to show (default: all).
 
     Raises:
-        FileNotFoundError, truncsens.results.ResultsError: as :func:`truncsens.load`.
+        FileNotFoundError, truncsens.results.ResultsError: as :func:`truncsens.load`; a fit file given.
         ValueError: an unknown metric.
     """
+    if not isinstance(results_file, xr.Dataset):
+        refuse_fit_file(results_file)
     names = [m.strip() for m in metrics.split(",") if m.strip()] if isinstance(metrics, str) else metrics
     return summarize_file(results_file, None if names is None else list(names))
