@@ -184,3 +184,14 @@ def test_fit_warns_on_stderr_about_excluded_windows_and_refuses_when_nothing_fit
     assert_user_error(invoke("fit", path, "--metric", "tv", "--out", tmp_path / "floor.json"), "nothing was fitted",
                       "noise floor")
     assert not (tmp_path / "floor.json").exists()
+
+
+def test_every_reading_command_accepts_no_progress(files, tmp_path):
+    """A script may pass --no-progress to every command: show, plot and compare-policies take it (they
+    show none) as measure, fit and recommend-window do; the output is the one without it."""
+    shown = invoke("show", files / "code.nc")
+    quiet = invoke("show", files / "code.nc", "--no-progress")
+    assert quiet.exit_code == 0 and quiet.stdout == shown.stdout
+    plotted = invoke("plot", files / "code.nc", "--out", tmp_path / "fig", "--no-progress")
+    assert plotted.exit_code == 0 and (tmp_path / "fig.png").is_file()
+    assert_user_error(invoke("compare-policies", files / "code.nc", "--no-progress"), "needs a policy results file")

@@ -33,6 +33,7 @@ T = TypeVar("T")
 Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace an existing results file.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of tables.")]
 Progress = Annotated[bool, typer.Option("--progress/--no-progress", help="Progress on stderr.")]  # commands without run options
+NoProgress = Annotated[bool, typer.Option("--progress/--no-progress", help="Accepted as every command accepts it (a script may pass it to all); this command shows no progress.")]  # show, plot, compare-policies: seconds of work
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 

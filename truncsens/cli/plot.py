@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from truncsens.cli.errors import user_errors
+from truncsens.cli.options import NoProgress
 
 
 def plot(
@@ -17,6 +18,7 @@ def plot(
     metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric panels, repeated or comma-separated (default: tv, kl, kl_reverse, js)."),
     fit_range: Optional[str] = typer.Option(None, "--fit-range", metavar="LO:HI", help="Fit range LO:HI when fitting now."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing PREFIX.png / PREFIX.pdf."),
+    progress: NoProgress = True,
 ) -> None:
     """One panel per metric: mean D(w) ± se on log-log axes, with the fitted laws."""
     from truncsens.api.plot import plot as plot_results
