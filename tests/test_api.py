@@ -247,7 +247,8 @@ def test_load_and_the_api_names(runs):
 # and policy_args; tests/test_run_options.py pins the flags)
 RENAMED = {"fit": {"metrics": "metric", "families": "family"},
            "recommend_window": {"metrics": "metric"}, "show": {"metrics": "metric"}, "plot": {"metrics": "metric", "fit": "fit_file"}}
-CLI_ONLY = {"as_json", "plot", "results_files", "results_file", "file", "source", "fit_file"}  # printing, --plot, arguments
+CLI_ONLY = {"as_json", "plot", "results_files", "results_file", "file", "source", "fit_file",  # printing, --plot, arguments
+            "accepted_progress"}  # --no-progress where there is no progress to silence (show, plot, compare-policies)
 API_ONLY = {"tokenizer", "texts", "command", "plot_out"}  # a model object's tokenizer, strings as documents, ...
 
 

@@ -29,7 +29,7 @@ def compare_policies(
     plot: bool = typer.Option(False, "--plot/--no-plot", help="Draw the log-log plot (default prefix: <results>-policies next to the results)."),
     plot_out: Optional[Path] = typer.Option(None, "--plot-out", help="Plot prefix: PREFIX.png and PREFIX.pdf (implies --plot; a .png or .pdf suffix is dropped)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing JSON file or plot."),
-    progress: NoProgress = True,
+    accepted_progress: NoProgress = True,  # no progress to show; accepted as every command accepts it
 ) -> None:
     """Mean and interval of each metric per policy and budget, random/sink_recent ratio, power-law fits, log-log plot;
     with several draws (measure --draws R): means over draws per target, and the spread between draws."""

@@ -18,7 +18,7 @@ def plot(
     metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric panels, repeated or comma-separated (default: tv, kl, kl_reverse, js)."),
     fit_range: Optional[str] = typer.Option(None, "--fit-range", metavar="LO:HI", help="Fit range LO:HI when fitting now."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing PREFIX.png / PREFIX.pdf."),
-    progress: NoProgress = True,
+    accepted_progress: NoProgress = True,  # no progress to show; accepted as every command accepts it
 ) -> None:
     """One panel per metric: mean D(w) ± se on log-log axes, with the fitted laws."""
     from truncsens.api.plot import plot as plot_results

@@ -16,7 +16,7 @@ def show(
     file: Path = typer.Argument(..., help="A results file written by `truncsens measure`."),
     metric: Optional[List[str]] = typer.Option(None, "--metric", "--metrics", "-m", help="Metric(s) to show, repeated or comma-separated (default: all)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (attrs and rows) to stdout instead of the table."),
-    progress: NoProgress = True,
+    accepted_progress: NoProgress = True,  # no progress to show; accepted as every command accepts it
 ) -> None:
     """Print, per window, n, mean ± standard error, median, p90 and p99 of each metric (n_inf / n_nan count non-finite values)."""
     from truncsens.api.show import show as summarize
