@@ -51,7 +51,7 @@ def _run_and_report(run, cfg) -> None:
         f"wrote {summary.path}: {fmt_count(summary.n_targets, 'target')} from {fmt_count(summary.n_docs, 'document')} "
         f"({summary.n_docs_skipped} of {summary.n_docs_checked} too short for N={summary.reference_context}), "
         f"{what} {points}"
-        + (f", {summary.shards_reused} shard{'s' if summary.shards_reused > 1 else ''} reused" if summary.shards_reused else ""))
+        + (f", {fmt_count(summary.shards_reused, 'shard')} reused" if summary.shards_reused else ""))
     for note in extra.get("notes", ()):
         typer.echo(f"note: {note}", err=True)
     shown = list(present(DEFAULT_METRICS))  # in results-file order: tv, kl

@@ -57,6 +57,21 @@ def parse_range(text: str, what: str = "range") -> tuple[int, int]:
     return lo, hi
 
 
+def check_resampling(n_boot: int, seed: int, level: float) -> None:
+    """Refuse a document bootstrap's settings that cannot run (``fit``, ``compare-policies``).
+
+    Raises:
+        ValueError: ``n_boot`` < 0, ``seed`` < 0 (numpy's generators take none), ``level`` outside (0, 1);
+            the message names the keyword and its flag.
+    """
+    if n_boot < 0:
+        raise ValueError(f"bootstrap (--bootstrap) must be >= 0, got {n_boot}")
+    if seed < 0:
+        raise ValueError(f"seed (--seed) must be >= 0, got {seed}")
+    if not 0 < level < 1:
+        raise ValueError(f"level (--level) must lie in (0, 1), got {level}")
+
+
 @dataclass(frozen=True)
 class FitConfig:
     """What :func:`fit_datasets` does; validated once, on construction.
@@ -89,12 +104,7 @@ class FitConfig:
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
             raise FitError(f"unknown law family {', '.join(unknown)}; choose from {', '.join(FAMILIES)}")
-        if self.n_boot < 0:
-            raise ValueError(f"bootstrap (--bootstrap) must be >= 0, got {self.n_boot}")
-        if self.seed < 0:  # numpy's generators take no negative seed
-            raise ValueError(f"seed (--seed) must be >= 0, got {self.seed}")
-        if not 0 < self.level < 1:
-            raise ValueError(f"level (--level) must lie in (0, 1), got {self.level}")
+        check_resampling(self.n_boot, self.seed, self.level)
         for name, r in (("fit_range (--fit-range)", self.fit_range), ("holdout_range (--holdout-range)", self.holdout_range)):
             if r is not None and not (len(r) == 2 and 1 <= r[0] <= r[1]):
                 raise ValueError(f"{name} {r} is empty or starts below 1: need 1 <= LO <= HI")

@@ -40,7 +40,7 @@ import xarray as xr
 
 from truncsens.fits.curves import Curve, curves_of
 from truncsens.fits.fit_file import sanitize
-from truncsens.fits.fitting import FitConfig, fit_curve
+from truncsens.fits.fitting import FitConfig, check_resampling, fit_curve
 from truncsens.fits.laws import FitError
 from truncsens.fits.paired import exponents_against, paired_exponents, power_fit_rows, skipped_row, span_curve
 from truncsens.metrics import DEFAULT_METRICS
@@ -83,12 +83,7 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if not self.metrics:
             raise ValueError("metrics (--metrics) is empty")
-        if self.n_boot < 0:
-            raise ValueError(f"bootstrap (--bootstrap) must be >= 0, got {self.n_boot}")
-        if self.seed < 0:  # numpy's generators take no negative seed
-            raise ValueError(f"seed (--seed) must be >= 0, got {self.seed}")
-        if not 0 < self.level < 1:
-            raise ValueError(f"level (--level) must lie in (0, 1), got {self.level}")
+        check_resampling(self.n_boot, self.seed, self.level)
 
     @property
     def ratio(self) -> tuple[str, str]:
